@@ -1,0 +1,356 @@
+//! The embedded transport: a durable SQL pub/sub in the outbox's own
+//! database, so the whole pipeline runs with nothing else installed.
+//!
+//! A topic has a fixed number of partitions and a message's partition comes
+//! from its key, so one aggregate keeps its order as it does on Kafka. Each
+//! consumer group has a cursor per partition, advanced only after handling
+//! commits, and owns a partition through a lease that expires when the
+//! consumer dies (then another member resumes from the cursor).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use sqlx::Row;
+use uuid::Uuid;
+
+use super::{ConsumeError, Delivery, MessageSource, OutgoingMessage, PublishError, Publisher};
+use crate::store::Db;
+use crate::store::sqlite::micros;
+
+/// Stable partitioning: FNV-1a, so every process maps a key the same way.
+pub fn partition_for(key: &[u8], partitions: i32) -> i32 {
+    let mut hash: u32 = 0x811c_9dc5;
+    for b in key {
+        hash ^= u32::from(*b);
+        hash = hash.wrapping_mul(0x0100_0193);
+    }
+    (hash % partitions.max(1) as u32) as i32
+}
+
+#[derive(Clone, Debug)]
+pub struct EmbeddedPublisher {
+    db: Db,
+    partitions: i32,
+}
+
+impl EmbeddedPublisher {
+    pub fn new(db: Db, partitions: i32) -> Self {
+        Self {
+            db,
+            partitions: partitions.max(1),
+        }
+    }
+}
+
+fn headers_json(headers: &[(String, Vec<u8>)]) -> String {
+    let list: Vec<serde_json::Value> = headers
+        .iter()
+        .map(|(k, v)| serde_json::json!([k, hex::encode(v)]))
+        .collect();
+    serde_json::Value::Array(list).to_string()
+}
+
+fn parse_headers(text: &str) -> Vec<(String, Vec<u8>)> {
+    let Ok(serde_json::Value::Array(items)) = serde_json::from_str::<serde_json::Value>(text)
+    else {
+        return Vec::new();
+    };
+    items
+        .into_iter()
+        .filter_map(|item| {
+            let pair = item.as_array()?;
+            let name = pair.first()?.as_str()?.to_string();
+            let value = hex::decode(pair.get(1)?.as_str()?).ok()?;
+            Some((name, value))
+        })
+        .collect()
+}
+
+fn db_error(e: sqlx::Error) -> PublishError {
+    // A database that is down is worth retrying; a constraint violation is not.
+    match &e {
+        sqlx::Error::Database(d) if d.is_check_violation() || d.is_foreign_key_violation() => {
+            PublishError::Permanent(format!("embedded transport rejected the message: {e}"))
+        }
+        _ => PublishError::Retryable(format!("embedded transport: {e}")),
+    }
+}
+
+impl Publisher for EmbeddedPublisher {
+    async fn publish(&self, msg: OutgoingMessage) -> Result<(), PublishError> {
+        let partition = partition_for(&msg.key, self.partitions);
+        let headers = headers_json(&msg.headers);
+        match &self.db {
+            Db::Postgres(pool) => {
+                let mut tx = pool.begin().await.map_err(db_error)?;
+                // Offsets are identity values, drawn at insert time. Serialising
+                // the publishers of one partition until commit makes offset
+                // order commit order, so a cursor never skips a late commit.
+                sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, $2))")
+                    .bind(&msg.topic)
+                    .bind(i64::from(partition))
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db_error)?;
+                sqlx::query(
+                    "INSERT INTO transport_messages (topic, partition, message_key, payload, headers, message_id)
+                     VALUES ($1, $2, $3, $4, $5::jsonb, $6)",
+                )
+                .bind(&msg.topic)
+                .bind(partition)
+                .bind(&msg.key)
+                .bind(&msg.payload)
+                .bind(&headers)
+                .bind(msg.message_id)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_error)?;
+                tx.commit().await.map_err(db_error)?;
+            }
+            Db::Sqlite(pool) => {
+                sqlx::query(
+                    "INSERT INTO transport_messages (topic, partition, message_key, payload, headers, message_id)
+                     VALUES ($1, $2, $3, $4, $5, $6)",
+                )
+                .bind(&msg.topic)
+                .bind(partition)
+                .bind(&msg.key)
+                .bind(&msg.payload)
+                .bind(&headers)
+                .bind(msg.message_id.to_string())
+                .execute(pool)
+                .await
+                .map_err(db_error)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Settings of one embedded consumer.
+#[derive(Debug, Clone)]
+pub struct EmbeddedConsumerConfig {
+    pub group: String,
+    pub topics: Vec<String>,
+    pub partitions: i32,
+    /// How long a partition stays ours without renewal.
+    pub lease: Duration,
+}
+
+/// A consumer group member reading from the embedded transport.
+pub struct EmbeddedConsumer {
+    db: Db,
+    cfg: EmbeddedConsumerConfig,
+    owner: String,
+    /// Committed offset of each owned partition.
+    committed: HashMap<(String, i32), i64>,
+    renewed_at: Option<Instant>,
+}
+
+impl EmbeddedConsumer {
+    pub fn new(db: Db, cfg: EmbeddedConsumerConfig) -> Self {
+        Self {
+            db,
+            cfg,
+            owner: Uuid::new_v4().to_string(),
+            committed: HashMap::new(),
+            renewed_at: None,
+        }
+    }
+
+    /// The partitions this member owns right now.
+    pub fn assignment(&self) -> Vec<(String, i32)> {
+        let mut v: Vec<_> = self.committed.keys().cloned().collect();
+        v.sort();
+        v
+    }
+
+    /// Releases every lease so another member can take over at once.
+    pub async fn release(&mut self) -> Result<(), ConsumeError> {
+        match &self.db {
+            Db::Postgres(pool) => {
+                sqlx::query("UPDATE transport_cursors SET lease_owner = NULL, lease_until = NULL WHERE lease_owner = $1")
+                    .bind(&self.owner)
+                    .execute(pool)
+                    .await?;
+            }
+            Db::Sqlite(pool) => {
+                sqlx::query("UPDATE transport_cursors SET lease_owner = NULL, lease_until = NULL WHERE lease_owner = $1")
+                    .bind(&self.owner)
+                    .execute(pool)
+                    .await?;
+            }
+        }
+        self.committed.clear();
+        Ok(())
+    }
+
+    /// Takes free or expired partitions and renews the ones we hold.
+    async fn refresh_leases(&mut self) -> Result<(), ConsumeError> {
+        let renew_every = self.cfg.lease / 3;
+        if self.renewed_at.is_some_and(|t| t.elapsed() < renew_every) {
+            return Ok(());
+        }
+        let now = Utc::now();
+        let until = now
+            + chrono::Duration::from_std(self.cfg.lease).unwrap_or(chrono::Duration::seconds(15));
+        let mut owned = HashMap::new();
+        for topic in &self.cfg.topics {
+            match &self.db {
+                Db::Postgres(pool) => {
+                    for p in 0..self.cfg.partitions {
+                        sqlx::query("INSERT INTO transport_cursors (consumer_group, topic, partition) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING")
+                            .bind(&self.cfg.group).bind(topic).bind(p).execute(pool).await?;
+                    }
+                    let rows = sqlx::query(
+                        "UPDATE transport_cursors SET lease_owner = $3, lease_until = $4
+                          WHERE consumer_group = $1 AND topic = $2
+                            AND (lease_owner IS NULL OR lease_owner = $3 OR lease_until < $5)
+                          RETURNING partition, last_offset",
+                    )
+                    .bind(&self.cfg.group)
+                    .bind(topic)
+                    .bind(&self.owner)
+                    .bind(until)
+                    .bind(now)
+                    .fetch_all(pool)
+                    .await?;
+                    for r in rows {
+                        owned.insert((topic.clone(), r.get::<i32, _>(0)), r.get::<i64, _>(1));
+                    }
+                }
+                Db::Sqlite(pool) => {
+                    for p in 0..self.cfg.partitions {
+                        sqlx::query("INSERT INTO transport_cursors (consumer_group, topic, partition) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING")
+                            .bind(&self.cfg.group).bind(topic).bind(p).execute(pool).await?;
+                    }
+                    let rows = sqlx::query(
+                        "UPDATE transport_cursors SET lease_owner = $3, lease_until = $4
+                          WHERE consumer_group = $1 AND topic = $2
+                            AND (lease_owner IS NULL OR lease_owner = $3 OR lease_until < $5)
+                          RETURNING partition, last_offset",
+                    )
+                    .bind(&self.cfg.group)
+                    .bind(topic)
+                    .bind(&self.owner)
+                    .bind(micros(until))
+                    .bind(micros(now))
+                    .fetch_all(pool)
+                    .await?;
+                    for r in rows {
+                        owned.insert(
+                            (topic.clone(), r.get::<i64, _>(0) as i32),
+                            r.get::<i64, _>(1),
+                        );
+                    }
+                }
+            }
+        }
+        self.committed = owned;
+        self.renewed_at = Some(Instant::now());
+        Ok(())
+    }
+}
+
+impl MessageSource for EmbeddedConsumer {
+    async fn fetch(&mut self, max: usize) -> Result<Vec<Delivery>, ConsumeError> {
+        self.refresh_leases().await?;
+        let mut out = Vec::new();
+        let mut parts: Vec<_> = self
+            .committed
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        parts.sort();
+        for ((topic, partition), after) in parts {
+            if out.len() >= max {
+                break;
+            }
+            let limit = (max - out.len()) as i64;
+            let sql =
+                "SELECT \"offset\", message_key, payload, headers::text FROM transport_messages
+                        WHERE topic = $1 AND partition = $2 AND \"offset\" > $3
+                        ORDER BY \"offset\" LIMIT $4";
+            match &self.db {
+                Db::Postgres(pool) => {
+                    let rows = sqlx::query(sql)
+                        .bind(&topic)
+                        .bind(partition)
+                        .bind(after)
+                        .bind(limit)
+                        .fetch_all(pool)
+                        .await?;
+                    for r in rows {
+                        out.push(Delivery {
+                            topic: topic.clone(),
+                            partition,
+                            offset: r.get(0),
+                            key: r.get(1),
+                            payload: r.get(2),
+                            headers: parse_headers(r.get::<&str, _>(3)),
+                        });
+                    }
+                }
+                Db::Sqlite(pool) => {
+                    let rows = sqlx::query(&sql.replace("headers::text", "headers"))
+                        .bind(&topic)
+                        .bind(partition)
+                        .bind(after)
+                        .bind(limit)
+                        .fetch_all(pool)
+                        .await?;
+                    for r in rows {
+                        out.push(Delivery {
+                            topic: topic.clone(),
+                            partition,
+                            offset: r.get(0),
+                            key: r.get(1),
+                            payload: r.get(2),
+                            headers: parse_headers(r.get::<&str, _>(3)),
+                        });
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn commit(&mut self, d: &Delivery) -> Result<(), ConsumeError> {
+        let sql = "UPDATE transport_cursors SET last_offset = $4
+                    WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND lease_owner = $5";
+        let affected = match &self.db {
+            Db::Postgres(pool) => sqlx::query(sql)
+                .bind(&self.cfg.group)
+                .bind(&d.topic)
+                .bind(d.partition)
+                .bind(d.offset)
+                .bind(&self.owner)
+                .execute(pool)
+                .await?
+                .rows_affected(),
+            Db::Sqlite(pool) => sqlx::query(sql)
+                .bind(&self.cfg.group)
+                .bind(&d.topic)
+                .bind(d.partition)
+                .bind(d.offset)
+                .bind(&self.owner)
+                .execute(pool)
+                .await?
+                .rows_affected(),
+        };
+        let key = (d.topic.clone(), d.partition);
+        if affected == 0 {
+            // Lost the lease: another member took the partition and will
+            // redeliver from the last committed offset (at least once).
+            self.committed.remove(&key);
+            self.renewed_at = None;
+            return Err(ConsumeError::Transport(format!(
+                "lost the lease on {}/{} for group {}; the new owner resumes from the last committed offset",
+                d.topic, d.partition, self.cfg.group
+            )));
+        }
+        self.committed.insert(key, d.offset);
+        Ok(())
+    }
+}

@@ -1,0 +1,308 @@
+//! The command line: parses flags, loads the config, and calls the library.
+//! This is the only place (with `main`) that uses `anyhow`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use tokio::sync::watch;
+
+use crate::config::{Config, LogFormat};
+use crate::event::{Enqueued, NewEvent};
+use crate::fault::Faults;
+use crate::store::{Db, OutboxStore, migrate};
+
+const ABOUT: &str = "outboxd: a transactional outbox, relay and inbox.
+
+Your service writes its business change and an event row in one local
+transaction (`outboxd enqueue`, the Rust `enqueue` API, or the SQL function
+outbox_enqueue). `outboxd run` relays those rows to a broker at least once,
+in order per aggregate, and consumers record each message id in an inbox in
+the same transaction as their effect, so a duplicate has no effect.
+
+Start here:
+  outboxd demo                      the whole pipeline on SQLite, no services
+  outboxd migrate --config F        create or upgrade the tables
+  outboxd run --config F            relay and consume until SIGTERM
+  outboxd stats --config F          backlog, oldest age, dead events
+
+Config is a TOML file (see README.md); every key can be overridden with
+OUTBOXD__SECTION__KEY, e.g. OUTBOXD__DATABASE__URL=postgres://u@h/db.";
+
+#[derive(Debug, Parser)]
+#[command(name = "outboxd", version, about = ABOUT, long_about = ABOUT)]
+struct Cli {
+    /// TOML config file. Without it, defaults apply (SQLite file outboxd.db).
+    #[arg(long, short, global = true, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Overrides database.url (sqlite://PATH or postgres://USER@HOST/DB).
+    #[arg(long, global = true, value_name = "URL")]
+    database_url: Option<String>,
+    /// Log as JSON lines instead of human-readable text.
+    #[arg(long, global = true)]
+    log_json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run relay workers and consumers until SIGTERM or SIGINT (a second
+    /// signal forces the exit).
+    Run,
+    /// Apply pending migrations and exit.
+    Migrate,
+    /// Print outbox health: pending, oldest pending age, failing, dead,
+    /// blocked aggregates.
+    Stats {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Add one event to the outbox from the shell.
+    Enqueue {
+        /// The entity the event is about; its events stay in order.
+        #[arg(long)]
+        aggregate: String,
+        /// The event type, e.g. order.confirmed.
+        #[arg(long = "type")]
+        event_type: String,
+        /// The payload, a JSON document.
+        #[arg(long)]
+        payload: String,
+        /// A header as NAME=VALUE (repeatable), e.g. traceparent=00-...
+        #[arg(long = "header", value_name = "NAME=VALUE")]
+        headers: Vec<String>,
+        /// Operation key: repeating it with the same payload is a no-op.
+        #[arg(long)]
+        key: Option<String>,
+        /// Tenant that scopes the operation key.
+        #[arg(long, default_value = "")]
+        tenant: String,
+    },
+    /// Run the whole pipeline on a fresh SQLite file and print a summary.
+    Demo(crate::demo::DemoArgs),
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(dispatch(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn load_config(cli: &Cli) -> anyhow::Result<Config> {
+    let mut config = Config::load(cli.config.as_deref(), std::env::vars())?;
+    if let Some(url) = &cli.database_url {
+        config.database.url = url.clone();
+    }
+    if cli.log_json {
+        config.log.format = LogFormat::Json;
+    }
+    Ok(config)
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("OUTBOXD_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Human => builder.try_init(),
+    };
+}
+
+fn faults_from_env() -> anyhow::Result<Faults> {
+    match std::env::var("OUTBOXD_FAULT") {
+        Ok(spec) if !spec.is_empty() => {
+            Faults::parse(&spec).map_err(|e| anyhow::anyhow!("OUTBOXD_FAULT: {e}"))
+        }
+        _ => Ok(Faults::none()),
+    }
+}
+
+async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
+    if let Command::Demo(args) = &cli.command {
+        init_logging(if cli.log_json {
+            LogFormat::Json
+        } else {
+            LogFormat::Human
+        });
+        return crate::demo::run(args.clone()).await;
+    }
+    let config = load_config(&cli)?;
+    init_logging(config.log.format);
+    let faults = faults_from_env()?;
+    match cli.command {
+        Command::Run => {
+            let (tx, rx) = watch::channel(false);
+            tokio::spawn(watch_signals(tx));
+            crate::daemon::run(config, faults, rx).await?;
+            tracing::info!("stopped cleanly");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Migrate => {
+            let db = connect(&config).await?;
+            let report = migrate(&db).await?;
+            if report.applied.is_empty() {
+                println!("schema is up to date (version {})", report.current);
+            } else {
+                println!(
+                    "applied {} (now at version {})",
+                    report.applied.join(", "),
+                    report.current
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Stats { json } => {
+            let db = connect(&config).await?;
+            let now = chrono::Utc::now();
+            let stats = match &db {
+                Db::Postgres(p) => {
+                    crate::store::postgres::PgStore::new(p.clone())
+                        .stats(now)
+                        .await?
+                }
+                Db::Sqlite(p) => {
+                    crate::store::sqlite::SqliteStore::new(
+                        p.clone(),
+                        std::time::Duration::from_secs(30),
+                    )
+                    .stats(now)
+                    .await?
+                }
+            };
+            if json {
+                println!("{}", serde_json::to_string_pretty(&stats)?);
+            } else {
+                println!("pending               {}", stats.pending);
+                println!(
+                    "oldest pending age    {:.1} s",
+                    stats.oldest_pending_age_seconds
+                );
+                println!("failing (>=5 tries)   {}", stats.failing);
+                println!("dead                  {}", stats.dead);
+                println!(
+                    "blocked aggregates    {} ({} events waiting)",
+                    stats.blocked_aggregates, stats.blocked_events
+                );
+                println!("published             {}", stats.published);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Enqueue {
+            aggregate,
+            event_type,
+            payload,
+            headers,
+            key,
+            tenant,
+        } => {
+            let payload: serde_json::Value = serde_json::from_str(&payload)
+                .with_context(|| format!("--payload is not valid JSON: {payload}"))?;
+            let mut event = NewEvent::new(aggregate, event_type, payload);
+            for h in headers {
+                let (k, v) = h
+                    .split_once('=')
+                    .with_context(|| format!("--header `{h}` must look like NAME=VALUE"))?;
+                event = event.with_header(k, v);
+            }
+            if let Some(key) = key {
+                event = event.with_operation_key(tenant, key);
+            }
+            let db = connect(&config).await?;
+            if config.database.migrate_on_start {
+                migrate(&db).await?;
+            }
+            let result = match &db {
+                Db::Postgres(p) => {
+                    let mut tx = p.begin().await?;
+                    let r = crate::store::enqueue(&mut tx, event).await?;
+                    faults
+                        .check(crate::fault::FaultPoint::AfterInsertBeforeCommit)
+                        .await?;
+                    tx.commit().await?;
+                    r
+                }
+                Db::Sqlite(p) => {
+                    let mut tx = p.begin().await?;
+                    let r = crate::store::enqueue(&mut tx, event).await?;
+                    faults
+                        .check(crate::fault::FaultPoint::AfterInsertBeforeCommit)
+                        .await?;
+                    tx.commit().await?;
+                    r
+                }
+            };
+            match result {
+                Enqueued::Created(id) => println!("enqueued {id}"),
+                Enqueued::Repeat(id) => {
+                    println!("repeat of {id} (operation key already used with this payload)")
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Demo(_) => unreachable!("handled above"),
+    }
+}
+
+async fn connect(config: &Config) -> anyhow::Result<Db> {
+    Db::connect(&config.database.url, config.database.max_connections)
+        .await
+        .with_context(|| {
+            format!(
+                "cannot connect to database.url {}",
+                redact_url(&config.database.url)
+            )
+        })
+}
+
+/// Hides the password in a URL before it is printed.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let creds = &url[scheme + 3..at];
+            match creds.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// First SIGTERM or SIGINT: graceful shutdown. Second: exit at once.
+async fn watch_signals(tx: watch::Sender<bool>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers; stop outboxd with SIGKILL");
+        return;
+    };
+    tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+    tracing::info!("shutdown requested: finishing in-flight work (signal again to force)");
+    let _ = tx.send(true);
+    tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+    eprintln!("second signal: exiting now");
+    std::process::exit(130);
+}

@@ -1,0 +1,407 @@
+//! One typed configuration: a TOML file, then `OUTBOXD__SECTION__KEY`
+//! environment overrides, then command-line flags. Unknown keys are errors,
+//! and every error names the key and what is wrong with it.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::relay::{Backoff, Route};
+use crate::store::DbKind;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub database: DatabaseConfig,
+    #[serde(default)]
+    pub transport: TransportConfig,
+    #[serde(default)]
+    pub relay: RelaySection,
+    /// Event type pattern → topic; the first match wins.
+    #[serde(default)]
+    pub routes: Vec<Route>,
+    #[serde(default)]
+    pub consumers: Vec<ConsumerSection>,
+    #[serde(default)]
+    pub log: LogConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseConfig {
+    /// `sqlite://PATH` (the embedded default) or `postgres://USER@HOST/DB`.
+    #[serde(default = "default_db_url")]
+    pub url: String,
+    #[serde(default = "default_max_connections")]
+    pub max_connections: u32,
+    /// Apply pending migrations when `outboxd run` starts.
+    #[serde(default = "yes")]
+    pub migrate_on_start: bool,
+}
+
+impl Default for DatabaseConfig {
+    fn default() -> Self {
+        Self {
+            url: default_db_url(),
+            max_connections: default_max_connections(),
+            migrate_on_start: true,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum TransportKind {
+    #[default]
+    Embedded,
+    Kafka,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TransportConfig {
+    #[serde(default)]
+    pub kind: TransportKind,
+    /// Partitions per topic of the embedded transport.
+    #[serde(default = "default_partitions")]
+    pub partitions: i32,
+    /// librdkafka properties, passed through as they are
+    /// (`bootstrap.servers`, `security.protocol`, `sasl.*` ...).
+    #[serde(default)]
+    pub kafka: std::collections::BTreeMap<String, String>,
+}
+
+impl Default for TransportConfig {
+    fn default() -> Self {
+        Self {
+            kind: TransportKind::Embedded,
+            partitions: default_partitions(),
+            kafka: Default::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RelaySection {
+    #[serde(default = "default_batch")]
+    pub batch_size: usize,
+    #[serde(default = "default_poll_ms")]
+    pub poll_interval_ms: u64,
+    #[serde(default = "default_publish_timeout_ms")]
+    pub publish_timeout_ms: u64,
+    #[serde(default = "default_max_attempts")]
+    pub max_attempts: i32,
+    /// Relay tasks in this process.
+    #[serde(default = "default_workers")]
+    pub workers: usize,
+    /// SQLite only: how long a claim is leased before another task may take it.
+    #[serde(default = "default_lease_ms")]
+    pub lease_ms: u64,
+    #[serde(default)]
+    pub backoff: Backoff,
+}
+
+impl Default for RelaySection {
+    fn default() -> Self {
+        Self {
+            batch_size: default_batch(),
+            poll_interval_ms: default_poll_ms(),
+            publish_timeout_ms: default_publish_timeout_ms(),
+            max_attempts: default_max_attempts(),
+            workers: default_workers(),
+            lease_ms: default_lease_ms(),
+            backoff: Backoff::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsumerSection {
+    /// The consumer's name in the inbox and its consumer group.
+    pub name: String,
+    pub topics: Vec<String>,
+    /// `builtin:billing` for now.
+    pub handler: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Human,
+    Json,
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct LogConfig {
+    #[serde(default)]
+    pub format: LogFormat,
+}
+
+fn default_db_url() -> String {
+    "sqlite://outboxd.db".into()
+}
+fn default_max_connections() -> u32 {
+    8
+}
+fn yes() -> bool {
+    true
+}
+fn default_partitions() -> i32 {
+    8
+}
+fn default_batch() -> usize {
+    100
+}
+fn default_poll_ms() -> u64 {
+    500
+}
+fn default_publish_timeout_ms() -> u64 {
+    10_000
+}
+fn default_max_attempts() -> i32 {
+    10
+}
+fn default_workers() -> usize {
+    2
+}
+fn default_lease_ms() -> u64 {
+    30_000
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("config file {path} is not valid TOML: {message}")]
+    Syntax { path: String, message: String },
+    #[error("config key `{key}`: {message}")]
+    Key { key: String, message: String },
+}
+
+impl Config {
+    /// Defaults, then `path` if given, then the environment.
+    pub fn load(
+        path: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        let (origin, text) = match path {
+            Some(p) => (
+                p.display().to_string(),
+                std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
+                    path: p.display().to_string(),
+                    source,
+                })?,
+            ),
+            None => ("(defaults)".to_string(), String::new()),
+        };
+        Self::from_toml(&origin, &text, env)
+    }
+
+    pub fn from_toml(
+        origin: &str,
+        text: &str,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        let mut table: toml::Table =
+            text.parse()
+                .map_err(|e: toml::de::Error| ConfigError::Syntax {
+                    path: origin.to_string(),
+                    message: e.to_string(),
+                })?;
+        apply_env(&mut table, env)?;
+        let config: Config =
+            serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
+                let key = e.path().to_string();
+                ConfigError::Key {
+                    key: if key == "." {
+                        "(top level)".into()
+                    } else {
+                        key
+                    },
+                    message: e.into_inner().to_string(),
+                }
+            })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |key: &str, message: String| {
+            Err(ConfigError::Key {
+                key: key.into(),
+                message,
+            })
+        };
+        if let Err(e) = DbKind::from_url(&self.database.url) {
+            return bad("database.url", e.to_string());
+        }
+        if self.database.max_connections == 0 {
+            return bad("database.max_connections", "must be at least 1".into());
+        }
+        if self.relay.batch_size == 0 || self.relay.batch_size > 10_000 {
+            return bad(
+                "relay.batch_size",
+                format!(
+                    "{} is out of range; use 1 to 10000 (default 100)",
+                    self.relay.batch_size
+                ),
+            );
+        }
+        if self.relay.workers == 0 || self.relay.workers > 64 {
+            return bad(
+                "relay.workers",
+                format!("{} is out of range; use 1 to 64", self.relay.workers),
+            );
+        }
+        if self.relay.max_attempts < 1 {
+            return bad("relay.max_attempts", "must be at least 1".into());
+        }
+        if self.relay.publish_timeout_ms == 0 {
+            return bad("relay.publish_timeout_ms", "must be more than 0".into());
+        }
+        if self.relay.lease_ms <= self.relay.publish_timeout_ms {
+            return bad(
+                "relay.lease_ms",
+                format!(
+                    "{} must exceed relay.publish_timeout_ms ({}), or a slow batch could be claimed twice",
+                    self.relay.lease_ms, self.relay.publish_timeout_ms
+                ),
+            );
+        }
+        let b = self.relay.backoff;
+        if !(b.base_seconds > 0.0 && b.max_seconds >= b.base_seconds) {
+            return bad(
+                "relay.backoff",
+                "need 0 < base_seconds <= max_seconds".into(),
+            );
+        }
+        if self.transport.partitions < 1 || self.transport.partitions > 1024 {
+            return bad("transport.partitions", "use 1 to 1024".into());
+        }
+        if self.transport.kind == TransportKind::Kafka
+            && !self.transport.kafka.contains_key("bootstrap.servers")
+        {
+            return bad(
+                "transport.kafka",
+                "set \"bootstrap.servers\" when transport.kind = \"kafka\"".into(),
+            );
+        }
+        for (i, r) in self.routes.iter().enumerate() {
+            if r.topic.is_empty() || r.event_type.is_empty() {
+                return bad(
+                    &format!("routes[{i}]"),
+                    "event_type and topic must not be empty".into(),
+                );
+            }
+        }
+        for (i, c) in self.consumers.iter().enumerate() {
+            if c.handler != "builtin:billing" {
+                return bad(
+                    &format!("consumers[{i}].handler"),
+                    format!(
+                        "unknown handler `{}`; available: builtin:billing",
+                        c.handler
+                    ),
+                );
+            }
+            if c.topics.is_empty() {
+                return bad(
+                    &format!("consumers[{i}].topics"),
+                    "list at least one topic".into(),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    pub fn relay_config(&self) -> crate::relay::RelayConfig {
+        crate::relay::RelayConfig {
+            batch_size: self.relay.batch_size,
+            backoff: self.relay.backoff,
+            max_attempts: self.relay.max_attempts,
+            publish_timeout: Duration::from_millis(self.relay.publish_timeout_ms),
+        }
+    }
+
+    /// The config with secrets masked, for logs and `--help` output.
+    pub fn redacted_kafka(&self) -> Vec<(String, String)> {
+        self.transport
+            .kafka
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.clone(),
+                    if is_secret(k) {
+                        "***".into()
+                    } else {
+                        v.clone()
+                    },
+                )
+            })
+            .collect()
+    }
+}
+
+/// Property names whose values are never logged.
+pub fn is_secret(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    k.contains("password")
+        || k.contains("secret")
+        || k.contains("token")
+        || k.ends_with(".key")
+        || k.contains("sasl.oauthbearer.config")
+}
+
+/// `OUTBOXD__RELAY__BATCH_SIZE=50` sets `relay.batch_size`. Values are read
+/// as TOML when they parse (numbers, booleans, arrays) and as strings
+/// otherwise. Kafka property names contain dots: `OUTBOXD__TRANSPORT__KAFKA__BOOTSTRAP.SERVERS`.
+fn apply_env(
+    table: &mut toml::Table,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<(), ConfigError> {
+    for (name, raw) in env {
+        let Some(rest) = name.strip_prefix("OUTBOXD__") else {
+            continue;
+        };
+        let path: Vec<String> = rest.split("__").map(|s| s.to_ascii_lowercase()).collect();
+        if path.iter().any(|p| p.is_empty()) {
+            return Err(ConfigError::Key {
+                key: name.clone(),
+                message: "empty path segment; use OUTBOXD__SECTION__KEY".into(),
+            });
+        }
+        let value = format!("v = {raw}")
+            .parse::<toml::Table>()
+            .ok()
+            .and_then(|mut t| t.remove("v"))
+            .unwrap_or(toml::Value::String(raw.clone()));
+        let mut cursor = &mut *table;
+        for seg in &path[..path.len() - 1] {
+            let entry = cursor
+                .entry(seg.clone())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            cursor = match entry {
+                toml::Value::Table(t) => t,
+                _ => {
+                    return Err(ConfigError::Key {
+                        key: name.clone(),
+                        message: format!("`{seg}` is not a section"),
+                    });
+                }
+            };
+        }
+        if let Some(last) = path.last() {
+            cursor.insert(last.clone(), value);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,13 @@
+//! The receiving half: each message is handled inside a database
+//! transaction that also records its message id in the inbox, so a
+//! redelivered message has no second effect.
+//!
+//! [`inbox::process`] is one message; [`runner::Consumer`] is the loop that
+//! fetches from a [`MessageSource`](crate::broker::MessageSource), handles
+//! partitions in parallel, and commits offsets only after the effect commits.
+
+pub mod inbox;
+pub mod runner;
+
+pub use inbox::{Handler, HandlerError, InboxTx, Processed, process};
+pub use runner::{Consumer, ConsumerConfig, ConsumerStats};

@@ -1,0 +1,197 @@
+//! The consumer loop: fetch, handle each partition's messages in order
+//! (partitions in parallel), commit offsets past handled messages only.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use tokio::sync::watch;
+
+use super::inbox::{Handler, HandlerError, Processed, process};
+use crate::broker::{ConsumeError, Delivery, MessageSource, headers};
+use crate::fault::{FaultPoint, Faults, InjectedFault};
+use crate::store::Db;
+
+#[derive(Debug, Clone)]
+pub struct ConsumerConfig {
+    /// The consumer's name in the inbox.
+    pub name: String,
+    pub fetch_max: usize,
+    pub poll_interval: Duration,
+    /// Pause before redelivering after a failed handler.
+    pub retry_delay: Duration,
+}
+
+impl Default for ConsumerConfig {
+    fn default() -> Self {
+        Self {
+            name: "consumer".into(),
+            fetch_max: 100,
+            poll_interval: Duration::from_millis(100),
+            retry_delay: Duration::from_millis(500),
+        }
+    }
+}
+
+/// Counters a caller can read while the consumer runs.
+#[derive(Debug, Default)]
+pub struct ConsumerStats {
+    pub handled: AtomicU64,
+    pub duplicates: AtomicU64,
+    pub failed: AtomicU64,
+    /// Milliseconds from `created-at` to the effect's commit, per message.
+    pub latencies_ms: std::sync::Mutex<Vec<f64>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConsumerError {
+    #[error(transparent)]
+    Source(#[from] ConsumeError),
+    #[error(transparent)]
+    Fault(#[from] InjectedFault),
+}
+
+pub struct Consumer<S, H> {
+    db: Db,
+    source: S,
+    handler: Arc<H>,
+    config: ConsumerConfig,
+    stats: Arc<ConsumerStats>,
+    faults: Faults,
+}
+
+impl<S: MessageSource, H: Handler> Consumer<S, H> {
+    pub fn new(db: Db, source: S, handler: Arc<H>, config: ConsumerConfig) -> Self {
+        Self {
+            db,
+            source,
+            handler,
+            config,
+            stats: Arc::default(),
+            faults: Faults::none(),
+        }
+    }
+
+    pub fn with_faults(mut self, faults: Faults) -> Self {
+        self.faults = faults;
+        self
+    }
+
+    pub fn stats(&self) -> Arc<ConsumerStats> {
+        self.stats.clone()
+    }
+
+    pub fn source_mut(&mut self) -> &mut S {
+        &mut self.source
+    }
+
+    /// Fetches once and handles what came. Returns how many messages were
+    /// handled or dropped as duplicates, and whether any failed.
+    pub async fn step(&mut self) -> Result<(usize, bool), ConsumerError> {
+        let batch = self.source.fetch(self.config.fetch_max).await?;
+        if batch.is_empty() {
+            return Ok((0, false));
+        }
+        let mut by_partition: BTreeMap<(String, i32), Vec<Delivery>> = BTreeMap::new();
+        for d in batch {
+            by_partition
+                .entry((d.topic.clone(), d.partition))
+                .or_default()
+                .push(d);
+        }
+        let results = join_all(
+            by_partition
+                .into_values()
+                .map(|msgs| self.handle_partition(msgs)),
+        )
+        .await;
+        let mut done = 0;
+        let mut any_failed = false;
+        for (last_ok, count, failed) in results {
+            done += count;
+            any_failed |= failed;
+            if let Some(d) = last_ok {
+                self.faults
+                    .check(FaultPoint::AfterHandleBeforeCommitOffset)
+                    .await?;
+                self.source.commit(&d).await?;
+            }
+        }
+        Ok((done, any_failed))
+    }
+
+    /// Handles one partition's messages in order; stops at the first failure
+    /// so nothing after it is committed.
+    async fn handle_partition(&self, msgs: Vec<Delivery>) -> (Option<Delivery>, usize, bool) {
+        let mut last_ok = None;
+        let mut count = 0;
+        for d in msgs {
+            match process(&self.db, &self.config.name, &d, self.handler.as_ref()).await {
+                Ok(Processed::Handled) => {
+                    self.stats.handled.fetch_add(1, Ordering::Relaxed);
+                    self.record_latency(&d);
+                }
+                Ok(Processed::Duplicate) => {
+                    self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(HandlerError::Permanent(reason)) => {
+                    // Until dead-letter records exist, a permanent failure is
+                    // logged and retried like any other: never acknowledged.
+                    self.stats.failed.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!(topic = %d.topic, partition = d.partition, offset = d.offset, %reason, "handler failed permanently; will retry");
+                    return (last_ok, count, true);
+                }
+                Err(HandlerError::Retryable(reason)) => {
+                    self.stats.failed.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(topic = %d.topic, partition = d.partition, offset = d.offset, %reason, "handler failed; will retry");
+                    return (last_ok, count, true);
+                }
+            }
+            count += 1;
+            last_ok = Some(d);
+        }
+        (last_ok, count, false)
+    }
+
+    fn record_latency(&self, d: &Delivery) {
+        let Some(created) = d
+            .header(headers::CREATED_AT)
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .and_then(|s| chrono::DateTime::parse_from_rfc3339(s).ok())
+        else {
+            return;
+        };
+        let ms = (chrono::Utc::now() - created.with_timezone(&chrono::Utc))
+            .num_microseconds()
+            .unwrap_or(0) as f64
+            / 1000.0;
+        if let Ok(mut v) = self.stats.latencies_ms.lock() {
+            v.push(ms);
+        }
+    }
+
+    /// Runs until `shutdown` turns true, finishing the in-flight batch.
+    pub async fn run(&mut self, mut shutdown: watch::Receiver<bool>) -> Result<(), ConsumerError> {
+        loop {
+            if *shutdown.borrow() {
+                return Ok(());
+            }
+            let pause = match self.step().await {
+                Ok((n, false)) if n > 0 => continue,
+                Ok((_, false)) => self.config.poll_interval,
+                Ok((_, true)) => self.config.retry_delay,
+                Err(ConsumerError::Fault(f)) => return Err(ConsumerError::Fault(f)),
+                Err(ConsumerError::Source(e)) => {
+                    tracing::warn!(error = %e, "consumer fetch or commit failed; retrying");
+                    self.config.retry_delay
+                }
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                _ = shutdown.changed() => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,86 @@
+//! The billing side of the example: one invoice per confirmed order. The
+//! `invoices` table has no unique constraint on purpose, so a duplicate
+//! effect would be visible; the inbox is what prevents it.
+
+use serde::Deserialize;
+use sqlx::Executor;
+
+use crate::broker::Delivery;
+use crate::consumer::{Handler, HandlerError, InboxTx};
+use crate::store::Db;
+
+const PG_SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS invoices (
+  id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  order_id     text   NOT NULL,
+  customer_id  text   NOT NULL,
+  amount_cents bigint NOT NULL,
+  message_id   text   NOT NULL,
+  issued_at    bigint NOT NULL
+)";
+
+const SQLITE_SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS invoices (
+  id           INTEGER PRIMARY KEY AUTOINCREMENT,
+  order_id     TEXT    NOT NULL,
+  customer_id  TEXT    NOT NULL,
+  amount_cents INTEGER NOT NULL,
+  message_id   TEXT    NOT NULL,
+  issued_at    INTEGER NOT NULL
+)";
+
+pub async fn create_schema(db: &Db) -> Result<(), sqlx::Error> {
+    match db {
+        Db::Postgres(p) => p.execute(PG_SCHEMA).await.map(|_| ()),
+        Db::Sqlite(p) => p.execute(SQLITE_SCHEMA).await.map(|_| ()),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct OrderConfirmed {
+    order_id: String,
+    customer_id: String,
+    total_cents: i64,
+}
+
+/// The built-in billing handler used until the billing plugin replaces it.
+#[derive(Debug, Default, Clone)]
+pub struct BillingHandler;
+
+impl Handler for BillingHandler {
+    async fn handle(&self, tx: &mut InboxTx, d: &Delivery) -> Result<(), HandlerError> {
+        let ev: OrderConfirmed = serde_json::from_slice(&d.payload).map_err(|e| {
+            HandlerError::Permanent(format!(
+                "{}/{}@{}: payload is not an order.confirmed event ({e})",
+                d.topic, d.partition, d.offset
+            ))
+        })?;
+        let message_id = d.message_id().map_err(HandlerError::Permanent)?.to_string();
+        let now = chrono::Utc::now().timestamp_micros();
+        let sql =
+            "INSERT INTO invoices (order_id, customer_id, amount_cents, message_id, issued_at)
+                   VALUES ($1, $2, $3, $4, $5)";
+        let q = sqlx::query(sql);
+        match tx {
+            InboxTx::Postgres(t) => q
+                .bind(&ev.order_id)
+                .bind(&ev.customer_id)
+                .bind(ev.total_cents)
+                .bind(&message_id)
+                .bind(now)
+                .execute(&mut **t)
+                .await?
+                .rows_affected(),
+            InboxTx::Sqlite(t) => sqlx::query(sql)
+                .bind(&ev.order_id)
+                .bind(&ev.customer_id)
+                .bind(ev.total_cents)
+                .bind(&message_id)
+                .bind(now)
+                .execute(&mut **t)
+                .await?
+                .rows_affected(),
+        };
+        Ok(())
+    }
+}

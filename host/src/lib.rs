@@ -1,0 +1,32 @@
+//! outboxd: a transactional outbox, relay and inbox host.
+//!
+//! # Layout
+//!
+//! - [`event`]: what producers write and what the relay claims.
+//! - [`store`]: the outbox and inbox tables behind one trait, on Postgres or
+//!   SQLite, with the write API [`store::enqueue`] and the migrations.
+//! - [`relay`]: claims due events, publishes them, marks them; one
+//!   [`relay::Relay::step`] plus a thin loop.
+//! - [`broker`]: the [`broker::Publisher`] and [`broker::MessageSource`]
+//!   traits and the embedded SQL transport.
+//! - [`consumer`]: the inbox, which makes a redelivered message a no-op, and
+//!   the consumer loop.
+//! - [`domain`]: the example order service and billing handler.
+//! - [`config`], [`cli`], [`demo`]: the daemon around all of it.
+//! - [`fault`], [`clock`]: seams that let tests crash and time-travel it.
+
+pub mod broker;
+pub mod cli;
+pub mod clock;
+pub mod config;
+pub mod consumer;
+pub mod daemon;
+pub mod demo;
+pub mod domain;
+pub mod event;
+pub mod fault;
+pub mod relay;
+pub mod store;
+
+pub use event::{Enqueued, EventId, NewEvent, OutboxEvent};
+pub use store::{EnqueueError, enqueue};

@@ -1,0 +1,211 @@
+//! The relay: claims due events, publishes each batch concurrently, awaits
+//! every broker acknowledgement, then marks successes and failures.
+//!
+//! [`Relay::step`] is one batch; [`worker::run`] is the thin loop around it.
+
+pub mod backoff;
+pub mod route;
+pub mod worker;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+
+use crate::broker::{OutgoingMessage, PublishError, Publisher, headers};
+use crate::clock::Clock;
+use crate::event::OutboxEvent;
+use crate::fault::{FaultPoint, Faults, InjectedFault};
+use crate::store::{BatchOutcome, ClaimedBatch, FailedEvent, OutboxStore, StoreError};
+
+pub use backoff::Backoff;
+pub use route::{Route, Router};
+
+/// `last_error` is cut to this many characters (seed 000).
+pub const MAX_ERROR_CHARS: usize = 500;
+
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    pub batch_size: usize,
+    pub backoff: Backoff,
+    /// After this many failed attempts the event is dead.
+    pub max_attempts: i32,
+    /// Caps one batch's broker round trip, and so how long claims are held.
+    pub publish_timeout: Duration,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        Self {
+            batch_size: 100,
+            backoff: Backoff::default(),
+            max_attempts: 10,
+            publish_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StepReport {
+    pub published: usize,
+    /// Failed and scheduled for another attempt.
+    pub retried: usize,
+    /// Failed for the last time: moved to the dead state.
+    pub dead: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepOutcome {
+    /// A batch was claimed and settled.
+    Published(StepReport),
+    /// Nothing was due.
+    Idle,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Fault(#[from] InjectedFault),
+}
+
+pub struct Relay<S, P> {
+    store: S,
+    publisher: P,
+    router: Router,
+    config: RelayConfig,
+    clock: Arc<dyn Clock>,
+    faults: Faults,
+}
+
+impl<S: OutboxStore, P: Publisher> Relay<S, P> {
+    pub fn new(
+        store: S,
+        publisher: P,
+        router: Router,
+        config: RelayConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        Self {
+            store,
+            publisher,
+            router,
+            config,
+            clock,
+            faults: Faults::none(),
+        }
+    }
+
+    pub fn with_faults(mut self, faults: Faults) -> Self {
+        self.faults = faults;
+        self
+    }
+
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// Claims one batch, publishes it, and marks the outcome.
+    ///
+    /// A row is marked published only after the broker acknowledged it. If
+    /// this step is interrupted after publishing and before marking, the
+    /// claim is released and the events are published again: at least once.
+    pub async fn step(&self) -> Result<StepOutcome, RelayError> {
+        let now = self.clock.now();
+        let batch = self.store.claim(self.config.batch_size, now).await?;
+        if batch.events().is_empty() {
+            return Ok(StepOutcome::Idle);
+        }
+        let results = join_all(batch.events().iter().map(|ev| self.publish_event(ev))).await;
+        self.faults
+            .check(FaultPoint::AfterPublishBeforeMark)
+            .await?;
+
+        let now = self.clock.now();
+        let mut outcome = BatchOutcome::default();
+        let mut report = StepReport::default();
+        for (ev, result) in batch.events().iter().zip(results) {
+            match result {
+                Ok(()) => {
+                    outcome.published.push(ev.seq);
+                    report.published += 1;
+                }
+                Err(err) => {
+                    let attempts = ev.attempts + 1;
+                    let dead = err.is_permanent() || attempts >= self.config.max_attempts;
+                    let error = truncate(&err.to_string(), MAX_ERROR_CHARS);
+                    tracing::warn!(seq = ev.seq, id = %ev.id, attempts, dead, error = %error, "publish failed");
+                    let delay = self.config.backoff.delay(ev.attempts);
+                    outcome.failed.push(FailedEvent {
+                        seq: ev.seq,
+                        error,
+                        retry_at: now
+                            + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX),
+                        dead,
+                    });
+                    if dead {
+                        report.dead += 1;
+                    } else {
+                        report.retried += 1;
+                    }
+                }
+            }
+        }
+        batch.complete(outcome, now).await?;
+        self.faults.check(FaultPoint::AfterMark).await?;
+        Ok(StepOutcome::Published(report))
+    }
+
+    async fn publish_event(&self, ev: &OutboxEvent) -> Result<(), PublishError> {
+        let msg = self.message_for(ev);
+        match tokio::time::timeout(self.config.publish_timeout, self.publisher.publish(msg)).await {
+            Ok(result) => result,
+            Err(_) => Err(PublishError::Retryable(format!(
+                "no broker acknowledgement within {:?} (relay.publish_timeout_ms)",
+                self.config.publish_timeout
+            ))),
+        }
+    }
+
+    /// The message for an event: keyed by aggregate, carrying the message id,
+    /// type, aggregate, creation time and every event header.
+    pub fn message_for(&self, ev: &OutboxEvent) -> OutgoingMessage {
+        let mut hdrs = Vec::with_capacity(4 + ev.headers.len());
+        hdrs.push((
+            headers::MESSAGE_ID.to_string(),
+            ev.id.0.to_string().into_bytes(),
+        ));
+        hdrs.push((
+            headers::EVENT_TYPE.to_string(),
+            ev.event_type.clone().into_bytes(),
+        ));
+        hdrs.push((
+            headers::AGGREGATE_ID.to_string(),
+            ev.aggregate_id.clone().into_bytes(),
+        ));
+        hdrs.push((
+            headers::CREATED_AT.to_string(),
+            ev.created_at.to_rfc3339().into_bytes(),
+        ));
+        for (k, v) in &ev.headers {
+            hdrs.push((k.clone(), v.clone().into_bytes()));
+        }
+        OutgoingMessage {
+            topic: self.router.topic_for(&ev.event_type).to_string(),
+            key: ev.aggregate_id.clone().into_bytes(),
+            payload: ev.payload.clone().into_bytes(),
+            headers: hdrs,
+            message_id: ev.id.0,
+            created_at: ev.created_at,
+        }
+    }
+}
+
+/// Cuts `s` to at most `max` characters, on a character boundary.
+pub fn truncate(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        Some((idx, _)) => s[..idx].to_string(),
+        None => s.to_string(),
+    }
+}

@@ -1,0 +1,83 @@
+//! A connected database of either kind, chosen from the URL at runtime.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+
+use super::StoreError;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DbKind {
+    Postgres,
+    Sqlite,
+}
+
+impl DbKind {
+    pub fn from_url(url: &str) -> Result<Self, StoreError> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Ok(DbKind::Postgres)
+        } else if url.starts_with("sqlite:") {
+            Ok(DbKind::Sqlite)
+        } else {
+            Err(StoreError::UnsupportedUrl(url.to_string()))
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub enum Db {
+    Postgres(PgPool),
+    Sqlite(SqlitePool),
+}
+
+impl Db {
+    /// Connects with pool settings suited to a relay host. A SQLite file is
+    /// created when missing and put in WAL mode with a generous busy timeout,
+    /// so several relay tasks and writers in one process wait instead of
+    /// failing.
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
+        match DbKind::from_url(url)? {
+            DbKind::Postgres => {
+                let opts = PgConnectOptions::from_str(url)?;
+                let pool = PgPoolOptions::new()
+                    .max_connections(max_connections)
+                    .acquire_timeout(Duration::from_secs(10))
+                    .connect_with(opts)
+                    .await?;
+                Ok(Db::Postgres(pool))
+            }
+            DbKind::Sqlite => {
+                let opts = SqliteConnectOptions::from_str(url)?
+                    .create_if_missing(true)
+                    .journal_mode(SqliteJournalMode::Wal)
+                    .synchronous(SqliteSynchronous::Full)
+                    .busy_timeout(Duration::from_secs(30))
+                    .foreign_keys(true);
+                let pool = SqlitePoolOptions::new()
+                    .max_connections(max_connections)
+                    .acquire_timeout(Duration::from_secs(30))
+                    .connect_with(opts)
+                    .await?;
+                Ok(Db::Sqlite(pool))
+            }
+        }
+    }
+
+    pub fn kind(&self) -> DbKind {
+        match self {
+            Db::Postgres(_) => DbKind::Postgres,
+            Db::Sqlite(_) => DbKind::Sqlite,
+        }
+    }
+
+    pub async fn close(&self) {
+        match self {
+            Db::Postgres(p) => p.close().await,
+            Db::Sqlite(p) => p.close().await,
+        }
+    }
+}

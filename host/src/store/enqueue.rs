@@ -1,0 +1,231 @@
+//! The write API: events enter the outbox inside the caller's transaction.
+
+use std::future::Future;
+
+use sqlx::{Postgres, Row, Sqlite, Transaction};
+use uuid::Uuid;
+
+use super::EnqueueError;
+use super::fingerprint::fingerprint;
+use crate::event::{Enqueued, EventId, NewEvent};
+
+/// A database the outbox can be written to inside a caller's transaction.
+pub trait OutboxDatabase: sqlx::Database {
+    fn enqueue_in(
+        conn: &mut Self::Connection,
+        event: NewEvent,
+    ) -> impl Future<Output = Result<Enqueued, EnqueueError>> + Send;
+
+    fn lookup_operation_in(
+        conn: &mut Self::Connection,
+        tenant: &str,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<(EventId, String)>, EnqueueError>> + Send;
+}
+
+/// Writes `event` to the outbox in the caller's transaction. The event exists
+/// if and only if the caller commits.
+///
+/// With an operation key, repeating the key with the same aggregate, type
+/// and payload returns [`Enqueued::Repeat`] with the first event's id, and a
+/// different payload is [`EnqueueError::IdempotencyConflict`]. Two racing
+/// transactions with one key produce exactly one row: the second waits on
+/// the unique index and then sees the first.
+pub async fn enqueue<DB: OutboxDatabase>(
+    tx: &mut Transaction<'_, DB>,
+    event: NewEvent,
+) -> Result<Enqueued, EnqueueError> {
+    validate(&event)?;
+    DB::enqueue_in(&mut *tx, event).await
+}
+
+/// Finds the event written for an operation key, with its fingerprint.
+pub async fn lookup_operation<DB: OutboxDatabase>(
+    tx: &mut Transaction<'_, DB>,
+    tenant: &str,
+    key: &str,
+) -> Result<Option<(EventId, String)>, EnqueueError> {
+    DB::lookup_operation_in(&mut *tx, tenant, key).await
+}
+
+fn validate(event: &NewEvent) -> Result<(), EnqueueError> {
+    if event.aggregate_id.is_empty() {
+        return Err(EnqueueError::Invalid(
+            "aggregate_id is empty; every event needs the id of the entity it is about".into(),
+        ));
+    }
+    if event.event_type.is_empty() {
+        return Err(EnqueueError::Invalid(
+            "event_type is empty; name the fact, for example order.confirmed".into(),
+        ));
+    }
+    if let Some(op) = &event.operation_key
+        && op.key.is_empty()
+    {
+        return Err(EnqueueError::Invalid(
+            "operation key is empty; omit it or send a non-empty key".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn resolve_repeat(
+    event: &NewEvent,
+    existing: Option<(EventId, String)>,
+    fp: &str,
+) -> Result<Enqueued, EnqueueError> {
+    let op = event
+        .operation_key
+        .clone()
+        .unwrap_or_else(|| crate::event::OperationKey {
+            tenant: String::new(),
+            key: String::new(),
+        });
+    match existing {
+        Some((id, stored)) if stored == fp => Ok(Enqueued::Repeat(id)),
+        Some((id, _)) => Err(EnqueueError::IdempotencyConflict {
+            tenant: op.tenant,
+            key: op.key,
+            existing: id.0,
+        }),
+        // The conflicting row was deleted between our insert and our read
+        // (retention), or the caller's isolation level hides it.
+        None => Err(EnqueueError::Database(sqlx::Error::Protocol(format!(
+            "operation key `{}` conflicted but its row is not visible; retry the transaction (use READ COMMITTED)",
+            op.key
+        )))),
+    }
+}
+
+fn headers_json(event: &NewEvent) -> serde_json::Value {
+    serde_json::Value::Object(
+        event
+            .headers
+            .iter()
+            .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+            .collect(),
+    )
+}
+
+const PG_INSERT: &str = "INSERT INTO outbox
+    (id, aggregate_id, event_type, payload, headers, idempotency_tenant, idempotency_key, payload_fingerprint)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+    ON CONFLICT (idempotency_tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id";
+
+impl OutboxDatabase for Postgres {
+    async fn enqueue_in(
+        conn: &mut sqlx::PgConnection,
+        event: NewEvent,
+    ) -> Result<Enqueued, EnqueueError> {
+        // The per-aggregate lock is taken before the identity value is drawn,
+        // so within one aggregate seq order is commit order.
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+            .bind(&event.aggregate_id)
+            .execute(&mut *conn)
+            .await?;
+        let fp = event.operation_key.as_ref().map(|_| fingerprint(&event));
+        let (tenant, key) = match &event.operation_key {
+            Some(op) => (op.tenant.as_str(), Some(op.key.as_str())),
+            None => ("", None),
+        };
+        let id = Uuid::new_v4();
+        let row = sqlx::query(PG_INSERT)
+            .bind(id)
+            .bind(&event.aggregate_id)
+            .bind(&event.event_type)
+            .bind(sqlx::types::Json(&event.payload))
+            .bind(sqlx::types::Json(headers_json(&event)))
+            .bind(tenant)
+            .bind(key)
+            .bind(fp.as_deref())
+            .fetch_optional(&mut *conn)
+            .await?;
+        if row.is_some() {
+            return Ok(Enqueued::Created(EventId(id)));
+        }
+        let key = key.unwrap_or_default();
+        let existing = Self::lookup_operation_in(conn, tenant, key).await?;
+        resolve_repeat(&event, existing, fp.as_deref().unwrap_or_default())
+    }
+
+    async fn lookup_operation_in(
+        conn: &mut sqlx::PgConnection,
+        tenant: &str,
+        key: &str,
+    ) -> Result<Option<(EventId, String)>, EnqueueError> {
+        let row = sqlx::query(
+            "SELECT id, coalesce(payload_fingerprint, '') FROM outbox
+              WHERE idempotency_tenant = $1 AND idempotency_key = $2",
+        )
+        .bind(tenant)
+        .bind(key)
+        .fetch_optional(&mut *conn)
+        .await?;
+        Ok(row.map(|r| (EventId(r.get(0)), r.get(1))))
+    }
+}
+
+const SQLITE_INSERT: &str = "INSERT INTO outbox
+    (id, aggregate_id, event_type, payload, headers, idempotency_tenant, idempotency_key, payload_fingerprint)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+    ON CONFLICT (idempotency_tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id";
+
+impl OutboxDatabase for Sqlite {
+    async fn enqueue_in(
+        conn: &mut sqlx::SqliteConnection,
+        event: NewEvent,
+    ) -> Result<Enqueued, EnqueueError> {
+        // SQLite serialises writers for the whole transaction, so seq order
+        // is commit order without a lock of our own.
+        let fp = event.operation_key.as_ref().map(|_| fingerprint(&event));
+        let (tenant, key) = match &event.operation_key {
+            Some(op) => (op.tenant.as_str(), Some(op.key.as_str())),
+            None => ("", None),
+        };
+        let id = Uuid::new_v4();
+        let row = sqlx::query(SQLITE_INSERT)
+            .bind(id.to_string())
+            .bind(&event.aggregate_id)
+            .bind(&event.event_type)
+            .bind(event.payload.to_string())
+            .bind(headers_json(&event).to_string())
+            .bind(tenant)
+            .bind(key)
+            .bind(fp.as_deref())
+            .fetch_optional(&mut *conn)
+            .await?;
+        if row.is_some() {
+            return Ok(Enqueued::Created(EventId(id)));
+        }
+        let key = key.unwrap_or_default();
+        let existing = Self::lookup_operation_in(conn, tenant, key).await?;
+        resolve_repeat(&event, existing, fp.as_deref().unwrap_or_default())
+    }
+
+    async fn lookup_operation_in(
+        conn: &mut sqlx::SqliteConnection,
+        tenant: &str,
+        key: &str,
+    ) -> Result<Option<(EventId, String)>, EnqueueError> {
+        let row = sqlx::query(
+            "SELECT id, coalesce(payload_fingerprint, '') FROM outbox
+              WHERE idempotency_tenant = $1 AND idempotency_key = $2",
+        )
+        .bind(tenant)
+        .bind(key)
+        .fetch_optional(&mut *conn)
+        .await?;
+        match row {
+            None => Ok(None),
+            Some(r) => {
+                let text: String = r.get(0);
+                let id = Uuid::parse_str(&text).map_err(|e| {
+                    EnqueueError::Invalid(format!("stored outbox id `{text}` is not a uuid: {e}"))
+                })?;
+                Ok(Some((EventId(id), r.get(1))))
+            }
+        }
+    }
+}

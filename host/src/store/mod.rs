@@ -1,0 +1,128 @@
+//! The outbox store: the durable half of the outbox, behind one trait with a
+//! Postgres and a SQLite implementation.
+//!
+//! Producers call [`enqueue`] inside their own transaction. The relay calls
+//! [`OutboxStore::claim`] and then [`ClaimedBatch::complete`] with what the
+//! broker acknowledged.
+
+mod db;
+mod enqueue;
+mod fingerprint;
+mod migrate;
+pub mod postgres;
+pub mod sqlite;
+
+use std::future::Future;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+pub use db::{Db, DbKind};
+pub use enqueue::{OutboxDatabase, enqueue, lookup_operation};
+pub use fingerprint::fingerprint;
+pub use migrate::{MigrationReport, migrate};
+
+use crate::event::OutboxEvent;
+
+/// Errors of the store as a whole. Enqueue has its own error type because
+/// its callers branch on idempotency conflicts.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error(
+        "unsupported database URL `{0}`: use postgres://USER@HOST/DB or sqlite://PATH (sqlite::memory: for a throwaway store)"
+    )]
+    UnsupportedUrl(String),
+    #[error("migration {version} ({name}) failed: {source}")]
+    Migration {
+        version: i64,
+        name: String,
+        source: sqlx::Error,
+    },
+    #[error(
+        "the database has migration {found} applied, but this outboxd only knows up to {known}; upgrade outboxd instead of running an older binary against a newer schema"
+    )]
+    SchemaTooNew { found: i64, known: i64 },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EnqueueError {
+    #[error("invalid event: {0}")]
+    Invalid(String),
+    #[error(
+        "operation key `{key}` (tenant `{tenant}`) was already used for a different payload (event {existing}); send a new key for a different operation"
+    )]
+    IdempotencyConflict {
+        tenant: String,
+        key: String,
+        existing: uuid::Uuid,
+    },
+    #[error("database error while enqueueing: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+/// One event's failed publish, as the relay decided it.
+#[derive(Debug, Clone)]
+pub struct FailedEvent {
+    pub seq: i64,
+    /// Already truncated to 500 characters.
+    pub error: String,
+    /// When to try again (ignored when `dead`).
+    pub retry_at: DateTime<Utc>,
+    /// Move the event to the terminal dead state.
+    pub dead: bool,
+}
+
+/// What happened to a claimed batch.
+#[derive(Debug, Clone, Default)]
+pub struct BatchOutcome {
+    pub published: Vec<i64>,
+    pub failed: Vec<FailedEvent>,
+}
+
+/// A batch of claimed events. Dropping it without `complete` releases the
+/// claim (Postgres rolls back; SQLite leases expire), so a crash between
+/// publish and mark republishes: at least once, never lost.
+pub trait ClaimedBatch: Send {
+    fn events(&self) -> &[OutboxEvent];
+    fn complete(
+        self,
+        outcome: BatchOutcome,
+        now: DateTime<Utc>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
+
+/// The relay's view of the store.
+pub trait OutboxStore: Clone + Send + Sync + 'static {
+    type Batch: ClaimedBatch;
+
+    /// Claims up to `limit` due events, at most one per aggregate and each
+    /// the oldest unpublished event of its aggregate.
+    fn claim(
+        &self,
+        limit: usize,
+        now: DateTime<Utc>,
+    ) -> impl Future<Output = Result<Self::Batch, StoreError>> + Send;
+
+    fn stats(
+        &self,
+        now: DateTime<Utc>,
+    ) -> impl Future<Output = Result<OutboxStats, StoreError>> + Send;
+}
+
+/// Seed 000's monitoring query, plus dead and blocked counts.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct OutboxStats {
+    pub pending: i64,
+    /// Age of the oldest pending (not dead) event: the alert that matters.
+    pub oldest_pending_age_seconds: f64,
+    /// Pending events that failed 5 or more times.
+    pub failing: i64,
+    pub dead: i64,
+    /// Aggregates whose oldest unpublished event is dead, so later events wait.
+    pub blocked_aggregates: i64,
+    /// Pending events waiting behind a dead event of their aggregate.
+    pub blocked_events: i64,
+    pub published: i64,
+}

@@ -1,0 +1,200 @@
+//! The Postgres store: seed 000's claim query with `FOR UPDATE SKIP LOCKED`,
+//! so any number of relays can share one database.
+
+use chrono::{DateTime, Utc};
+use sqlx::postgres::{PgPool, PgRow};
+use sqlx::{Postgres, Row, Transaction};
+
+use super::{BatchOutcome, ClaimedBatch, OutboxStats, OutboxStore, StoreError};
+use crate::event::{EventId, OutboxEvent, parse_headers};
+
+#[derive(Clone, Debug)]
+pub struct PgStore {
+    pool: PgPool,
+}
+
+impl PgStore {
+    pub fn new(pool: PgPool) -> Self {
+        Self { pool }
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+}
+
+/// The oldest due, pending event of each aggregate. NOT EXISTS keeps
+/// per-aggregate order (a dead event also holds its successors back), and
+/// SKIP LOCKED lets relays run side by side without double claims.
+const CLAIM: &str = "
+SELECT o.seq, o.id, o.aggregate_id, o.event_type, o.payload::text, o.headers::text,
+       o.created_at, o.attempts
+  FROM outbox o
+ WHERE o.published_at IS NULL
+   AND o.dead_at IS NULL
+   AND o.next_attempt_at <= $2
+   AND NOT EXISTS (
+     SELECT 1 FROM outbox earlier
+      WHERE earlier.aggregate_id = o.aggregate_id
+        AND earlier.published_at IS NULL
+        AND earlier.seq < o.seq)
+ ORDER BY o.seq
+ LIMIT $1
+ FOR UPDATE OF o SKIP LOCKED";
+
+const MARK_PUBLISHED: &str =
+    "UPDATE outbox SET published_at = $2 WHERE seq = ANY($1) AND published_at IS NULL";
+
+const MARK_FAILED: &str = "
+UPDATE outbox o
+   SET attempts = o.attempts + 1,
+       last_error = f.error,
+       next_attempt_at = f.retry_at,
+       dead_at = CASE WHEN f.dead THEN $5 ELSE NULL END,
+       dead_reason = CASE WHEN f.dead THEN f.error ELSE NULL END
+  FROM unnest($1::bigint[], $2::text[], $3::timestamptz[], $4::bool[]) AS f(seq, error, retry_at, dead)
+ WHERE o.seq = f.seq";
+
+pub struct PgBatch {
+    tx: Option<Transaction<'static, Postgres>>,
+    events: Vec<OutboxEvent>,
+}
+
+impl ClaimedBatch for PgBatch {
+    fn events(&self) -> &[OutboxEvent] {
+        &self.events
+    }
+
+    async fn complete(
+        mut self,
+        outcome: BatchOutcome,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        let Some(mut tx) = self.tx.take() else {
+            return Ok(());
+        };
+        if !outcome.published.is_empty() {
+            sqlx::query(MARK_PUBLISHED)
+                .bind(&outcome.published)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+        }
+        if !outcome.failed.is_empty() {
+            let seqs: Vec<i64> = outcome.failed.iter().map(|f| f.seq).collect();
+            let errors: Vec<&str> = outcome.failed.iter().map(|f| f.error.as_str()).collect();
+            let retry: Vec<DateTime<Utc>> = outcome.failed.iter().map(|f| f.retry_at).collect();
+            let dead: Vec<bool> = outcome.failed.iter().map(|f| f.dead).collect();
+            sqlx::query(MARK_FAILED)
+                .bind(&seqs)
+                .bind(&errors)
+                .bind(&retry)
+                .bind(&dead)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+impl OutboxStore for PgStore {
+    type Batch = PgBatch;
+
+    async fn claim(&self, limit: usize, now: DateTime<Utc>) -> Result<PgBatch, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let rows = sqlx::query(CLAIM)
+            .bind(limit as i64)
+            .bind(now)
+            .fetch_all(&mut *tx)
+            .await?;
+        let events = rows.iter().map(decode_row).collect::<Result<Vec<_>, _>>()?;
+        if events.is_empty() {
+            tx.rollback().await?;
+            return Ok(PgBatch { tx: None, events });
+        }
+        Ok(PgBatch {
+            tx: Some(tx),
+            events,
+        })
+    }
+
+    async fn stats(&self, now: DateTime<Utc>) -> Result<OutboxStats, StoreError> {
+        let row = sqlx::query(STATS).bind(now).fetch_one(&self.pool).await?;
+        Ok(OutboxStats {
+            pending: row.get(0),
+            oldest_pending_age_seconds: row.get(1),
+            failing: row.get(2),
+            dead: row.get(3),
+            blocked_aggregates: row.get(4),
+            blocked_events: row.get(5),
+            published: row.get(6),
+        })
+    }
+}
+
+const STATS: &str = "
+WITH unpublished AS (
+  SELECT seq, aggregate_id, created_at, attempts, dead_at FROM outbox WHERE published_at IS NULL
+), dead_heads AS (
+  SELECT aggregate_id, min(seq) AS seq FROM unpublished WHERE dead_at IS NOT NULL GROUP BY aggregate_id
+)
+SELECT
+  (SELECT count(*) FROM unpublished WHERE dead_at IS NULL),
+  (SELECT coalesce(extract(epoch FROM $1 - min(created_at)), 0)::float8 FROM unpublished WHERE dead_at IS NULL),
+  (SELECT count(*) FROM unpublished WHERE dead_at IS NULL AND attempts >= 5),
+  (SELECT count(*) FROM unpublished WHERE dead_at IS NOT NULL),
+  (SELECT count(*) FROM dead_heads),
+  (SELECT count(*) FROM unpublished u JOIN dead_heads d
+      ON d.aggregate_id = u.aggregate_id AND u.seq > d.seq AND u.dead_at IS NULL),
+  (SELECT count(*) FROM outbox WHERE published_at IS NOT NULL)";
+
+fn decode_row(row: &PgRow) -> Result<OutboxEvent, StoreError> {
+    let seq: i64 = row.try_get(0)?;
+    let headers_text: String = row.try_get(5)?;
+    // Corrupt headers (only possible through hand-written SQL) must not stop
+    // the relay; they travel as one diagnostic header instead.
+    let headers = parse_headers(seq, &headers_text).unwrap_or_else(|problem| {
+        std::iter::once(("outboxd-header-error".to_string(), problem)).collect()
+    });
+    Ok(OutboxEvent {
+        seq,
+        id: EventId(row.try_get(1)?),
+        aggregate_id: row.try_get(2)?,
+        event_type: row.try_get(3)?,
+        payload: row.try_get(4)?,
+        headers,
+        created_at: row.try_get(6)?,
+        attempts: row.try_get(7)?,
+    })
+}
+
+/// The channel the `outbox_notify` trigger signals on.
+pub const NOTIFY_CHANNEL: &str = "outboxd_outbox";
+
+/// Listens for new-event notifications and ticks the returned receiver on
+/// each one (and after every reconnect, since notifications may have been
+/// missed meanwhile). The relay still polls, so a lost tick costs latency,
+/// never an event.
+pub async fn listen_for_events(
+    pool: &PgPool,
+) -> Result<tokio::sync::watch::Receiver<u64>, sqlx::Error> {
+    let mut listener = sqlx::postgres::PgListener::connect_with(pool).await?;
+    listener.listen(NOTIFY_CHANNEL).await?;
+    let (tx, rx) = tokio::sync::watch::channel(0u64);
+    tokio::spawn(async move {
+        loop {
+            let result = tokio::select! {
+                r = listener.recv() => r,
+                _ = tx.closed() => return,
+            };
+            if let Err(e) = result {
+                tracing::warn!(error = %e, "LISTEN connection failed; polling until it is back");
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+            tx.send_modify(|v| *v = v.wrapping_add(1));
+        }
+    });
+    Ok(rx)
+}
