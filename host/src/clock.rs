@@ -40,3 +40,34 @@ impl Clock for TokioClock {
         self.wall + chrono::Duration::from_std(elapsed).unwrap_or(chrono::Duration::MAX)
     }
 }
+
+/// A clock that moves only when told to. Used where tokio's paused time
+/// cannot be: SQLite's driver runs on its own thread, and while the runtime
+/// waits for it, paused tokio time auto-advances to the next timer.
+#[derive(Debug)]
+pub struct ManualClock {
+    now: std::sync::Mutex<DateTime<Utc>>,
+}
+
+impl ManualClock {
+    pub fn starting_now() -> Self {
+        Self {
+            now: std::sync::Mutex::new(Utc::now()),
+        }
+    }
+
+    pub fn advance(&self, by: std::time::Duration) {
+        if let Ok(mut now) = self.now.lock() {
+            *now += chrono::Duration::from_std(by).unwrap_or(chrono::Duration::zero());
+        }
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> DateTime<Utc> {
+        self.now
+            .lock()
+            .map(|n| *n)
+            .unwrap_or_else(|p| *p.into_inner())
+    }
+}

@@ -46,6 +46,12 @@ impl Db {
                 let pool = PgPoolOptions::new()
                     .max_connections(max_connections)
                     .acquire_timeout(Duration::from_secs(10))
+                    // No reaper task: connections are checked on acquire
+                    // instead, and no background timer fires under paused
+                    // tokio time in tests.
+                    .idle_timeout(None)
+                    .max_lifetime(None)
+                    .test_before_acquire(true)
                     .connect_with(opts)
                     .await?;
                 Ok(Db::Postgres(pool))
@@ -60,6 +66,8 @@ impl Db {
                 let pool = SqlitePoolOptions::new()
                     .max_connections(max_connections)
                     .acquire_timeout(Duration::from_secs(30))
+                    .idle_timeout(None)
+                    .max_lifetime(None)
                     .connect_with(opts)
                     .await?;
                 Ok(Db::Sqlite(pool))

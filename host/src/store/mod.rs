@@ -5,6 +5,7 @@
 //! [`OutboxStore::claim`] and then [`ClaimedBatch::complete`] with what the
 //! broker acknowledged.
 
+pub mod any;
 mod db;
 mod enqueue;
 mod fingerprint;
@@ -17,6 +18,7 @@ use std::future::Future;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
+pub use any::AnyStore;
 pub use db::{Db, DbKind};
 pub use enqueue::{OutboxDatabase, enqueue, lookup_operation};
 pub use fingerprint::fingerprint;

@@ -1,0 +1,124 @@
+//! Config: errors name the key and the fix; the environment overrides the file.
+
+use outboxd::config::{Config, ConfigError, TransportKind};
+
+fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn key_error(r: Result<Config, ConfigError>) -> (String, String) {
+    match r {
+        Err(ConfigError::Key { key, message }) => (key, message),
+        other => panic!("expected a key error, got {other:?}"),
+    }
+}
+
+#[test]
+fn unknown_field_is_named() {
+    let (key, msg) = key_error(Config::from_toml(
+        "t.toml",
+        "[relay]\nbatchsize = 5\n",
+        env(&[]),
+    ));
+    assert_eq!(key, "relay.batchsize");
+    assert!(
+        msg.contains("batchsize") && msg.contains("batch_size"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn bad_url_is_named() {
+    let (key, msg) = key_error(Config::from_toml(
+        "t.toml",
+        "[database]\nurl = \"mysql://x\"\n",
+        env(&[]),
+    ));
+    assert_eq!(key, "database.url");
+    assert!(
+        msg.contains("postgres://") && msg.contains("sqlite://"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn impossible_values_are_named() {
+    let (key, _) = key_error(Config::from_toml(
+        "t.toml",
+        "[relay]\nbatch_size = 0\n",
+        env(&[]),
+    ));
+    assert_eq!(key, "relay.batch_size");
+    let (key, msg) = key_error(Config::from_toml(
+        "t.toml",
+        "[relay]\nlease_ms = 100\npublish_timeout_ms = 200\n",
+        env(&[]),
+    ));
+    assert_eq!(key, "relay.lease_ms");
+    assert!(msg.contains("publish_timeout_ms"), "{msg}");
+    let (key, _) = key_error(Config::from_toml(
+        "t.toml",
+        "[relay]\nworkers = \"two\"\n",
+        env(&[]),
+    ));
+    assert_eq!(key, "relay.workers");
+}
+
+#[test]
+fn syntax_errors_name_the_file() {
+    match Config::from_toml("broken.toml", "[relay\n", env(&[])) {
+        Err(ConfigError::Syntax { path, .. }) => assert_eq!(path, "broken.toml"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn environment_overrides_the_file() {
+    let c = Config::from_toml(
+        "t.toml",
+        "[relay]\nbatch_size = 10\n",
+        env(&[
+            ("OUTBOXD__RELAY__BATCH_SIZE", "50"),
+            ("OUTBOXD__DATABASE__URL", "postgres://u@h/db"),
+            ("OUTBOXD__TRANSPORT__KIND", "kafka"),
+            (
+                "OUTBOXD__TRANSPORT__KAFKA__bootstrap.servers",
+                "127.0.0.1:9092",
+            ),
+            ("UNRELATED", "x"),
+        ]),
+    )
+    .expect("config");
+    assert_eq!(c.relay.batch_size, 50);
+    assert_eq!(c.database.url, "postgres://u@h/db");
+    assert_eq!(c.transport.kind, TransportKind::Kafka);
+    assert_eq!(
+        c.transport
+            .kafka
+            .get("bootstrap.servers")
+            .map(String::as_str),
+        Some("127.0.0.1:9092")
+    );
+}
+
+#[test]
+fn secrets_are_masked() {
+    let c = Config::from_toml(
+        "t.toml",
+        "[transport]\nkind = \"kafka\"\n[transport.kafka]\n\"bootstrap.servers\" = \"b:9092\"\n\"sasl.password\" = \"hunter2\"\n",
+        env(&[]),
+    )
+    .expect("config");
+    let shown = format!("{:?}", c.redacted_kafka());
+    assert!(
+        !shown.contains("hunter2") && shown.contains("***"),
+        "{shown}"
+    );
+    assert_eq!(
+        outboxd::cli::redact_url("postgres://u:pw@h/db"),
+        "postgres://u:***@h/db"
+    );
+}

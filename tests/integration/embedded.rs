@@ -1,0 +1,141 @@
+//! The embedded transport's delivery semantics: per-key order, cursors
+//! advanced only by commit, redelivery after a crash, lease takeover.
+
+use std::time::Duration;
+
+use outboxd::broker::embedded::{
+    EmbeddedConsumer, EmbeddedConsumerConfig, EmbeddedPublisher, partition_for,
+};
+use outboxd::broker::{MessageSource, OutgoingMessage, Publisher};
+
+use crate::on_both;
+use crate::support::TestDb;
+
+fn msg(topic: &str, key: &str, n: usize) -> OutgoingMessage {
+    OutgoingMessage {
+        topic: topic.into(),
+        key: key.as_bytes().to_vec(),
+        payload: format!("{{\"n\":{n}}}").into_bytes(),
+        headers: vec![(
+            "message-id".into(),
+            uuid::Uuid::new_v4().to_string().into_bytes(),
+        )],
+        message_id: uuid::Uuid::new_v4(),
+        created_at: chrono::Utc::now(),
+    }
+}
+
+fn consumer(t: &TestDb, group: &str, lease: Duration) -> EmbeddedConsumer {
+    EmbeddedConsumer::new(
+        t.db.clone(),
+        EmbeddedConsumerConfig {
+            group: group.into(),
+            topics: vec!["t".into()],
+            partitions: 4,
+            lease,
+        },
+    )
+}
+
+async fn per_key_order_and_commit_only_after_handling(t: TestDb) {
+    let p = EmbeddedPublisher::new(t.db.clone(), 4);
+    for n in 0..40 {
+        p.publish(msg("t", &format!("k{}", n % 5), n))
+            .await
+            .expect("publish");
+    }
+    let mut c = consumer(&t, "g", Duration::from_secs(15));
+    let batch = c.fetch(1000).await.expect("fetch");
+    assert_eq!(batch.len(), 40);
+    for d in &batch {
+        assert_eq!(
+            d.partition,
+            partition_for(d.key.as_deref().unwrap_or_default(), 4)
+        );
+    }
+    // Per key, payload order is publish order.
+    for k in 0..5 {
+        let key = format!("k{k}").into_bytes();
+        let ns: Vec<usize> = batch
+            .iter()
+            .filter(|d| d.key.as_deref() == Some(&key[..]))
+            .map(|d| {
+                serde_json::from_slice::<serde_json::Value>(&d.payload).expect("json")["n"]
+                    .as_u64()
+                    .expect("n") as usize
+            })
+            .collect();
+        assert!(
+            ns.windows(2).all(|w| w[0] < w[1]),
+            "key k{k} out of order: {ns:?}"
+        );
+    }
+    // Nothing committed yet: a refetch returns everything again.
+    assert_eq!(c.fetch(1000).await.expect("refetch").len(), 40);
+    // Commit the first message of one partition only.
+    let first = batch[0].clone();
+    c.commit(&first).await.expect("commit");
+    let again = c.fetch(1000).await.expect("fetch after commit");
+    assert_eq!(again.len(), 39);
+    assert!(
+        !again
+            .iter()
+            .any(|d| d.partition == first.partition && d.offset <= first.offset)
+    );
+}
+on_both!(per_key_order_and_commit_only_after_handling);
+
+async fn a_dead_members_partitions_are_taken_over_from_the_last_commit(t: TestDb) {
+    let p = EmbeddedPublisher::new(t.db.clone(), 4);
+    for n in 0..20 {
+        p.publish(msg("t", &format!("k{n}"), n))
+            .await
+            .expect("publish");
+    }
+    let mut a = consumer(&t, "g", Duration::from_millis(300));
+    let got = a.fetch(1000).await.expect("a fetch");
+    assert_eq!(got.len(), 20);
+    for d in &got[..5] {
+        a.commit(d).await.expect("commit");
+    }
+    let committed: usize = 5;
+    // `a` dies without releasing. `b` cannot take over until the lease expires.
+    let mut b = consumer(&t, "g", Duration::from_millis(300));
+    assert!(
+        b.fetch(1000).await.expect("b fetch").is_empty(),
+        "a still holds every lease"
+    );
+    let mut taken = Vec::new();
+    for _ in 0..200 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        taken = b.fetch(1000).await.expect("b fetch");
+        if !taken.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(
+        taken.len(),
+        20 - committed,
+        "b resumes exactly after a's commits"
+    );
+    assert_eq!(b.assignment().len(), 4);
+    // a's late commit is refused: it lost the lease, and b redelivers.
+    assert!(a.commit(&got[10]).await.is_err());
+}
+on_both!(a_dead_members_partitions_are_taken_over_from_the_last_commit);
+
+async fn groups_are_independent(t: TestDb) {
+    let p = EmbeddedPublisher::new(t.db.clone(), 4);
+    for n in 0..3 {
+        p.publish(msg("t", "k", n)).await.expect("publish");
+    }
+    let mut g1 = consumer(&t, "g1", Duration::from_secs(15));
+    let mut g2 = consumer(&t, "g2", Duration::from_secs(15));
+    let b1 = g1.fetch(100).await.expect("g1");
+    for d in &b1 {
+        g1.commit(d).await.expect("commit");
+    }
+    assert_eq!(g1.fetch(100).await.expect("g1 again").len(), 0);
+    assert_eq!(g2.fetch(100).await.expect("g2").len(), 3);
+}
+on_both!(groups_are_independent);

@@ -1,0 +1,262 @@
+//! Process-level crash tests: a real `outboxd` process is stopped at an
+//! injected point, killed with SIGKILL, and restarted on the same SQLite
+//! file or Postgres database.
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use outboxd::event::NewEvent;
+use outboxd::store::{Db, enqueue};
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+use crate::on_both;
+use crate::support::TestDb;
+
+fn outboxd(t: &TestDb) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_outboxd"));
+    cmd.env("OUTBOXD__DATABASE__URL", &t.url)
+        .env("OUTBOXD__RELAY__WORKERS", "1")
+        .env("OUTBOXD__RELAY__BATCH_SIZE", "20")
+        .env("OUTBOXD__RELAY__POLL_INTERVAL_MS", "20")
+        .env("OUTBOXD__RELAY__PUBLISH_TIMEOUT_MS", "1000")
+        .env("OUTBOXD__RELAY__LEASE_MS", "1500")
+        .env_remove("OUTBOXD_FAULT")
+        .kill_on_drop(true);
+    cmd
+}
+
+/// Waits for the `OUTBOXD FAULT` line, then SIGKILLs the process.
+async fn kill_at_fault(mut child: Child) {
+    let stderr = child.stderr.take().expect("piped stderr");
+    let mut lines = BufReader::new(stderr).lines();
+    let found = tokio::time::timeout(Duration::from_secs(90), async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if line.starts_with("OUTBOXD FAULT") {
+                return true;
+            }
+        }
+        false
+    })
+    .await
+    .unwrap_or(false);
+    child.start_kill().expect("SIGKILL");
+    let status = child.wait().await.expect("wait");
+    assert!(
+        found,
+        "the process never reached the fault point (status {status})"
+    );
+    assert!(!status.success(), "killed, not exited");
+}
+
+async fn fill(db: &Db, events: usize, aggregates: usize) {
+    for i in 0..events {
+        let ev = NewEvent::new(
+            format!("agg-{}", i % aggregates),
+            "thing.happened",
+            json!({ "i": i }),
+        );
+        match db {
+            Db::Postgres(p) => {
+                let mut tx = p.begin().await.expect("begin");
+                enqueue(&mut tx, ev).await.expect("enqueue");
+                tx.commit().await.expect("commit");
+            }
+            Db::Sqlite(p) => {
+                let mut tx = p.begin().await.expect("begin");
+                enqueue(&mut tx, ev).await.expect("enqueue");
+                tx.commit().await.expect("commit");
+            }
+        }
+    }
+}
+
+async fn wait_until(t: &TestDb, sql: &str, want: i64) {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let got = t.count(sql).await;
+        if got == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for `{sql}` = {want} (last {got})"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn relay_killed_between_publish_and_mark_republishes_only_that_batch(t: TestDb) {
+    fill(&t.db, 200, 40).await;
+    let child = outboxd(&t)
+        .arg("run")
+        .env("OUTBOXD_FAULT", "after-publish-before-mark:hang:3")
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn outboxd run");
+    kill_at_fault(child).await;
+
+    // What the killed process left: two marked batches, one published but
+    // unmarked batch (in flight), and the rest untouched.
+    assert_eq!(
+        t.count("SELECT count(*) FROM outbox WHERE published_at IS NOT NULL")
+            .await,
+        40
+    );
+    t.exec(
+        "CREATE TABLE inflight AS SELECT id FROM outbox o WHERE published_at IS NULL
+           AND EXISTS (SELECT 1 FROM transport_messages m WHERE m.message_id = o.id)",
+    )
+    .await;
+    assert_eq!(t.count("SELECT count(*) FROM inflight").await, 20);
+
+    let mut child = outboxd(&t)
+        .arg("run")
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("restart");
+    wait_until(
+        &t,
+        "SELECT count(*) FROM outbox WHERE published_at IS NULL",
+        0,
+    )
+    .await;
+    // Graceful stop: SIGTERM drains and exits 0.
+    let pid = child.id().expect("pid").to_string();
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill -TERM");
+    assert!(term.success());
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("exits after SIGTERM")
+        .expect("wait");
+    assert!(status.success(), "SIGTERM must exit 0, got {status}");
+
+    let lost = "SELECT count(*) FROM outbox o WHERE NOT EXISTS (SELECT 1 FROM transport_messages m WHERE m.message_id = o.id)";
+    assert_eq!(
+        t.count(lost).await,
+        0,
+        "every committed event was published"
+    );
+    let dups = "SELECT count(*) FROM (SELECT message_id FROM transport_messages GROUP BY message_id HAVING count(*) > 1) d";
+    assert_eq!(
+        t.count(dups).await,
+        20,
+        "only the in-flight batch was published twice"
+    );
+    let unexpected = "SELECT count(*) FROM (SELECT message_id FROM transport_messages GROUP BY message_id HAVING count(*) > 1) d
+                       WHERE d.message_id NOT IN (SELECT id FROM inflight)";
+    assert_eq!(
+        t.count(unexpected).await,
+        0,
+        "duplicates are exactly the in-flight batch"
+    );
+    assert_eq!(
+        t.count("SELECT count(*) FROM transport_messages").await,
+        220
+    );
+}
+on_both!(relay_killed_between_publish_and_mark_republishes_only_that_batch);
+
+async fn producer_killed_before_commit_leaves_nothing(t: TestDb) {
+    let enqueue_cmd = |t: &TestDb| {
+        let mut c = outboxd(t);
+        c.args([
+            "enqueue",
+            "--aggregate",
+            "o1",
+            "--type",
+            "order.confirmed",
+            "--payload",
+            r#"{"x":1}"#,
+        ]);
+        c
+    };
+    let child = enqueue_cmd(&t)
+        .env("OUTBOXD_FAULT", "after-insert-before-commit:hang")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn enqueue");
+    kill_at_fault(child).await;
+    assert_eq!(
+        t.count("SELECT count(*) FROM outbox").await,
+        0,
+        "the uncommitted insert is gone"
+    );
+    // The store is usable right after: no stale lock survives the kill.
+    let out = enqueue_cmd(&t).output().await.expect("enqueue again");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(t.count("SELECT count(*) FROM outbox").await, 1);
+}
+on_both!(producer_killed_before_commit_leaves_nothing);
+
+async fn two_processes_racing_on_one_key_write_one_row(t: TestDb) {
+    for k in 0..5 {
+        let key = format!("op-{k}");
+        let run = |t: &TestDb| {
+            let mut c = outboxd(t);
+            c.args([
+                "enqueue",
+                "--aggregate",
+                "acct",
+                "--type",
+                "paid",
+                "--payload",
+                r#"{"amount":5}"#,
+                "--key",
+                &key,
+            ]);
+            c.output()
+        };
+        let (a, b) = tokio::join!(run(&t), run(&t));
+        let (a, b) = (a.expect("a"), b.expect("b"));
+        assert!(
+            a.status.success() && b.status.success(),
+            "{} / {}",
+            String::from_utf8_lossy(&a.stderr),
+            String::from_utf8_lossy(&b.stderr)
+        );
+        let outs = [
+            String::from_utf8_lossy(&a.stdout).into_owned(),
+            String::from_utf8_lossy(&b.stdout).into_owned(),
+        ];
+        assert_eq!(
+            outs.iter().filter(|o| o.starts_with("enqueued")).count(),
+            1,
+            "{outs:?}"
+        );
+        assert_eq!(
+            outs.iter().filter(|o| o.starts_with("repeat")).count(),
+            1,
+            "{outs:?}"
+        );
+    }
+    assert_eq!(t.count("SELECT count(*) FROM outbox").await, 5);
+}
+on_both!(two_processes_racing_on_one_key_write_one_row);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_config_is_refused_with_the_key_and_the_fix() {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("bad.toml");
+    std::fs::write(&path, "[relay]\nbatch_size = 0\n").expect("write");
+    let out = Command::new(env!("CARGO_BIN_EXE_outboxd"))
+        .args(["--config", path.to_str().expect("utf8"), "stats"])
+        .output()
+        .await
+        .expect("run");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("relay.batch_size") && err.contains("1 to 10000"),
+        "{err}"
+    );
+}

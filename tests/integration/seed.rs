@@ -1,0 +1,142 @@
+//! Seed 000's tests, ported: an unchanged order leaves no event, and a
+//! broker that is down loses nothing while recovery publishes once.
+
+use outboxd::domain::orders::{self, ConfirmOrder, ConfirmOutcome, OrderService};
+use outboxd::relay::StepOutcome;
+
+use crate::on_both;
+use crate::support::{ScriptedPublisher, TestDb};
+
+async fn setup_orders(t: &TestDb) -> OrderService {
+    orders::create_schema(&t.db).await.expect("orders schema");
+    OrderService::new(t.db.clone())
+}
+
+fn confirm(id: &str) -> ConfirmOrder {
+    ConfirmOrder {
+        order_id: id.into(),
+        operation_key: None,
+    }
+}
+
+async fn already_confirmed_order_leaves_no_orphan_event(t: TestDb) {
+    let svc = setup_orders(&t).await;
+    orders::create_order(&t.db, "o1", "c1", 1000)
+        .await
+        .expect("order");
+    t.exec("UPDATE orders SET status = 'confirmed' WHERE id = 'o1'")
+        .await;
+    assert_eq!(
+        svc.confirm_order(&confirm("o1")).await.expect("confirm"),
+        ConfirmOutcome::Unchanged
+    );
+    assert_eq!(
+        svc.confirm_order(&confirm("missing"))
+            .await
+            .expect("confirm"),
+        ConfirmOutcome::Unchanged
+    );
+    assert_eq!(t.count("SELECT count(*) FROM outbox").await, 0);
+}
+on_both!(already_confirmed_order_leaves_no_orphan_event);
+
+async fn confirming_twice_writes_one_event(t: TestDb) {
+    let svc = setup_orders(&t).await;
+    orders::create_order(&t.db, "o1", "c1", 1000)
+        .await
+        .expect("order");
+    assert!(matches!(
+        svc.confirm_order(&confirm("o1")).await.expect("confirm"),
+        ConfirmOutcome::Confirmed(_)
+    ));
+    assert_eq!(
+        svc.confirm_order(&confirm("o1")).await.expect("confirm"),
+        ConfirmOutcome::Unchanged
+    );
+    assert_eq!(t.count("SELECT count(*) FROM outbox").await, 1);
+}
+on_both!(confirming_twice_writes_one_event);
+
+async fn broker_down_loses_nothing_and_recovery_publishes_once(t: TestDb) {
+    let svc = setup_orders(&t).await;
+    orders::create_order(&t.db, "o1", "c1", 1000)
+        .await
+        .expect("order");
+    svc.confirm_order(&confirm("o1")).await.expect("confirm");
+
+    let broker = ScriptedPublisher::failing();
+    let relay = t.relay(broker.clone());
+    let StepOutcome::Published(report) = relay.step().await.expect("step") else {
+        panic!("expected a batch")
+    };
+    assert_eq!((report.published, report.retried), (0, 1));
+    assert_eq!(
+        t.count("SELECT count(*) FROM outbox WHERE published_at IS NULL AND attempts = 1")
+            .await,
+        1
+    );
+    let err = t
+        .count("SELECT count(*) FROM outbox WHERE last_error LIKE '%broker unavailable%'")
+        .await;
+    assert_eq!(err, 1, "last_error records the broker's reason");
+
+    broker.set_failing(false);
+    // Skip the backoff, as the seed's test does.
+    t.make_all_due().await;
+    assert!(matches!(
+        relay.step().await.expect("step"),
+        StepOutcome::Published(_)
+    ));
+    assert_eq!(
+        relay.step().await.expect("step"),
+        StepOutcome::Idle,
+        "a second round must not republish"
+    );
+    assert_eq!(relay.step().await.expect("step"), StepOutcome::Idle);
+    assert_eq!(broker.sent().len(), 1);
+    assert_eq!(
+        t.count("SELECT count(*) FROM outbox WHERE published_at IS NOT NULL")
+            .await,
+        1
+    );
+}
+on_both!(broker_down_loses_nothing_and_recovery_publishes_once);
+
+async fn duplicate_delivery_is_discarded_by_the_inbox(t: TestDb) {
+    use outboxd::broker::{Delivery, headers};
+    use outboxd::consumer::{Processed, process};
+    use outboxd::domain::billing::{self, BillingHandler};
+    billing::create_schema(&t.db).await.expect("billing schema");
+    let d = Delivery {
+        topic: "order.confirmed".into(),
+        partition: 0,
+        offset: 1,
+        key: Some(b"p1".to_vec()),
+        payload: br#"{"order_id":"p1","customer_id":"c1","total_cents":500}"#.to_vec(),
+        headers: vec![(
+            headers::MESSAGE_ID.into(),
+            b"0b1f6a52-6d8c-4a39-9c1e-3f1d2a7c9e10".to_vec(),
+        )],
+    };
+    assert_eq!(
+        process(&t.db, "billing", &d, &BillingHandler)
+            .await
+            .expect("first"),
+        Processed::Handled
+    );
+    assert_eq!(
+        process(&t.db, "billing", &d, &BillingHandler)
+            .await
+            .expect("second"),
+        Processed::Duplicate
+    );
+    assert_eq!(t.count("SELECT count(*) FROM invoices").await, 1);
+    // Another consumer name is another inbox: it handles the message once too.
+    assert_eq!(
+        process(&t.db, "audit", &d, &BillingHandler)
+            .await
+            .expect("audit"),
+        Processed::Handled
+    );
+}
+on_both!(duplicate_delivery_is_discarded_by_the_inbox);

@@ -1,0 +1,188 @@
+//! Shared test fixtures: a fresh database per test (Postgres or a SQLite
+//! file), a scripted publisher, and small helpers.
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use outboxd::broker::{OutgoingMessage, PublishError, Publisher};
+use outboxd::clock::{Clock, SystemClock};
+use outboxd::relay::{Relay, RelayConfig, Router};
+use outboxd::store::{AnyStore, Db, migrate};
+use sqlx::Row;
+
+/// The server the tests create their databases on.
+pub fn pg_admin_url() -> String {
+    std::env::var("OUTBOXD_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_string())
+}
+
+pub struct TestDb {
+    pub db: Db,
+    pub url: String,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl TestDb {
+    /// A new, empty, migrated Postgres database named `outboxd_t_<uuid>`.
+    pub async fn postgres() -> TestDb {
+        let admin = pg_admin_url();
+        let name = format!("outboxd_t_{}", uuid::Uuid::new_v4().simple());
+        let admin_pool = sqlx::PgPool::connect(&admin).await.unwrap_or_else(|e| {
+            panic!(
+                "cannot reach Postgres at {admin} ({e}). Start it with `bash tests/run.sh` (which starts a throwaway cluster) \
+                 or point OUTBOXD_TEST_DATABASE_URL at a server where this user can CREATE DATABASE"
+            )
+        });
+        sqlx::query(&format!("CREATE DATABASE {name}"))
+            .execute(&admin_pool)
+            .await
+            .expect("CREATE DATABASE for the test");
+        admin_pool.close().await;
+        let url = match admin.rfind('/') {
+            Some(i) => format!("{}/{name}", &admin[..i]),
+            None => panic!("OUTBOXD_TEST_DATABASE_URL must end in /DBNAME"),
+        };
+        let db = Db::connect(&url, 16)
+            .await
+            .expect("connect to the test database");
+        migrate(&db).await.expect("migrate the test database");
+        TestDb {
+            db,
+            url,
+            _dir: None,
+        }
+    }
+
+    /// A new, migrated SQLite file in a temporary directory.
+    pub async fn sqlite() -> TestDb {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = format!("sqlite://{}", dir.path().join("outbox.db").display());
+        let db = Db::connect(&url, 8)
+            .await
+            .expect("open the SQLite test file");
+        migrate(&db).await.expect("migrate the SQLite test file");
+        TestDb {
+            db,
+            url,
+            _dir: Some(dir),
+        }
+    }
+
+    pub fn store(&self) -> AnyStore {
+        AnyStore::new(&self.db, Duration::from_secs(30))
+    }
+
+    pub fn relay<P: Publisher>(&self, publisher: P) -> Relay<AnyStore, P> {
+        self.relay_with(publisher, RelayConfig::default(), Arc::new(SystemClock))
+    }
+
+    pub fn relay_with<P: Publisher>(
+        &self,
+        publisher: P,
+        config: RelayConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Relay<AnyStore, P> {
+        Relay::new(self.store(), publisher, Router::default(), config, clock)
+    }
+
+    /// Runs a query returning one integer.
+    pub async fn count(&self, sql: &str) -> i64 {
+        match &self.db {
+            Db::Postgres(p) => sqlx::query(sql)
+                .fetch_one(p)
+                .await
+                .expect(sql)
+                .get::<i64, _>(0),
+            Db::Sqlite(p) => sqlx::query(sql)
+                .fetch_one(p)
+                .await
+                .expect(sql)
+                .get::<i64, _>(0),
+        }
+    }
+
+    /// Runs a statement.
+    pub async fn exec(&self, sql: &str) {
+        match &self.db {
+            Db::Postgres(p) => sqlx::raw_sql(sql).execute(p).await.map(|_| ()).expect(sql),
+            Db::Sqlite(p) => sqlx::raw_sql(sql).execute(p).await.map(|_| ()).expect(sql),
+        }
+    }
+
+    /// Skips every backoff: all pending events become due now.
+    pub async fn make_all_due(&self) {
+        if self.is_postgres() {
+            self.exec("UPDATE outbox SET next_attempt_at = now() - interval '1 hour'")
+                .await;
+        } else {
+            self.exec("UPDATE outbox SET next_attempt_at = 0, lease_until = NULL")
+                .await;
+        }
+    }
+
+    pub fn is_postgres(&self) -> bool {
+        matches!(self.db, Db::Postgres(_))
+    }
+}
+
+/// A broker stand-in that records what it acknowledges and fails on cue,
+/// like seed 000's `brokerQueFalha`.
+#[derive(Default)]
+pub struct ScriptedPublisher {
+    pub sent: Mutex<Vec<OutgoingMessage>>,
+    pub failing: AtomicBool,
+    pub permanent: AtomicBool,
+}
+
+impl ScriptedPublisher {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    pub fn failing() -> Arc<Self> {
+        let p = Self::default();
+        p.failing.store(true, Ordering::SeqCst);
+        Arc::new(p)
+    }
+
+    pub fn set_failing(&self, on: bool) {
+        self.failing.store(on, Ordering::SeqCst);
+    }
+
+    pub fn sent(&self) -> Vec<OutgoingMessage> {
+        self.sent.lock().expect("lock").clone()
+    }
+}
+
+impl Publisher for ScriptedPublisher {
+    async fn publish(&self, msg: OutgoingMessage) -> Result<(), PublishError> {
+        if self.failing.load(Ordering::SeqCst) {
+            return Err(if self.permanent.load(Ordering::SeqCst) {
+                PublishError::Permanent("message too large".into())
+            } else {
+                PublishError::Retryable("broker unavailable".into())
+            });
+        }
+        self.sent.lock().expect("lock").push(msg);
+        Ok(())
+    }
+}
+
+/// Runs `$body(TestDb)` once on Postgres and once on SQLite, as two tests.
+#[macro_export]
+macro_rules! on_both {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                super::$name($crate::support::TestDb::postgres().await).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                super::$name($crate::support::TestDb::sqlite().await).await
+            }
+        }
+    };
+}
