@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Runs the whole test suite, starting what it needs.
+#
+# Postgres: uses $OUTBOXD_TEST_DATABASE_URL if set, else the server on
+# 127.0.0.1:5432 if it answers, else a throwaway cluster (initdb + pg_ctl in
+# a temporary directory) when the PostgreSQL binaries are installed.
+# Kafka-compatible broker: see tests/tansu.sh (started here when present).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '==> %s\n' "$*" >&2; }
+cleanup_cmds=()
+cleanup() { for c in "${cleanup_cmds[@]:-}"; do [ -n "$c" ] && eval "$c" || true; done; }
+trap cleanup EXIT
+
+find_pg_bin() {
+  local name=$1
+  if command -v "$name" >/dev/null 2>&1; then command -v "$name"; return; fi
+  ls -d /usr/lib/postgresql/*/bin/"$name" 2>/dev/null | sort -V | tail -1
+}
+
+start_throwaway_postgres() {
+  local initdb pg_ctl dir port runas=()
+  initdb=$(find_pg_bin initdb); pg_ctl=$(find_pg_bin pg_ctl)
+  if [ -z "$initdb" ] || [ -z "$pg_ctl" ]; then
+    echo "error: Postgres is not reachable at 127.0.0.1:5432 and initdb/pg_ctl are not installed." >&2
+    echo "       Install them (Debian: apt-get install postgresql) or set OUTBOXD_TEST_DATABASE_URL" >&2
+    echo "       to a server where the user may CREATE DATABASE." >&2
+    exit 1
+  fi
+  dir=$(mktemp -d /tmp/outboxd-pg.XXXXXX)
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  if [ "$(id -u)" = 0 ]; then
+    # initdb refuses to run as root.
+    id postgres >/dev/null 2>&1 || useradd --system --no-create-home postgres
+    chown postgres "$dir"
+    runas=(runuser -u postgres --)
+  fi
+  log "starting a throwaway Postgres in $dir on port $port"
+  "${runas[@]}" "$initdb" -D "$dir/data" -U postgres --auth=trust >/dev/null
+  "${runas[@]}" "$pg_ctl" -D "$dir/data" -l "$dir/log" -w \
+    -o "-c listen_addresses=127.0.0.1 -p $port -k $dir -c fsync=off" start >/dev/null
+  cleanup_cmds+=("${runas[*]} $pg_ctl -D $dir/data -m immediate stop >/dev/null 2>&1; rm -rf $dir")
+  export OUTBOXD_TEST_DATABASE_URL="postgres://postgres@127.0.0.1:$port/postgres"
+}
+
+if [ -z "${OUTBOXD_TEST_DATABASE_URL:-}" ]; then
+  if python3 -c 'import socket; socket.create_connection(("127.0.0.1",5432),2)' 2>/dev/null; then
+    export OUTBOXD_TEST_DATABASE_URL="postgres://postgres@127.0.0.1:5432/postgres"
+  else
+    start_throwaway_postgres
+  fi
+fi
+log "Postgres for tests: $OUTBOXD_TEST_DATABASE_URL"
+
+# Drop databases left behind by earlier runs (each test makes its own).
+if command -v psql >/dev/null 2>&1; then
+  psql "$OUTBOXD_TEST_DATABASE_URL" -Atqc \
+    "SELECT datname FROM pg_database WHERE datname LIKE 'outboxd_t_%'" 2>/dev/null |
+    while read -r db; do psql "$OUTBOXD_TEST_DATABASE_URL" -qc "DROP DATABASE IF EXISTS $db" >/dev/null 2>&1 || true; done
+fi
+
+if [ -x tests/tansu.sh ] && [ -z "${OUTBOXD_TEST_KAFKA:-}" ]; then
+  eval "$(tests/tansu.sh start)"
+  export OUTBOXD_TEST_KAFKA="$KAFKA_BOOTSTRAP"
+  cleanup_cmds+=("tests/tansu.sh stop")
+  log "Kafka-compatible broker for tests: $OUTBOXD_TEST_KAFKA"
+fi
+
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --workspace --no-fail-fast "$@"
+  cargo test --workspace --doc --quiet
+else
+  cargo test --workspace --no-fail-fast "$@"
+fi
