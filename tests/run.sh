@@ -69,7 +69,6 @@ fi
 
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --no-fail-fast "$@"
-  cargo test --workspace --doc --quiet
 else
   cargo test --workspace --no-fail-fast "$@"
 fi

@@ -5,7 +5,12 @@
 -- leave them out. SQLite serialises writers, so seq order is commit order.
 CREATE TABLE outbox (
   seq                  INTEGER PRIMARY KEY AUTOINCREMENT,
-  id                   TEXT    NOT NULL UNIQUE CHECK (length(id) = 36),
+  -- A random (version 4) uuid unless the producer supplies one.
+  id                   TEXT    NOT NULL UNIQUE CHECK (length(id) = 36) DEFAULT (lower(
+                         hex(randomblob(4)) || '-' || hex(randomblob(2)) || '-4' ||
+                         substr(hex(randomblob(2)), 2) || '-' ||
+                         substr('89ab', 1 + (abs(random()) % 4), 1) ||
+                         substr(hex(randomblob(2)), 2) || '-' || hex(randomblob(6)))),
   aggregate_id         TEXT    NOT NULL CHECK (aggregate_id <> ''),
   event_type           TEXT    NOT NULL CHECK (event_type <> ''),
   payload              TEXT    NOT NULL CHECK (json_valid(payload)),

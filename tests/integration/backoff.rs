@@ -118,7 +118,7 @@ async fn backoff_doubles_then_dead_letters_and_blocks_only_its_aggregate(t: Test
         ),
         (1, 1, 1, 1)
     );
-    assert!(broker.failing.load(Ordering::SeqCst) == false);
+    assert!(!broker.failing.load(Ordering::SeqCst));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -140,3 +140,18 @@ async fn duplicate_delivery_is_discarded_by_the_inbox(t: TestDb) {
     );
 }
 on_both!(duplicate_delivery_is_discarded_by_the_inbox);
+
+/// The SQLite SQL contract: a raw INSERT without id or timestamps is a
+/// valid event that the relay publishes with a uuid message id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_raw_insert_contract_is_relayed() {
+    let t = TestDb::sqlite().await;
+    t.exec("INSERT INTO outbox (aggregate_id, event_type, payload, headers) VALUES ('order-42', 'order.confirmed', '{\"order_id\":\"order-42\"}', '{}')").await;
+    let broker = ScriptedPublisher::new();
+    let relay = t.relay(broker.clone());
+    assert!(matches!(relay.step().await.expect("step"), StepOutcome::Published(_)));
+    let sent = broker.sent();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].message_id.get_version_num(), 4);
+    assert_eq!(sent[0].key, b"order-42");
+}

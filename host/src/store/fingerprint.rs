@@ -31,9 +31,9 @@ mod tests {
 
     #[test]
     fn key_order_does_not_matter_but_values_do() {
-        let a = NewEvent::new("o1", "t", serde_json::from_str(r#"{"a":1,"b":2}"#).unwrap());
-        let b = NewEvent::new("o1", "t", serde_json::from_str(r#"{"b":2,"a":1}"#).unwrap());
-        let c = NewEvent::new("o1", "t", serde_json::from_str(r#"{"b":3,"a":1}"#).unwrap());
+        let a = NewEvent::new("o1", "t", serde_json::json!({"a": 1, "b": 2}));
+        let b = NewEvent::new("o1", "t", serde_json::json!({"b": 2, "a": 1}));
+        let c = NewEvent::new("o1", "t", serde_json::json!({"b": 3, "a": 1}));
         assert_eq!(fingerprint(&a), fingerprint(&b));
         assert_ne!(fingerprint(&a), fingerprint(&c));
     }
