@@ -149,9 +149,31 @@ async fn sqlite_raw_insert_contract_is_relayed() {
     t.exec("INSERT INTO outbox (aggregate_id, event_type, payload, headers) VALUES ('order-42', 'order.confirmed', '{\"order_id\":\"order-42\"}', '{}')").await;
     let broker = ScriptedPublisher::new();
     let relay = t.relay(broker.clone());
-    assert!(matches!(relay.step().await.expect("step"), StepOutcome::Published(_)));
+    assert!(matches!(
+        relay.step().await.expect("step"),
+        StepOutcome::Published(_)
+    ));
     let sent = broker.sent();
     assert_eq!(sent.len(), 1);
     assert_eq!(sent[0].message_id.get_version_num(), 4);
     assert_eq!(sent[0].key, b"order-42");
+}
+
+/// Postgres: an insert through the SQL contract wakes listening relays
+/// (the statement trigger's NOTIFY), so they need not wait for the poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_insert_notifies_listening_relays() {
+    let t = TestDb::postgres().await;
+    let outboxd::store::Db::Postgres(pool) = &t.db else {
+        unreachable!()
+    };
+    let mut wake = outboxd::store::postgres::listen_for_events(pool)
+        .await
+        .expect("listen");
+    wake.borrow_and_update();
+    t.exec("SELECT outbox_enqueue('a', 'x', '{}'::jsonb)").await;
+    tokio::time::timeout(std::time::Duration::from_secs(10), wake.changed())
+        .await
+        .expect("a notification within 10 s")
+        .expect("listener alive");
 }
