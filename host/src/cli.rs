@@ -83,6 +83,54 @@ enum Command {
     },
     /// Run the whole pipeline on a fresh SQLite file and print a summary.
     Demo(crate::demo::DemoArgs),
+    /// Apply retention now: delete old published rows and inbox entries in
+    /// small batches (dead rows are never deleted).
+    Cleanup,
+    /// Inspect and act on dead events (the relay gave up on them).
+    #[command(subcommand)]
+    Dead(DeadCommand),
+    /// Run the configured reconciliation queries and report business rows
+    /// that have no event.
+    Reconcile {
+        /// Enqueue the missing events too.
+        #[arg(long)]
+        enqueue: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum DeadCommand {
+    /// List dead events, oldest first.
+    List {
+        /// Only this event type or pattern (order.*).
+        #[arg(long = "type")]
+        event_type: Option<String>,
+        #[arg(long)]
+        aggregate: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+    },
+    /// Show one dead event in full, as JSON.
+    Show { seq: i64 },
+    /// Make dead events pending again with zero attempts.
+    Redrive {
+        /// One event by seq.
+        #[arg(long, conflicts_with_all = ["event_type", "aggregate", "all"])]
+        seq: Option<i64>,
+        #[arg(long = "type")]
+        event_type: Option<String>,
+        #[arg(long)]
+        aggregate: Option<String>,
+        /// Every dead event (required when no other filter is given).
+        #[arg(long)]
+        all: bool,
+    },
+    /// Finish a dead event without publishing it, recording why.
+    Discard {
+        seq: i64,
+        #[arg(long)]
+        reason: String,
+    },
 }
 
 pub fn main() -> ExitCode {
@@ -261,7 +309,100 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Demo(_) => unreachable!("handled above"),
+        Command::Cleanup => {
+            let db = connect(&config).await?;
+            let report =
+                crate::ops::retention::cleanup(&db, &config.retention, chrono::Utc::now()).await?;
+            println!("{}", serde_json::to_string_pretty(&report)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Reconcile { enqueue } => {
+            if config.reconcile.is_empty() {
+                anyhow::bail!(
+                    "no [[reconcile]] rules in the config; add one with a name and a query"
+                );
+            }
+            let db = connect(&config).await?;
+            let mut reports = Vec::new();
+            for rule in &config.reconcile {
+                reports.push(crate::ops::reconcile::run_rule(&db, rule, enqueue).await?);
+            }
+            println!("{}", serde_json::to_string_pretty(&reports)?);
+            let missing: usize = reports.iter().map(|r| r.missing - r.enqueued).sum();
+            Ok(if missing == 0 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(3)
+            })
+        }
+        Command::Dead(cmd) => dead_command(&config, cmd).await,
     }
+}
+
+async fn dead_command(config: &Config, cmd: DeadCommand) -> anyhow::Result<ExitCode> {
+    use crate::ops::dead::{self, DeadFilter};
+    let db = connect(config).await?;
+    match cmd {
+        DeadCommand::List {
+            event_type,
+            aggregate,
+            limit,
+        } => {
+            let filter = DeadFilter {
+                seq: None,
+                event_type,
+                aggregate_id: aggregate,
+            };
+            let events = dead::list(&db, &filter, limit).await?;
+            if events.is_empty() {
+                println!("no dead events");
+            }
+            for e in events {
+                println!(
+                    "{:>8}  {}  {:<24} {:<20} attempts {:<3} blocking {:<4} {}",
+                    e.seq,
+                    e.dead_at.format("%Y-%m-%d %H:%M:%S"),
+                    e.event_type,
+                    e.aggregate_id,
+                    e.attempts,
+                    e.blocking,
+                    e.dead_reason
+                );
+            }
+        }
+        DeadCommand::Show { seq } => match dead::get(&db, seq).await? {
+            Some(e) => println!("{}", serde_json::to_string_pretty(&e)?),
+            None => anyhow::bail!("outbox row {seq} is not a dead event (see `outboxd dead list`)"),
+        },
+        DeadCommand::Redrive {
+            seq,
+            event_type,
+            aggregate,
+            all,
+        } => {
+            if seq.is_none() && event_type.is_none() && aggregate.is_none() && !all {
+                anyhow::bail!(
+                    "say which dead events to redrive: --seq N, --type T, --aggregate A, or --all"
+                );
+            }
+            let n = dead::redrive(
+                &db,
+                &DeadFilter {
+                    seq,
+                    event_type,
+                    aggregate_id: aggregate,
+                },
+                chrono::Utc::now(),
+            )
+            .await?;
+            println!("redrove {n} dead event(s); the relay will publish them now");
+        }
+        DeadCommand::Discard { seq, reason } => {
+            dead::discard(&db, seq, &reason, chrono::Utc::now()).await?;
+            println!("discarded outbox row {seq}: {reason}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn connect(config: &Config) -> anyhow::Result<Db> {

@@ -26,6 +26,52 @@ pub struct Config {
     pub consumers: Vec<ConsumerSection>,
     #[serde(default)]
     pub log: LogConfig,
+    #[serde(default)]
+    pub retention: crate::ops::retention::RetentionConfig,
+    /// Queries that find business rows missing their event.
+    #[serde(default)]
+    pub reconcile: Vec<crate::ops::reconcile::ReconcileRule>,
+    #[serde(default)]
+    pub admin: AdminConfig,
+}
+
+/// The admin HTTP API and dashboard: off by default, loopback by default,
+/// and a bearer token is required whenever it is on.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    #[serde(default)]
+    pub enabled: bool,
+    #[serde(default = "default_admin_listen")]
+    pub listen: String,
+    /// Prefer OUTBOXD__ADMIN__TOKEN to writing it in the file.
+    #[serde(default)]
+    pub token: Option<String>,
+    /// How often the dashboard's history samples the outbox, in seconds.
+    #[serde(default = "default_sample_seconds")]
+    pub sample_seconds: u64,
+    /// How often reconciliation rules run inside `outboxd run`; 0 = never.
+    #[serde(default)]
+    pub reconcile_interval_seconds: u64,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            listen: default_admin_listen(),
+            token: None,
+            sample_seconds: default_sample_seconds(),
+            reconcile_interval_seconds: 0,
+        }
+    }
+}
+
+fn default_admin_listen() -> String {
+    "127.0.0.1:9464".into()
+}
+fn default_sample_seconds() -> u64 {
+    5
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -294,6 +340,49 @@ impl Config {
                 "transport.kafka",
                 "set \"bootstrap.servers\" when transport.kind = \"kafka\"".into(),
             );
+        }
+        if self.admin.enabled {
+            if self.admin.listen.parse::<std::net::SocketAddr>().is_err() {
+                return bad(
+                    "admin.listen",
+                    format!(
+                        "`{}` is not an address such as 127.0.0.1:9464",
+                        self.admin.listen
+                    ),
+                );
+            }
+            match &self.admin.token {
+                Some(t) if t.len() >= 16 => {}
+                _ => {
+                    return bad(
+                        "admin.token",
+                        "the admin API needs a bearer token of at least 16 characters; set OUTBOXD__ADMIN__TOKEN".into(),
+                    );
+                }
+            }
+        }
+        let r = &self.retention;
+        if r.batch_size < 1 || r.published_days <= 0.0 || r.inbox_days <= 0.0 {
+            return bad(
+                "retention",
+                "batch_size, published_days and inbox_days must be positive".into(),
+            );
+        }
+        if r.purge_payload_days
+            .is_some_and(|d| d <= 0.0 || d > r.published_days)
+        {
+            return bad(
+                "retention.purge_payload_days",
+                "must be positive and at most retention.published_days".into(),
+            );
+        }
+        for (i, rule) in self.reconcile.iter().enumerate() {
+            if rule.name.is_empty() || rule.query.trim().is_empty() {
+                return bad(
+                    &format!("reconcile[{i}]"),
+                    "name and query must not be empty".into(),
+                );
+            }
         }
         for (i, r) in self.routes.iter().enumerate() {
             if r.topic.is_empty() || r.event_type.is_empty() {

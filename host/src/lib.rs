@@ -25,6 +25,7 @@ pub mod demo;
 pub mod domain;
 pub mod event;
 pub mod fault;
+pub mod ops;
 pub mod relay;
 pub mod store;
 

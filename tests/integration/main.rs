@@ -8,6 +8,7 @@ mod config;
 mod embedded;
 mod idempotency;
 mod matrix;
+mod ops;
 mod ordering;
 mod process;
 mod seed;

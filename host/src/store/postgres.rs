@@ -148,7 +148,7 @@ SELECT
   (SELECT count(*) FROM dead_heads),
   (SELECT count(*) FROM unpublished u JOIN dead_heads d
       ON d.aggregate_id = u.aggregate_id AND u.seq > d.seq AND u.dead_at IS NULL),
-  (SELECT count(*) FROM outbox WHERE published_at IS NOT NULL)";
+  (SELECT count(*) FROM outbox WHERE published_at IS NOT NULL AND discarded_at IS NULL)";
 
 fn decode_row(row: &PgRow) -> Result<OutboxEvent, StoreError> {
     let seq: i64 = row.try_get(0)?;

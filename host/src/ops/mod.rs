@@ -1,0 +1,18 @@
+//! Operations on a running outbox: retention, dead letters (inspect,
+//! redrive, discard) and reconciliation against business tables.
+
+pub mod dead;
+pub mod reconcile;
+pub mod retention;
+
+/// Turns an event-type pattern (`order.*`, `*`, or exact) into a LIKE pattern.
+pub(crate) fn like_pattern(pattern: &str) -> String {
+    let escaped = pattern
+        .replace('\\', "\\\\")
+        .replace('%', "\\%")
+        .replace('_', "\\_");
+    match escaped.strip_suffix('*') {
+        Some(prefix) => format!("{prefix}%"),
+        None => escaped,
+    }
+}
