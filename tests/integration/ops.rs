@@ -71,7 +71,7 @@ async fn retention_deletes_old_published_rows_in_batches_and_keeps_dead_ones(t: 
     assert_eq!(report.outbox_deleted, 5);
     assert_eq!(report.inbox_deleted, 1);
     assert!(
-        report.statements >= 3 + 1 + 1 + 1,
+        report.statements > 5,
         "batches of 2 take several statements: {report:?}"
     );
     assert_eq!(
