@@ -14,16 +14,20 @@ use crate::config::{Config, TransportKind};
 use crate::consumer::{Consumer, ConsumerConfig, ConsumerStats};
 use crate::domain::billing::{self, BillingHandler};
 use crate::fault::Faults;
+use crate::metrics::Metrics;
 use crate::relay::worker::{self, WorkerConfig};
 use crate::relay::{Relay, Router};
 use crate::store::postgres::{PgStore, listen_for_events};
 use crate::store::sqlite::SqliteStore;
-use crate::store::{Db, OutboxStore, migrate};
+use crate::store::{AnyStore, Db, OutboxStore, migrate};
 
-/// What a running pipeline exposes to its caller (the demo reads it).
+/// What a running pipeline exposes to its caller (the demo and tests read it).
 #[derive(Default)]
 pub struct PipelineHandles {
     pub consumer_stats: Vec<(String, Arc<ConsumerStats>)>,
+    pub metrics: Arc<Metrics>,
+    /// Where the admin API listens, when enabled.
+    pub admin_addr: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +40,8 @@ pub enum DaemonError {
     Unsupported(String),
     #[error("a worker stopped: {0}")]
     Worker(String),
+    #[error(transparent)]
+    Admin(#[from] crate::admin::AdminError),
 }
 
 /// Connects, migrates (when allowed) and runs until `shutdown` turns true.
@@ -88,6 +94,7 @@ pub async fn spawn_pipeline(
                 .into(),
         ));
     }
+    let metrics = handles.metrics.clone();
     let publisher = Arc::new(EmbeddedPublisher::new(
         db.clone(),
         config.transport.partitions,
@@ -95,13 +102,15 @@ pub async fn spawn_pipeline(
     match db {
         Db::Postgres(pool) => {
             let wake = listen_for_events(pool).await.ok();
+            let store = PgStore::new(pool.clone());
             spawn_relays(
                 &mut set,
                 config,
-                PgStore::new(pool.clone()),
+                store,
                 publisher,
                 wake,
                 faults.clone(),
+                metrics.clone(),
                 shutdown.clone(),
             );
         }
@@ -115,9 +124,34 @@ pub async fn spawn_pipeline(
                 publisher,
                 None,
                 faults.clone(),
+                metrics.clone(),
                 shutdown.clone(),
             );
         }
+    }
+    spawn_jobs(&mut set, config, db, metrics.clone(), shutdown.clone());
+    if config.admin.enabled {
+        let history = Arc::new(crate::admin::History::default());
+        let state = crate::admin::AdminState {
+            db: db.clone(),
+            token: config.admin.token.clone().unwrap_or_default().into(),
+            metrics: metrics.clone(),
+            history: history.clone(),
+            broker_check: None,
+        };
+        let (addr, serve) =
+            crate::admin::bind(&config.admin.listen, state, shutdown.clone()).await?;
+        tracing::info!(%addr, "admin API and dashboard listening");
+        handles.admin_addr = Some(addr);
+        set.spawn(async move { serve.await.map_err(|e| e.to_string()) });
+        let store = AnyStore::new(db, Duration::from_millis(config.relay.lease_ms));
+        let every = Duration::from_secs(config.admin.sample_seconds.max(1));
+        let stop = shutdown.clone();
+        let sampler_metrics = metrics.clone();
+        set.spawn(async move {
+            crate::admin::run_sampler(store, history, sampler_metrics, every, stop).await;
+            Ok(())
+        });
     }
     for c in &config.consumers {
         billing::create_schema(db).await?;
@@ -139,7 +173,8 @@ pub async fn spawn_pipeline(
                 ..ConsumerConfig::default()
             },
         )
-        .with_faults(faults.clone());
+        .with_faults(faults.clone())
+        .with_metrics(handles.metrics.consumer(&c.name));
         handles
             .consumer_stats
             .push((c.name.clone(), consumer.stats()));
@@ -153,6 +188,75 @@ pub async fn spawn_pipeline(
     Ok((set, handles))
 }
 
+/// Retention and reconciliation on their schedules.
+fn spawn_jobs(
+    set: &mut JoinSet<Result<(), String>>,
+    config: &Config,
+    db: &Db,
+    metrics: Arc<Metrics>,
+    shutdown: watch::Receiver<bool>,
+) {
+    let retention = config.retention.clone();
+    let (db1, m1, mut stop) = (db.clone(), metrics.clone(), shutdown.clone());
+    set.spawn(async move {
+        let every = Duration::from_secs(retention.interval_seconds.max(1));
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = stop.changed() => {}
+            }
+            if *stop.borrow() {
+                return Ok(());
+            }
+            match crate::ops::retention::cleanup(&db1, &retention, chrono::Utc::now()).await {
+                Ok(r) => {
+                    for (table, n) in [
+                        ("outbox", r.outbox_deleted),
+                        ("inbox", r.inbox_deleted),
+                        ("transport", r.transport_deleted),
+                    ] {
+                        for _ in 0..n.min(1_000_000) {
+                            m1.retention_deleted.inc(table);
+                        }
+                    }
+                    tracing::info!(?r, "retention run finished");
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "retention run failed; will retry on schedule")
+                }
+            }
+        }
+    });
+    if config.admin.reconcile_interval_seconds > 0 && !config.reconcile.is_empty() {
+        let rules = config.reconcile.clone();
+        let every = Duration::from_secs(config.admin.reconcile_interval_seconds);
+        let (db2, mut stop) = (db.clone(), shutdown);
+        set.spawn(async move {
+            loop {
+                for rule in &rules {
+                    match crate::ops::reconcile::run_rule(&db2, rule, false).await {
+                        Ok(r) => {
+                            metrics.set_reconcile_missing(&r.name, r.missing as u64);
+                            if r.missing > 0 {
+                                tracing::warn!(rule = %r.name, missing = r.missing, samples = ?r.samples, "reconciliation found business rows without their event");
+                            }
+                        }
+                        Err(e) => tracing::warn!(error = %e, "reconciliation failed"),
+                    }
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(every) => {}
+                    _ = stop.changed() => {}
+                }
+                if *stop.borrow() {
+                    return Ok(());
+                }
+            }
+        });
+    }
+}
+
+#[allow(clippy::too_many_arguments)] // Each argument is a distinct handle; a struct would only rename them.
 fn spawn_relays<S: OutboxStore, P: Publisher + Clone>(
     set: &mut JoinSet<Result<(), String>>,
     config: &Config,
@@ -160,6 +264,7 @@ fn spawn_relays<S: OutboxStore, P: Publisher + Clone>(
     publisher: P,
     wake: Option<watch::Receiver<u64>>,
     faults: Faults,
+    metrics: Arc<Metrics>,
     shutdown: watch::Receiver<bool>,
 ) {
     let router = Router::new(config.routes.clone());
@@ -175,7 +280,8 @@ fn spawn_relays<S: OutboxStore, P: Publisher + Clone>(
             config.relay_config(),
             Arc::new(SystemClock),
         )
-        .with_faults(faults.clone());
+        .with_faults(faults.clone())
+        .with_metrics(metrics.clone());
         let wake = wake.clone();
         let shutdown = shutdown.clone();
         let worker_cfg = worker_cfg.clone();

@@ -15,6 +15,7 @@
 //! - [`config`], [`cli`], [`demo`]: the daemon around all of it.
 //! - [`fault`], [`clock`]: seams that let tests crash and time-travel it.
 
+pub mod admin;
 pub mod broker;
 pub mod cli;
 pub mod clock;
@@ -25,6 +26,7 @@ pub mod demo;
 pub mod domain;
 pub mod event;
 pub mod fault;
+pub mod metrics;
 pub mod ops;
 pub mod relay;
 pub mod store;

@@ -3,6 +3,8 @@
 
 mod support;
 
+mod admin;
+
 mod backoff;
 mod config;
 mod embedded;

@@ -14,6 +14,9 @@ use crate::broker::{ConsumeError, Delivery, MessageSource, headers};
 use crate::fault::{FaultPoint, Faults, InjectedFault};
 use crate::store::Db;
 
+/// At most this many latency samples are kept in [`ConsumerStats`].
+pub const MAX_LATENCY_SAMPLES: usize = 200_000;
+
 #[derive(Debug, Clone)]
 pub struct ConsumerConfig {
     /// The consumer's name in the inbox.
@@ -60,6 +63,7 @@ pub struct Consumer<S, H> {
     config: ConsumerConfig,
     stats: Arc<ConsumerStats>,
     faults: Faults,
+    metrics: Option<Arc<crate::metrics::ConsumerMetrics>>,
 }
 
 impl<S: MessageSource, H: Handler> Consumer<S, H> {
@@ -71,7 +75,13 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
             config,
             stats: Arc::default(),
             faults: Faults::none(),
+            metrics: None,
         }
+    }
+
+    pub fn with_metrics(mut self, metrics: Arc<crate::metrics::ConsumerMetrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     pub fn with_faults(mut self, faults: Faults) -> Self {
@@ -131,20 +141,35 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
             match process(&self.db, &self.config.name, &d, self.handler.as_ref()).await {
                 Ok(Processed::Handled) => {
                     self.stats.handled.fetch_add(1, Ordering::Relaxed);
-                    self.record_latency(&d);
+                    let lag = self.record_latency(&d);
+                    if let Some(m) = &self.metrics {
+                        m.processed.fetch_add(1, Ordering::Relaxed);
+                        if let Some(ms) = lag {
+                            m.lag.observe(ms / 1000.0);
+                        }
+                    }
                 }
                 Ok(Processed::Duplicate) => {
                     self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
+                    if let Some(m) = &self.metrics {
+                        m.duplicates.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
                 Err(HandlerError::Permanent(reason)) => {
                     // Until dead-letter records exist, a permanent failure is
                     // logged and retried like any other: never acknowledged.
                     self.stats.failed.fetch_add(1, Ordering::Relaxed);
+                    if let Some(m) = &self.metrics {
+                        m.failed.fetch_add(1, Ordering::Relaxed);
+                    }
                     tracing::error!(topic = %d.topic, partition = d.partition, offset = d.offset, %reason, "handler failed permanently; will retry");
                     return (last_ok, count, true);
                 }
                 Err(HandlerError::Retryable(reason)) => {
                     self.stats.failed.fetch_add(1, Ordering::Relaxed);
+                    if let Some(m) = &self.metrics {
+                        m.failed.fetch_add(1, Ordering::Relaxed);
+                    }
                     tracing::warn!(topic = %d.topic, partition = d.partition, offset = d.offset, %reason, "handler failed; will retry");
                     return (last_ok, count, true);
                 }
@@ -155,21 +180,26 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
         (last_ok, count, false)
     }
 
-    fn record_latency(&self, d: &Delivery) {
+    fn record_latency(&self, d: &Delivery) -> Option<f64> {
         let Some(created) = d
             .header(headers::CREATED_AT)
             .and_then(|v| std::str::from_utf8(v).ok())
             .and_then(|s| chrono::DateTime::parse_from_rfc3339(s).ok())
         else {
-            return;
+            return None;
         };
         let ms = (chrono::Utc::now() - created.with_timezone(&chrono::Utc))
             .num_microseconds()
             .unwrap_or(0) as f64
             / 1000.0;
-        if let Ok(mut v) = self.stats.latencies_ms.lock() {
+        // Bounded: a long-running consumer keeps the first samples only;
+        // the metrics histogram covers the rest.
+        if let Ok(mut v) = self.stats.latencies_ms.lock()
+            && v.len() < MAX_LATENCY_SAMPLES
+        {
             v.push(ms);
         }
+        Some(ms)
     }
 
     /// Runs until `shutdown` turns true, finishing the in-flight batch.

@@ -77,6 +77,7 @@ pub struct Relay<S, P> {
     config: RelayConfig,
     clock: Arc<dyn Clock>,
     faults: Faults,
+    metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 impl<S: OutboxStore, P: Publisher> Relay<S, P> {
@@ -94,7 +95,13 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             config,
             clock,
             faults: Faults::none(),
+            metrics: None,
         }
+    }
+
+    pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     pub fn with_faults(mut self, faults: Faults) -> Self {
@@ -123,6 +130,31 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             .await?;
 
         let now = self.clock.now();
+        let batch_events_lag: Vec<f64> = if self.metrics.is_some() {
+            batch
+                .events()
+                .iter()
+                .zip(&results)
+                .filter(|(_, r)| r.is_ok())
+                .map(|(ev, _)| (now - ev.created_at).num_microseconds().unwrap_or(0) as f64 / 1e6)
+                .collect()
+        } else {
+            Vec::new()
+        };
+        if let Some(m) = &self.metrics {
+            for err in results.iter().filter_map(|r| r.as_ref().err()) {
+                let reason = match err {
+                    PublishError::Permanent(_) => "permanent",
+                    PublishError::Retryable(msg)
+                        if msg.contains("no broker acknowledgement within") =>
+                    {
+                        "timeout"
+                    }
+                    PublishError::Retryable(_) => "retryable",
+                };
+                m.relay_failures.inc(reason);
+            }
+        }
         let mut outcome = BatchOutcome::default();
         let mut report = StepReport::default();
         for (ev, result) in batch.events().iter().zip(results) {
@@ -153,8 +185,22 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             }
         }
         batch.complete(outcome, now).await?;
+        if let Some(m) = &self.metrics {
+            self.record(m, batch_events_lag, &report);
+        }
         self.faults.check(FaultPoint::AfterMark).await?;
         Ok(StepOutcome::Published(report))
+    }
+
+    fn record(&self, m: &crate::metrics::Metrics, lags: Vec<f64>, report: &StepReport) {
+        use std::sync::atomic::Ordering::Relaxed;
+        m.relay_batches.fetch_add(1, Relaxed);
+        m.relay_published
+            .fetch_add(report.published as u64, Relaxed);
+        m.relay_dead.fetch_add(report.dead as u64, Relaxed);
+        for lag in lags {
+            m.relay_lag.observe(lag);
+        }
     }
 
     async fn publish_event(&self, ev: &OutboxEvent) -> Result<(), PublishError> {

@@ -1,0 +1,75 @@
+//! A bounded ring of outbox samples for the dashboard's charts.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::watch;
+
+use crate::store::{AnyStore, OutboxStore};
+
+/// Kept samples; at the default 5 s interval, one hour.
+pub const CAPACITY: usize = 720;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Sample {
+    pub at: chrono::DateTime<chrono::Utc>,
+    pub pending: i64,
+    pub oldest_pending_age_seconds: f64,
+    pub dead: i64,
+    pub published_total: u64,
+}
+
+#[derive(Debug, Default)]
+pub struct History(Mutex<VecDeque<Sample>>);
+
+impl History {
+    pub fn push(&self, s: Sample) {
+        if let Ok(mut q) = self.0.lock() {
+            if q.len() == CAPACITY {
+                q.pop_front();
+            }
+            q.push_back(s);
+        }
+    }
+
+    pub fn snapshot(&self) -> Vec<Sample> {
+        self.0
+            .lock()
+            .map(|q| q.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+/// Samples the outbox every `every` until shutdown.
+pub async fn run_sampler(
+    store: AnyStore,
+    history: std::sync::Arc<History>,
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
+    every: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        if *shutdown.borrow() {
+            return;
+        }
+        let now = chrono::Utc::now();
+        match store.stats(now).await {
+            Ok(s) => history.push(Sample {
+                at: now,
+                pending: s.pending,
+                oldest_pending_age_seconds: s.oldest_pending_age_seconds,
+                dead: s.dead,
+                published_total: metrics
+                    .relay_published
+                    .load(std::sync::atomic::Ordering::Relaxed),
+            }),
+            Err(e) => tracing::warn!(error = %e, "cannot sample outbox stats for the dashboard"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = shutdown.changed() => {}
+        }
+    }
+}

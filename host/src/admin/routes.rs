@@ -1,0 +1,211 @@
+//! The routes: probes, metrics, stats, history, dead letters, plugins, and
+//! the dashboard page.
+
+use std::time::Duration;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router, middleware};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::AdminState;
+use super::auth::require_token;
+use crate::ops::dead::{self, DeadFilter, DiscardError};
+use crate::store::{AnyStore, Db, OutboxStore};
+
+const DASHBOARD: &str = include_str!("dashboard.html");
+
+pub fn router(state: AdminState) -> Router {
+    let protected = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/api/stats", get(stats))
+        .route("/api/history", get(history))
+        .route("/api/dead", get(list_dead))
+        .route("/api/dead/redrive", post(redrive_filter))
+        .route("/api/dead/{seq}", get(show_dead))
+        .route("/api/dead/{seq}/redrive", post(redrive_one))
+        .route("/api/dead/{seq}/discard", post(discard_one))
+        .route("/api/plugins", get(plugins))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
+    Router::new()
+        .route("/", get(|| async { Html(DASHBOARD) }))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .merge(protected)
+        .with_state(state)
+}
+
+fn store(db: &Db) -> AnyStore {
+    AnyStore::new(db, Duration::from_secs(30))
+}
+
+fn internal(e: impl std::fmt::Display) -> Response {
+    (
+        StatusCode::INTERNAL_SERVER_ERROR,
+        Json(json!({ "error": e.to_string() })),
+    )
+        .into_response()
+}
+
+async fn ping(db: &Db) -> Result<(), sqlx::Error> {
+    match db {
+        Db::Postgres(p) => sqlx::query("SELECT 1").execute(p).await.map(|_| ()),
+        Db::Sqlite(p) => sqlx::query("SELECT 1").execute(p).await.map(|_| ()),
+    }
+}
+
+async fn readyz(State(s): State<AdminState>) -> Response {
+    let db = tokio::time::timeout(Duration::from_secs(3), ping(&s.db)).await;
+    let db = match db {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(format!("database: {e}")),
+        Err(_) => Err("database: no answer within 3 s".to_string()),
+    };
+    let broker = match &s.broker_check {
+        Some(check) => match tokio::time::timeout(Duration::from_secs(3), check()).await {
+            Ok(r) => r.map_err(|e| format!("broker: {e}")),
+            Err(_) => Err("broker: no answer within 3 s".to_string()),
+        },
+        None => Ok(()),
+    };
+    match (db, broker) {
+        (Ok(()), Ok(())) => (StatusCode::OK, "ready\n").into_response(),
+        (d, b) => {
+            let reasons: Vec<String> = [d.err(), b.err()].into_iter().flatten().collect();
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("not ready: {}\n", reasons.join("; ")),
+            )
+                .into_response()
+        }
+    }
+}
+
+async fn metrics(State(s): State<AdminState>) -> Response {
+    let stats = store(&s.db).stats(chrono::Utc::now()).await.ok();
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        s.metrics.render(stats.as_ref()),
+    )
+        .into_response()
+}
+
+async fn stats(State(s): State<AdminState>) -> Response {
+    match store(&s.db).stats(chrono::Utc::now()).await {
+        Ok(st) => Json(st).into_response(),
+        Err(e) => internal(e),
+    }
+}
+
+async fn history(State(s): State<AdminState>) -> Response {
+    Json(s.history.snapshot()).into_response()
+}
+
+#[derive(Debug, Deserialize)]
+struct DeadQuery {
+    #[serde(rename = "type")]
+    event_type: Option<String>,
+    aggregate: Option<String>,
+    limit: Option<i64>,
+    all: Option<bool>,
+}
+
+impl DeadQuery {
+    fn filter(&self) -> DeadFilter {
+        DeadFilter {
+            seq: None,
+            event_type: self.event_type.clone(),
+            aggregate_id: self.aggregate.clone(),
+        }
+    }
+}
+
+async fn list_dead(State(s): State<AdminState>, Query(q): Query<DeadQuery>) -> Response {
+    match dead::list(&s.db, &q.filter(), q.limit.unwrap_or(100).clamp(1, 1000)).await {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => internal(e),
+    }
+}
+
+async fn show_dead(State(s): State<AdminState>, Path(seq): Path<i64>) -> Response {
+    match dead::get(&s.db, seq).await {
+        Ok(Some(e)) => Json(e).into_response(),
+        Ok(None) => (
+            StatusCode::NOT_FOUND,
+            Json(json!({ "error": format!("outbox row {seq} is not a dead event") })),
+        )
+            .into_response(),
+        Err(e) => internal(e),
+    }
+}
+
+async fn redrive_one(State(s): State<AdminState>, Path(seq): Path<i64>) -> Response {
+    let filter = DeadFilter {
+        seq: Some(seq),
+        ..DeadFilter::default()
+    };
+    match dead::redrive(&s.db, &filter, chrono::Utc::now()).await {
+        Ok(0) => (
+            StatusCode::NOT_FOUND,
+            Json(json!({ "error": format!("outbox row {seq} is not a dead event") })),
+        )
+            .into_response(),
+        Ok(n) => Json(json!({ "redriven": n })).into_response(),
+        Err(e) => internal(e),
+    }
+}
+
+async fn redrive_filter(State(s): State<AdminState>, Query(q): Query<DeadQuery>) -> Response {
+    if q.event_type.is_none() && q.aggregate.is_none() && q.all != Some(true) {
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(json!({ "error": "say which dead events to redrive: ?type=T, ?aggregate=A, or ?all=true" })),
+        )
+            .into_response();
+    }
+    match dead::redrive(&s.db, &q.filter(), chrono::Utc::now()).await {
+        Ok(n) => Json(json!({ "redriven": n })).into_response(),
+        Err(e) => internal(e),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct DiscardBody {
+    reason: String,
+}
+
+async fn discard_one(
+    State(s): State<AdminState>,
+    Path(seq): Path<i64>,
+    body: Option<Json<DiscardBody>>,
+) -> Response {
+    let Some(Json(body)) = body else {
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(json!({ "error": "send a JSON body {\"reason\": \"...\"}" })),
+        )
+            .into_response();
+    };
+    match dead::discard(&s.db, seq, &body.reason, chrono::Utc::now()).await {
+        Ok(()) => Json(json!({ "discarded": seq })).into_response(),
+        Err(e @ DiscardError::NoReason) => (
+            StatusCode::BAD_REQUEST,
+            Json(json!({ "error": e.to_string() })),
+        )
+            .into_response(),
+        Err(e @ DiscardError::NotDead(_)) => (
+            StatusCode::NOT_FOUND,
+            Json(json!({ "error": e.to_string() })),
+        )
+            .into_response(),
+        Err(e) => internal(e),
+    }
+}
+
+/// Plugins are not part of this build yet: an honest empty list.
+async fn plugins() -> Response {
+    Json(json!([])).into_response()
+}

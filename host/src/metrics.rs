@@ -1,0 +1,308 @@
+//! Process metrics in Prometheus text format, kept by hand: a few atomics,
+//! labelled counters and fixed-bucket histograms, so the hot path is an
+//! atomic add and nothing else.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::store::OutboxStats;
+
+/// Bucket bounds in seconds for lag histograms.
+const LAG_BUCKETS: [f64; 12] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0, 300.0,
+];
+
+#[derive(Debug)]
+pub struct Histogram {
+    counts: [AtomicU64; LAG_BUCKETS.len() + 1],
+    sum_micros: AtomicU64,
+}
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Self {
+            counts: std::array::from_fn(|_| AtomicU64::new(0)),
+            sum_micros: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Histogram {
+    pub fn observe(&self, seconds: f64) {
+        let seconds = seconds.max(0.0);
+        let idx = LAG_BUCKETS
+            .iter()
+            .position(|b| seconds <= *b)
+            .unwrap_or(LAG_BUCKETS.len());
+        self.counts[idx].fetch_add(1, Ordering::Relaxed);
+        self.sum_micros
+            .fetch_add((seconds * 1e6) as u64, Ordering::Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str, labels: &str) {
+        let mut cumulative = 0;
+        let sep = if labels.is_empty() { "" } else { "," };
+        for (i, bound) in LAG_BUCKETS.iter().enumerate() {
+            cumulative += self.counts[i].load(Ordering::Relaxed);
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {cumulative}"
+            );
+        }
+        cumulative += self.counts[LAG_BUCKETS.len()].load(Ordering::Relaxed);
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {cumulative}"
+        );
+        let braces = if labels.is_empty() {
+            String::new()
+        } else {
+            format!("{{{labels}}}")
+        };
+        let _ = writeln!(
+            out,
+            "{name}_sum{braces} {}",
+            self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6
+        );
+        let _ = writeln!(out, "{name}_count{braces} {cumulative}");
+    }
+}
+
+/// Counters keyed by a label value.
+#[derive(Debug, Default)]
+pub struct LabelledCounter(Mutex<BTreeMap<String, u64>>);
+
+impl LabelledCounter {
+    pub fn inc(&self, label: &str) {
+        if let Ok(mut m) = self.0.lock() {
+            *m.entry(label.to_string()).or_default() += 1;
+        }
+    }
+
+    pub fn get(&self, label: &str) -> u64 {
+        self.0
+            .lock()
+            .map(|m| m.get(label).copied().unwrap_or(0))
+            .unwrap_or(0)
+    }
+
+    fn snapshot(&self) -> Vec<(String, u64)> {
+        self.0
+            .lock()
+            .map(|m| m.iter().map(|(k, v)| (k.clone(), *v)).collect())
+            .unwrap_or_default()
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct ConsumerMetrics {
+    pub processed: AtomicU64,
+    pub duplicates: AtomicU64,
+    pub failed: AtomicU64,
+    pub dead_lettered: AtomicU64,
+    pub lag: Histogram,
+}
+
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pub relay_batches: AtomicU64,
+    pub relay_published: AtomicU64,
+    pub relay_dead: AtomicU64,
+    /// Publish failures by reason: retryable, permanent, timeout.
+    pub relay_failures: LabelledCounter,
+    /// From the event's commit to the broker's acknowledgement.
+    pub relay_lag: Histogram,
+    consumers: Mutex<BTreeMap<String, std::sync::Arc<ConsumerMetrics>>>,
+    /// Business rows missing their event, per reconciliation rule (last run).
+    reconcile_missing: Mutex<BTreeMap<String, u64>>,
+    /// Rows removed by retention, by table.
+    pub retention_deleted: LabelledCounter,
+}
+
+fn escape(label: &str) -> String {
+    label
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+impl Metrics {
+    pub fn consumer(&self, name: &str) -> std::sync::Arc<ConsumerMetrics> {
+        let mut map = match self.consumers.lock() {
+            Ok(m) => m,
+            Err(p) => p.into_inner(),
+        };
+        map.entry(name.to_string()).or_default().clone()
+    }
+
+    pub fn set_reconcile_missing(&self, rule: &str, missing: u64) {
+        if let Ok(mut m) = self.reconcile_missing.lock() {
+            m.insert(rule.to_string(), missing);
+        }
+    }
+
+    /// Renders everything, with the outbox gauges from `stats` when given.
+    pub fn render(&self, stats: Option<&OutboxStats>) -> String {
+        let mut out = String::with_capacity(4096);
+        if let Some(s) = stats {
+            gauge(
+                &mut out,
+                "outboxd_outbox_pending",
+                "Pending (not dead) outbox events.",
+                s.pending as f64,
+            );
+            gauge(
+                &mut out,
+                "outboxd_outbox_oldest_pending_age_seconds",
+                "Age of the oldest pending event: the alert that matters.",
+                s.oldest_pending_age_seconds,
+            );
+            gauge(
+                &mut out,
+                "outboxd_outbox_failing",
+                "Pending events with 5 or more failed attempts.",
+                s.failing as f64,
+            );
+            gauge(
+                &mut out,
+                "outboxd_outbox_dead",
+                "Dead events waiting for redrive or discard.",
+                s.dead as f64,
+            );
+            gauge(
+                &mut out,
+                "outboxd_outbox_blocked_aggregates",
+                "Aggregates whose oldest unpublished event is dead.",
+                s.blocked_aggregates as f64,
+            );
+        }
+        counter(
+            &mut out,
+            "outboxd_relay_batches_total",
+            "Batches the relay claimed and settled.",
+            self.relay_batches.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "outboxd_relay_published_total",
+            "Events acknowledged by the broker and marked.",
+            self.relay_published.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "outboxd_relay_dead_total",
+            "Events moved to the dead state.",
+            self.relay_dead.load(Ordering::Relaxed),
+        );
+        let _ = writeln!(
+            out,
+            "# HELP outboxd_relay_publish_failures_total Failed publishes by reason."
+        );
+        let _ = writeln!(out, "# TYPE outboxd_relay_publish_failures_total counter");
+        for (reason, n) in self.relay_failures.snapshot() {
+            let _ = writeln!(
+                out,
+                "outboxd_relay_publish_failures_total{{reason=\"{}\"}} {n}",
+                escape(&reason)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP outboxd_relay_lag_seconds From commit to broker acknowledgement."
+        );
+        let _ = writeln!(out, "# TYPE outboxd_relay_lag_seconds histogram");
+        self.relay_lag
+            .render(&mut out, "outboxd_relay_lag_seconds", "");
+
+        let consumers: Vec<_> = self
+            .consumers
+            .lock()
+            .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .unwrap_or_default();
+        for (name, help, pick) in [
+            (
+                "outboxd_consumer_processed_total",
+                "Messages whose effect committed.",
+                0,
+            ),
+            (
+                "outboxd_consumer_duplicates_total",
+                "Redelivered messages dropped by the inbox.",
+                1,
+            ),
+            (
+                "outboxd_consumer_failed_total",
+                "Handler failures (rolled back, redelivered).",
+                2,
+            ),
+            (
+                "outboxd_consumer_dead_lettered_total",
+                "Messages moved to a dead-letter record.",
+                3,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} counter");
+            for (c, m) in &consumers {
+                let v = [&m.processed, &m.duplicates, &m.failed, &m.dead_lettered][pick]
+                    .load(Ordering::Relaxed);
+                let _ = writeln!(out, "{name}{{consumer=\"{}\"}} {v}", escape(c));
+            }
+        }
+        let _ = writeln!(
+            out,
+            "# HELP outboxd_consumer_lag_seconds From the event's commit to the consumer's commit."
+        );
+        let _ = writeln!(out, "# TYPE outboxd_consumer_lag_seconds histogram");
+        for (c, m) in &consumers {
+            m.lag.render(
+                &mut out,
+                "outboxd_consumer_lag_seconds",
+                &format!("consumer=\"{}\"", escape(c)),
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP outboxd_reconcile_missing Business rows without their event at the last reconciliation."
+        );
+        let _ = writeln!(out, "# TYPE outboxd_reconcile_missing gauge");
+        for (rule, n) in self
+            .reconcile_missing
+            .lock()
+            .map(|m| m.clone())
+            .unwrap_or_default()
+        {
+            let _ = writeln!(
+                out,
+                "outboxd_reconcile_missing{{rule=\"{}\"}} {n}",
+                escape(&rule)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP outboxd_retention_deleted_total Rows removed by retention, by table."
+        );
+        let _ = writeln!(out, "# TYPE outboxd_retention_deleted_total counter");
+        for (table, n) in self.retention_deleted.snapshot() {
+            let _ = writeln!(
+                out,
+                "outboxd_retention_deleted_total{{table=\"{}\"}} {n}",
+                escape(&table)
+            );
+        }
+        out
+    }
+}
+
+fn gauge(out: &mut String, name: &str, help: &str, v: f64) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+}
+
+fn counter(out: &mut String, name: &str, help: &str, v: u64) {
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+    );
+}

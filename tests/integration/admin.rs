@@ -1,0 +1,294 @@
+//! The admin API against a running pipeline: probes, auth, metrics, stats
+//! and the dead-letter endpoints.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use outboxd::config::Config;
+use outboxd::daemon::spawn_pipeline;
+use outboxd::event::NewEvent;
+use outboxd::fault::Faults;
+use outboxd::store::{Db, enqueue};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::on_both;
+use crate::support::{ScriptedPublisher, TestDb};
+
+const TOKEN: &str = "test-token-0123456789";
+
+/// A minimal HTTP/1.1 client: enough for these tests without another crate.
+pub async fn http(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&str>,
+) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connect to the admin API");
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    let body = body.unwrap_or("");
+    let ctype = if body.is_empty() {
+        String::new()
+    } else {
+        "Content-Type: application/json\r\n".to_string()
+    };
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{auth}{ctype}Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(req.as_bytes()).await.expect("write");
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.expect("read");
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status line");
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    // Chunked bodies carry size lines; tests only look for substrings or parse
+    // JSON, so strip a leading size line if present.
+    let body = match body.split_once("\r\n") {
+        Some((size, rest))
+            if usize::from_str_radix(size.trim(), 16).is_ok() && !size.is_empty() =>
+        {
+            rest.rsplit_once("\r\n0\r\n")
+                .map(|(b, _)| b.to_string())
+                .unwrap_or(rest.to_string())
+        }
+        _ => body,
+    };
+    (status, body)
+}
+
+pub fn admin_config(url: &str) -> Config {
+    let mut c = Config::from_toml("(test)", "", std::iter::empty()).expect("defaults");
+    c.database.url = url.to_string();
+    c.admin.enabled = true;
+    c.admin.listen = "127.0.0.1:0".into();
+    c.admin.token = Some(TOKEN.into());
+    c.admin.sample_seconds = 1;
+    c.relay.poll_interval_ms = 20;
+    c
+}
+
+async fn put(db: &Db, agg: &str) {
+    let ev = NewEvent::new(agg, "order.confirmed", json!({"n": 1}));
+    match db {
+        Db::Postgres(p) => {
+            let mut tx = p.begin().await.expect("begin");
+            enqueue(&mut tx, ev).await.expect("enqueue");
+            tx.commit().await.expect("commit");
+        }
+        Db::Sqlite(p) => {
+            let mut tx = p.begin().await.expect("begin");
+            enqueue(&mut tx, ev).await.expect("enqueue");
+            tx.commit().await.expect("commit");
+        }
+    }
+}
+
+async fn admin_api_probes_auth_metrics_and_dead_letters(t: TestDb) {
+    // Two events die through a permanent broker error before the daemon starts.
+    put(&t.db, "a1").await;
+    put(&t.db, "a2").await;
+    let broker = ScriptedPublisher::failing();
+    broker.permanent.store(true, Ordering::SeqCst);
+    t.relay(broker.clone()).step().await.expect("step");
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (set, handles) = spawn_pipeline(&admin_config(&t.url), &t.db, Faults::none(), stop_rx)
+        .await
+        .expect("pipeline");
+    let addr = handles.admin_addr.expect("admin enabled");
+
+    assert_eq!(http(addr, "GET", "/healthz", None, None).await.0, 200);
+    assert_eq!(http(addr, "GET", "/readyz", None, None).await.0, 200);
+    let (status, page) = http(addr, "GET", "/", None, None).await;
+    assert_eq!(status, 200);
+    assert!(
+        page.contains("<title>outboxd</title>")
+            && !page.contains("http://")
+            && !page.contains("https://"),
+        "self-contained page"
+    );
+
+    for path in ["/metrics", "/api/stats", "/api/dead", "/api/plugins"] {
+        assert_eq!(
+            http(addr, "GET", path, None, None).await.0,
+            401,
+            "{path} without a token"
+        );
+        assert_eq!(
+            http(addr, "GET", path, Some("wrong-token-wrong-token"), None)
+                .await
+                .0,
+            401,
+            "{path} with a wrong token"
+        );
+    }
+    assert_eq!(
+        http(addr, "POST", "/api/dead/1/redrive", None, None)
+            .await
+            .0,
+        401
+    );
+
+    let (status, stats) = http(addr, "GET", "/api/stats", Some(TOKEN), None).await;
+    assert_eq!(status, 200);
+    let stats: serde_json::Value = serde_json::from_str(&stats).expect("stats json");
+    assert_eq!(stats["dead"], 2);
+
+    let (_, dead) = http(addr, "GET", "/api/dead", Some(TOKEN), None).await;
+    let dead: Vec<serde_json::Value> = serde_json::from_str(&dead).expect("dead json");
+    assert_eq!(dead.len(), 2);
+    let (s1, s2) = (
+        dead[0]["seq"].as_i64().expect("seq"),
+        dead[1]["seq"].as_i64().expect("seq"),
+    );
+    assert_eq!(
+        http(addr, "GET", &format!("/api/dead/{s1}"), Some(TOKEN), None)
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        http(addr, "GET", "/api/dead/999999", Some(TOKEN), None)
+            .await
+            .0,
+        404
+    );
+    assert_eq!(
+        http(addr, "POST", "/api/dead/redrive", Some(TOKEN), None)
+            .await
+            .0,
+        400,
+        "a filter is required"
+    );
+
+    // Redrive one: the running relay publishes it over the embedded transport.
+    let (status, body) = http(
+        addr,
+        "POST",
+        &format!("/api/dead/{s1}/redrive"),
+        Some(TOKEN),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status, body.contains("\"redriven\":1")),
+        (200, true),
+        "{body}"
+    );
+    for _ in 0..500 {
+        if t.count(&format!(
+            "SELECT count(*) FROM outbox WHERE seq = {s1} AND published_at IS NOT NULL"
+        ))
+        .await
+            == 1
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        t.count(&format!(
+            "SELECT count(*) FROM outbox WHERE seq = {s1} AND published_at IS NOT NULL"
+        ))
+        .await,
+        1
+    );
+
+    // Discard the other, with and without a reason.
+    assert_eq!(
+        http(
+            addr,
+            "POST",
+            &format!("/api/dead/{s2}/discard"),
+            Some(TOKEN),
+            Some("{\"reason\":\"\"}")
+        )
+        .await
+        .0,
+        400
+    );
+    let (status, _) = http(
+        addr,
+        "POST",
+        &format!("/api/dead/{s2}/discard"),
+        Some(TOKEN),
+        Some("{\"reason\":\"obsolete\"}"),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        http(
+            addr,
+            "POST",
+            &format!("/api/dead/{s2}/discard"),
+            Some(TOKEN),
+            Some("{\"reason\":\"again\"}")
+        )
+        .await
+        .0,
+        404
+    );
+
+    let (status, metrics) = http(addr, "GET", "/metrics", Some(TOKEN), None).await;
+    assert_eq!(status, 200);
+    for needle in [
+        "outboxd_outbox_pending 0",
+        "outboxd_outbox_oldest_pending_age_seconds",
+        "outboxd_outbox_dead 0",
+        "outboxd_outbox_blocked_aggregates 0",
+        "outboxd_relay_published_total 1",
+        "outboxd_relay_lag_seconds_count 1",
+    ] {
+        assert!(
+            metrics.contains(needle),
+            "metrics lack `{needle}`:\n{metrics}"
+        );
+    }
+
+    stop_tx.send(true).expect("stop");
+    outboxd::daemon::join_all_workers(set)
+        .await
+        .expect("clean stop");
+}
+on_both!(admin_api_probes_auth_metrics_and_dead_letters);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_reports_an_unreachable_database() {
+    let t = TestDb::postgres().await;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (set, handles) = spawn_pipeline(&admin_config(&t.url), &t.db, Faults::none(), stop_rx)
+        .await
+        .expect("pipeline");
+    let addr = handles.admin_addr.expect("admin");
+    assert_eq!(http(addr, "GET", "/readyz", None, None).await.0, 200);
+    t.db.close().await;
+    let (status, body) = http(addr, "GET", "/readyz", None, None).await;
+    assert_eq!(status, 503);
+    assert!(body.contains("database"), "{body}");
+    stop_tx.send(true).expect("stop");
+    let _ = outboxd::daemon::join_all_workers(set).await;
+}
+
+#[test]
+fn admin_without_a_token_is_refused_at_startup() {
+    let err = Config::from_toml("t.toml", "[admin]\nenabled = true\n", std::iter::empty())
+        .expect_err("no token");
+    assert!(
+        err.to_string().contains("admin.token")
+            && err.to_string().contains("OUTBOXD__ADMIN__TOKEN"),
+        "{err}"
+    );
+}
