@@ -181,13 +181,10 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
     }
 
     fn record_latency(&self, d: &Delivery) -> Option<f64> {
-        let Some(created) = d
+        let created = d
             .header(headers::CREATED_AT)
             .and_then(|v| std::str::from_utf8(v).ok())
-            .and_then(|s| chrono::DateTime::parse_from_rfc3339(s).ok())
-        else {
-            return None;
-        };
+            .and_then(|s| chrono::DateTime::parse_from_rfc3339(s).ok())?;
         let ms = (chrono::Utc::now() - created.with_timezone(&chrono::Utc))
             .num_microseconds()
             .unwrap_or(0) as f64
