@@ -67,6 +67,11 @@ if [ -x tests/tansu.sh ] && [ -z "${OUTBOXD_TEST_KAFKA:-}" ]; then
   log "Kafka-compatible broker for tests: $OUTBOXD_TEST_KAFKA"
 fi
 
+log "alert rules (promtool)"
+bash tests/alerts/check.sh
+log "dashboard in headless Chromium"
+bash tests/dashboard/run.sh
+
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --no-fail-fast "$@"
 else
