@@ -86,6 +86,9 @@ enum Command {
     /// Apply retention now: delete old published rows and inbox entries in
     /// small batches (dead rows are never deleted).
     Cleanup,
+    /// Benchmarks that print numbers (see BENCHMARKS.md).
+    #[command(subcommand)]
+    Bench(BenchCommand),
     /// Inspect and act on dead events (the relay gave up on them).
     #[command(subcommand)]
     Dead(DeadCommand),
@@ -96,6 +99,12 @@ enum Command {
         #[arg(long)]
         enqueue: bool,
     },
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchCommand {
+    /// Claim-query latency with many published rows and a pending backlog.
+    Claim(crate::bench::ClaimBenchArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -187,6 +196,16 @@ fn faults_from_env() -> anyhow::Result<Faults> {
 }
 
 async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
+    if let Command::Bench(BenchCommand::Claim(args)) = &cli.command {
+        init_logging(LogFormat::Human);
+        let r = crate::bench::claim(args).await?;
+        println!(
+            "claim latency: {} published + {} pending rows, batch {}: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms over {} claims (fill {:.1} s)",
+            r.published_rows, r.pending_rows, r.batch, r.p50_ms, r.p99_ms, r.max_ms, r.claims, r.fill_seconds
+        );
+        println!("{}", serde_json::to_string(&r)?);
+        return Ok(ExitCode::SUCCESS);
+    }
     if let Command::Demo(args) = &cli.command {
         init_logging(if cli.log_json {
             LogFormat::Json
@@ -308,7 +327,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Demo(_) => unreachable!("handled above"),
+        Command::Demo(_) | Command::Bench(_) => unreachable!("handled above"),
         Command::Cleanup => {
             let db = connect(&config).await?;
             let report =

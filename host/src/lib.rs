@@ -16,6 +16,7 @@
 //! - [`fault`], [`clock`]: seams that let tests crash and time-travel it.
 
 pub mod admin;
+pub mod bench;
 pub mod broker;
 pub mod cli;
 pub mod clock;
