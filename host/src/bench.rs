@@ -55,10 +55,14 @@ pub enum BenchError {
 pub async fn claim(args: &ClaimBenchArgs) -> Result<ClaimBenchReport, BenchError> {
     let db = Db::connect(&args.url, 4).await?;
     let Db::Postgres(pool) = &db else {
-        return Err(BenchError::Refused("the claim benchmark needs a postgres:// URL".into()));
+        return Err(BenchError::Refused(
+            "the claim benchmark needs a postgres:// URL".into(),
+        ));
     };
     migrate(&db).await?;
-    let existing: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox").fetch_one(pool).await?;
+    let existing: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox")
+        .fetch_one(pool)
+        .await?;
     let started = Instant::now();
     if existing > 0 && !args.reuse {
         return Err(BenchError::Refused(format!(
@@ -86,8 +90,14 @@ pub async fn claim(args: &ClaimBenchArgs) -> Result<ClaimBenchReport, BenchError
         sqlx::query("ANALYZE outbox").execute(pool).await?;
     }
     let fill_seconds = started.elapsed().as_secs_f64();
-    let published_rows: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE published_at IS NOT NULL").fetch_one(pool).await?;
-    let pending_rows: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE published_at IS NULL").fetch_one(pool).await?;
+    let published_rows: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM outbox WHERE published_at IS NOT NULL")
+            .fetch_one(pool)
+            .await?;
+    let pending_rows: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM outbox WHERE published_at IS NULL")
+            .fetch_one(pool)
+            .await?;
     let store = PgStore::new(pool.clone());
     let mut samples = Vec::with_capacity(args.claims);
     for _ in 0..args.claims {
@@ -101,7 +111,12 @@ pub async fn claim(args: &ClaimBenchArgs) -> Result<ClaimBenchReport, BenchError
     samples.sort();
     let pick = |p: f64| -> f64 {
         let idx = ((samples.len() as f64 - 1.0) * p).round() as usize;
-        samples.get(idx).copied().unwrap_or(Duration::ZERO).as_secs_f64() * 1000.0
+        samples
+            .get(idx)
+            .copied()
+            .unwrap_or(Duration::ZERO)
+            .as_secs_f64()
+            * 1000.0
     };
     Ok(ClaimBenchReport {
         published_rows,

@@ -201,7 +201,14 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         let r = crate::bench::claim(args).await?;
         println!(
             "claim latency: {} published + {} pending rows, batch {}: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms over {} claims (fill {:.1} s)",
-            r.published_rows, r.pending_rows, r.batch, r.p50_ms, r.p99_ms, r.max_ms, r.claims, r.fill_seconds
+            r.published_rows,
+            r.pending_rows,
+            r.batch,
+            r.p50_ms,
+            r.p99_ms,
+            r.max_ms,
+            r.claims,
+            r.fill_seconds
         );
         println!("{}", serde_json::to_string(&r)?);
         return Ok(ExitCode::SUCCESS);

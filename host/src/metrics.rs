@@ -76,8 +76,12 @@ pub struct LabelledCounter(Mutex<BTreeMap<String, u64>>);
 
 impl LabelledCounter {
     pub fn inc(&self, label: &str) {
+        self.add(label, 1);
+    }
+
+    pub fn add(&self, label: &str, n: u64) {
         if let Ok(mut m) = self.0.lock() {
-            *m.entry(label.to_string()).or_default() += 1;
+            *m.entry(label.to_string()).or_default() += n;
         }
     }
 

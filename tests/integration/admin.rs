@@ -292,3 +292,64 @@ fn admin_without_a_token_is_refused_at_startup() {
         "{err}"
     );
 }
+
+/// Retention and reconciliation run on their schedules inside the daemon,
+/// and report through the metrics.
+async fn scheduled_retention_and_reconciliation_run_inside_the_daemon(t: TestDb) {
+    outboxd::domain::orders::create_schema(&t.db)
+        .await
+        .expect("orders");
+    outboxd::domain::orders::create_order(&t.db, "o1", "c", 100)
+        .await
+        .expect("order");
+    t.exec("UPDATE orders SET status = 'confirmed' WHERE id = 'o1'")
+        .await;
+    put(&t.db, "old").await;
+    let long_ago = if t.is_postgres() {
+        "now() - interval '30 days'"
+    } else {
+        "0"
+    };
+    t.exec(&format!("UPDATE outbox SET published_at = {long_ago}"))
+        .await;
+
+    let mut config = admin_config(&t.url);
+    config.retention.interval_seconds = 1;
+    config.admin.reconcile_interval_seconds = 1;
+    config.reconcile = vec![outboxd::ops::reconcile::ReconcileRule {
+        name: "confirmed-orders".into(),
+        query: "SELECT o.id, 'order.confirmed', '{}' FROM orders o WHERE o.status = 'confirmed'
+                 AND NOT EXISTS (SELECT 1 FROM outbox e WHERE e.aggregate_id = o.id)"
+            .into(),
+        enqueue_missing: false,
+    }];
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (set, handles) = spawn_pipeline(&config, &t.db, Faults::none(), stop_rx)
+        .await
+        .expect("pipeline");
+    let addr = handles.admin_addr.expect("admin");
+    let mut metrics = String::new();
+    for _ in 0..100 {
+        metrics = http(addr, "GET", "/metrics", Some(TOKEN), None).await.1;
+        if metrics.contains("outboxd_reconcile_missing{rule=\"confirmed-orders\"} 1")
+            && metrics.contains("outboxd_retention_deleted_total{table=\"outbox\"} 1")
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        metrics.contains("outboxd_reconcile_missing{rule=\"confirmed-orders\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("outboxd_retention_deleted_total{table=\"outbox\"} 1"),
+        "{metrics}"
+    );
+    assert_eq!(t.count("SELECT count(*) FROM outbox").await, 0);
+    stop_tx.send(true).expect("stop");
+    outboxd::daemon::join_all_workers(set)
+        .await
+        .expect("clean stop");
+}
+on_both!(scheduled_retention_and_reconciliation_run_inside_the_daemon);
