@@ -113,6 +113,10 @@ pub struct TransportConfig {
     /// Partitions per topic of the embedded transport.
     #[serde(default = "default_partitions")]
     pub partitions: i32,
+    /// Embedded transport: how long a consumer owns a partition without
+    /// renewing; a crashed consumer's partitions move after this.
+    #[serde(default = "default_consumer_lease_ms")]
+    pub consumer_lease_ms: u64,
     /// librdkafka properties, passed through as they are
     /// (`bootstrap.servers`, `security.protocol`, `sasl.*` ...).
     #[serde(default)]
@@ -124,6 +128,7 @@ impl Default for TransportConfig {
         Self {
             kind: TransportKind::Embedded,
             partitions: default_partitions(),
+            consumer_lease_ms: default_consumer_lease_ms(),
             kafka: Default::default(),
         }
     }
@@ -200,6 +205,9 @@ fn yes() -> bool {
 }
 fn default_partitions() -> i32 {
     8
+}
+fn default_consumer_lease_ms() -> u64 {
+    15_000
 }
 fn default_batch() -> usize {
     100
@@ -328,6 +336,12 @@ impl Config {
             return bad(
                 "relay.backoff",
                 "need 0 < base_seconds <= max_seconds".into(),
+            );
+        }
+        if self.transport.consumer_lease_ms < 300 {
+            return bad(
+                "transport.consumer_lease_ms",
+                "use at least 300 ms (default 15000)".into(),
             );
         }
         if self.transport.partitions < 1 || self.transport.partitions > 1024 {

@@ -161,7 +161,7 @@ pub async fn spawn_pipeline(
                 group: c.name.clone(),
                 topics: c.topics.clone(),
                 partitions: config.transport.partitions,
-                lease: Duration::from_secs(15),
+                lease: Duration::from_millis(config.transport.consumer_lease_ms),
             },
         );
         let mut consumer = Consumer::new(

@@ -22,6 +22,7 @@ fn outboxd(t: &TestDb) -> Command {
         .env("OUTBOXD__RELAY__POLL_INTERVAL_MS", "20")
         .env("OUTBOXD__RELAY__PUBLISH_TIMEOUT_MS", "1000")
         .env("OUTBOXD__RELAY__LEASE_MS", "1500")
+        .env("OUTBOXD__TRANSPORT__CONSUMER_LEASE_MS", "1500")
         .env_remove("OUTBOXD_FAULT")
         .kill_on_drop(true);
     cmd
@@ -260,3 +261,82 @@ async fn bad_config_is_refused_with_the_key_and_the_fix() {
         "{err}"
     );
 }
+
+/// A consumer killed after its effect committed but before its offset was
+/// stored redelivers that message on restart, and the inbox drops it: every
+/// order gets exactly one invoice.
+async fn consumer_killed_before_offset_commit_has_no_double_effect(t: TestDb) {
+    outboxd::domain::billing::create_schema(&t.db)
+        .await
+        .expect("billing");
+    for i in 0..120 {
+        let ev = NewEvent::new(
+            format!("order-{i}"),
+            "order.confirmed",
+            json!({ "order_id": format!("order-{i}"), "customer_id": "c", "total_cents": 100 + i }),
+        );
+        match &t.db {
+            Db::Postgres(p) => {
+                let mut tx = p.begin().await.expect("begin");
+                enqueue(&mut tx, ev).await.expect("enqueue");
+                tx.commit().await.expect("commit");
+            }
+            Db::Sqlite(p) => {
+                let mut tx = p.begin().await.expect("begin");
+                enqueue(&mut tx, ev).await.expect("enqueue");
+                tx.commit().await.expect("commit");
+            }
+        }
+    }
+    let consumers =
+        r#"[{name = "billing", topics = ["order.confirmed"], handler = "builtin:billing"}]"#;
+    let child = outboxd(&t)
+        .arg("run")
+        .env("OUTBOXD__CONSUMERS", consumers)
+        .env("OUTBOXD_FAULT", "after-handle-before-commit-offset:hang:3")
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    kill_at_fault(child).await;
+    let before = t.count("SELECT count(*) FROM invoices").await;
+    let acknowledged = t
+        .count(
+            "SELECT count(*) FROM transport_messages m JOIN transport_cursors c
+               ON c.topic = m.topic AND c.partition = m.partition AND c.consumer_group = 'billing'
+             WHERE m.\"offset\" <= c.last_offset",
+        )
+        .await;
+    assert!(
+        before > acknowledged,
+        "effects committed ({before}) beyond the stored offsets ({acknowledged}): they will be redelivered"
+    );
+
+    let mut child = outboxd(&t)
+        .arg("run")
+        .env("OUTBOXD__CONSUMERS", consumers)
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("restart");
+    wait_until(&t, "SELECT count(DISTINCT order_id) FROM invoices", 120).await;
+    let pid = child.id().expect("pid").to_string();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill -TERM");
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("exit")
+        .expect("wait");
+    assert!(status.success());
+    assert_eq!(
+        t.count("SELECT count(*) FROM invoices").await,
+        120,
+        "exactly one invoice per order"
+    );
+    assert!(
+        t.count("SELECT count(*) FROM inbox WHERE consumer = 'billing'")
+            .await
+            == 120
+    );
+}
+on_both!(consumer_killed_before_offset_commit_has_no_double_effect);
