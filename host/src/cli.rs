@@ -105,6 +105,8 @@ enum Command {
 enum BenchCommand {
     /// Claim-query latency with many published rows and a pending backlog.
     Claim(crate::bench::ClaimBenchArgs),
+    /// Relay throughput over batch sizes and workers, against seed 000's design.
+    Relay(crate::bench::RelayBenchArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -211,6 +213,11 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             r.fill_seconds
         );
         println!("{}", serde_json::to_string(&r)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let Command::Bench(BenchCommand::Relay(args)) = &cli.command {
+        init_logging(LogFormat::Human);
+        crate::bench::relay(args).await?;
         return Ok(ExitCode::SUCCESS);
     }
     if let Command::Demo(args) = &cli.command {

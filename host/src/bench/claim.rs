@@ -1,6 +1,4 @@
-//! `outboxd bench`: benchmarks that print numbers (never timed tests).
-//!
-//! `claim` measures the relay's claim query on a Postgres table with many
+//! `outboxd bench claim` measures the relay's claim query on a Postgres table with many
 //! published rows and a pending backlog: the case retention and the partial
 //! indexes exist for.
 
@@ -8,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use super::BenchError;
 use crate::store::postgres::PgStore;
 use crate::store::{ClaimedBatch, Db, OutboxStore, migrate};
 
@@ -40,16 +39,6 @@ pub struct ClaimBenchReport {
     pub p50_ms: f64,
     pub p99_ms: f64,
     pub max_ms: f64,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum BenchError {
-    #[error(transparent)]
-    Store(#[from] crate::store::StoreError),
-    #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
-    #[error("{0}")]
-    Refused(String),
 }
 
 pub async fn claim(args: &ClaimBenchArgs) -> Result<ClaimBenchReport, BenchError> {

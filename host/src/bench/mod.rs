@@ -1,0 +1,24 @@
+//! `outboxd bench`: benchmarks that print numbers (never timed tests).
+//!
+//! - `claim`: the claim query on a table with millions of published rows.
+//! - `relay`: relay throughput over a grid of batch sizes and workers, next
+//!   to seed 000's sequential design in the same harness, with a check that
+//!   every event was published exactly once and in per-aggregate order.
+
+mod claim;
+mod relay;
+
+pub use claim::{ClaimBenchArgs, ClaimBenchReport, claim};
+pub use relay::{RelayBenchArgs, relay};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("{0}")]
+    Refused(String),
+    #[error("correctness check failed: {0}")]
+    Incorrect(String),
+}

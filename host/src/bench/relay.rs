@@ -1,0 +1,327 @@
+//! `outboxd bench relay`: events/s of the relay over a grid, against seed
+//! 000's design (await each send, one UPDATE per row) in the same run.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use sqlx::{PgPool, Row};
+
+use super::BenchError;
+use crate::broker::embedded::EmbeddedPublisher;
+use crate::broker::{OutgoingMessage, PublishError, Publisher};
+use crate::clock::SystemClock;
+use crate::relay::worker::{self, WorkerConfig};
+use crate::relay::{Relay, RelayConfig, Router};
+use crate::store::postgres::PgStore;
+use crate::store::{Db, migrate};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct RelayBenchArgs {
+    /// A Postgres database the benchmark may empty and fill.
+    #[arg(long)]
+    pub url: String,
+    #[arg(long, default_value_t = 100_000)]
+    pub events: i64,
+    #[arg(long, default_value_t = 2_000)]
+    pub aggregates: i64,
+    #[arg(long, value_delimiter = ',', default_value = "50,100,500")]
+    pub batch: Vec<usize>,
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+    pub workers: Vec<usize>,
+    /// Where messages go: `null` (acknowledged in memory, the relay's own
+    /// cost) or `embedded` (the durable SQL transport in the same database).
+    #[arg(long, default_value = "null")]
+    pub sink: String,
+    /// Events for the seed-design run (it is slow; default = --events / 10).
+    #[arg(long)]
+    pub seed_events: Option<i64>,
+    /// Write the results as JSON here too.
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RelayBenchRow {
+    pub design: String,
+    pub sink: String,
+    pub batch: usize,
+    pub workers: usize,
+    pub events: i64,
+    pub seconds: f64,
+    pub events_per_second: f64,
+}
+
+/// Acknowledges through an inner sink and checks, per key, that payload
+/// counters arrive as 1, 2, 3 … exactly once.
+struct Verifying<P> {
+    inner: Option<P>,
+    seen: Mutex<HashMap<Vec<u8>, i64>>,
+    errors: Mutex<Vec<String>>,
+    count: AtomicU64,
+}
+
+impl<P: Publisher> Verifying<P> {
+    fn new(inner: Option<P>) -> Self {
+        Self {
+            inner,
+            seen: Mutex::default(),
+            errors: Mutex::default(),
+            count: AtomicU64::new(0),
+        }
+    }
+}
+
+impl<P: Publisher> Publisher for Verifying<P> {
+    async fn publish(&self, msg: OutgoingMessage) -> Result<(), PublishError> {
+        if let Some(inner) = &self.inner {
+            inner.publish(msg.clone()).await?;
+        }
+        let n = serde_json::from_slice::<serde_json::Value>(&msg.payload)
+            .ok()
+            .and_then(|v| v["n"].as_i64())
+            .unwrap_or(-1);
+        if let Ok(mut seen) = self.seen.lock() {
+            let last = seen.entry(msg.key.clone()).or_insert(0);
+            if n != *last + 1 {
+                if let Ok(mut e) = self.errors.lock() {
+                    e.push(format!(
+                        "{}: got n={n} after n={last}",
+                        String::from_utf8_lossy(&msg.key)
+                    ));
+                }
+            }
+            *last = n;
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+async fn reset_and_fill(pool: &PgPool, events: i64, aggregates: i64) -> Result<(), BenchError> {
+    sqlx::query("TRUNCATE outbox, transport_messages, transport_cursors")
+        .execute(pool)
+        .await?;
+    // Row g belongs to aggregate g % A and is its (g / A + 1)-th event; seq
+    // follows g, so per-aggregate order is n = 1, 2, 3 …
+    sqlx::query(
+        "INSERT INTO outbox (aggregate_id, event_type, payload)
+         SELECT 'agg-' || (g % $2), 'bench.event', jsonb_build_object('n', g / $2 + 1, 'pad', repeat('x', 200))
+           FROM generate_series(0, $1 - 1) g ORDER BY g",
+    )
+    .bind(events)
+    .bind(aggregates)
+    .execute(pool)
+    .await?;
+    sqlx::query("ANALYZE outbox").execute(pool).await?;
+    Ok(())
+}
+
+fn check<P>(v: &Verifying<P>, events: i64) -> Result<(), BenchError> {
+    let errors = v.errors.lock().map(|e| e.clone()).unwrap_or_default();
+    if let Some(first) = errors.first() {
+        return Err(BenchError::Incorrect(format!(
+            "{} order violations, first: {first}",
+            errors.len()
+        )));
+    }
+    let got = v.count.load(Ordering::Relaxed) as i64;
+    if got != events {
+        return Err(BenchError::Incorrect(format!(
+            "published {got} messages for {events} events"
+        )));
+    }
+    Ok(())
+}
+
+async fn run_ours<P: Publisher>(
+    pool: &PgPool,
+    sink: Arc<Verifying<P>>,
+    events: i64,
+    batch: usize,
+    workers: usize,
+) -> Result<f64, BenchError> {
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut set = tokio::task::JoinSet::new();
+    let started = Instant::now();
+    for _ in 0..workers {
+        let relay = Relay::new(
+            PgStore::new(pool.clone()),
+            sink.clone(),
+            Router::default(),
+            RelayConfig {
+                batch_size: batch,
+                ..RelayConfig::default()
+            },
+            Arc::new(SystemClock),
+        );
+        let stop = stop_rx.clone();
+        set.spawn(async move {
+            let cfg = WorkerConfig {
+                poll_interval: Duration::from_millis(1),
+                ..WorkerConfig::default()
+            };
+            worker::run(&relay, &cfg, None, stop)
+                .await
+                .map_err(|e| e.to_string())
+        });
+    }
+    while (sink.count.load(Ordering::Relaxed) as i64) < events {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        if started.elapsed() > Duration::from_secs(900) {
+            break;
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let _ = stop_tx.send(true);
+    while set.join_next().await.is_some() {}
+    Ok(seconds)
+}
+
+/// Seed 000's `publicarLote` loop, faithfully: batch of 50, one send awaited
+/// at a time, one UPDATE per row, all in the claim transaction.
+async fn run_seed<P: Publisher>(
+    pool: &PgPool,
+    sink: &Verifying<P>,
+    router: &Relay<PgStore, Arc<Verifying<P>>>,
+) -> Result<f64, BenchError> {
+    let started = Instant::now();
+    loop {
+        let mut tx = pool.begin().await?;
+        let rows = sqlx::query(
+            "SELECT o.seq FROM outbox o
+              WHERE o.published_at IS NULL AND o.next_attempt_at <= now()
+                AND NOT EXISTS (SELECT 1 FROM outbox a WHERE a.aggregate_id = o.aggregate_id
+                                  AND a.published_at IS NULL AND a.seq < o.seq)
+              ORDER BY o.seq LIMIT 50 FOR UPDATE OF o SKIP LOCKED",
+        )
+        .fetch_all(&mut *tx)
+        .await?;
+        if rows.is_empty() {
+            tx.commit().await?;
+            break;
+        }
+        for r in rows {
+            let seq: i64 = r.get(0);
+            let ev = sqlx::query("SELECT aggregate_id, event_type, payload::text, id, created_at FROM outbox WHERE seq = $1")
+                .bind(seq)
+                .fetch_one(&mut *tx)
+                .await?;
+            let event = crate::event::OutboxEvent {
+                seq,
+                id: crate::event::EventId(ev.get(3)),
+                aggregate_id: ev.get(0),
+                event_type: ev.get(1),
+                payload: ev.get(2),
+                headers: Default::default(),
+                created_at: ev.get(4),
+                attempts: 0,
+            };
+            if sink.publish(router.message_for(&event)).await.is_ok() {
+                sqlx::query("UPDATE outbox SET published_at = now() WHERE seq = $1")
+                    .bind(seq)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+        }
+        tx.commit().await?;
+    }
+    Ok(started.elapsed().as_secs_f64())
+}
+
+pub async fn relay(args: &RelayBenchArgs) -> Result<Vec<RelayBenchRow>, BenchError> {
+    let db = Db::connect(&args.url, 16).await?;
+    let Db::Postgres(pool) = &db else {
+        return Err(BenchError::Refused(
+            "the relay benchmark needs a postgres:// URL".into(),
+        ));
+    };
+    migrate(&db).await?;
+    let embedded = || match args.sink.as_str() {
+        "null" => Ok(None),
+        "embedded" => Ok(Some(EmbeddedPublisher::new(db.clone(), 8))),
+        other => Err(BenchError::Refused(format!(
+            "unknown --sink `{other}`; use null or embedded"
+        ))),
+    };
+    let mut rows = Vec::new();
+    let seed_events = args.seed_events.unwrap_or((args.events / 10).max(1));
+    reset_and_fill(pool, seed_events, args.aggregates.min(seed_events)).await?;
+    let sink = Arc::new(Verifying::new(embedded()?));
+    let router = Relay::new(
+        PgStore::new(pool.clone()),
+        sink.clone(),
+        Router::default(),
+        RelayConfig::default(),
+        Arc::new(SystemClock),
+    );
+    let seconds = run_seed(pool, &sink, &router).await?;
+    check(&sink, seed_events)?;
+    rows.push(row("seed-000", &args.sink, 50, 1, seed_events, seconds));
+    print_row(rows.last());
+    for &batch in &args.batch {
+        for &workers in &args.workers {
+            reset_and_fill(pool, args.events, args.aggregates).await?;
+            let sink = Arc::new(Verifying::new(embedded()?));
+            let seconds = run_ours(pool, sink.clone(), args.events, batch, workers).await?;
+            check(&sink, args.events)?;
+            rows.push(row(
+                "outboxd",
+                &args.sink,
+                batch,
+                workers,
+                args.events,
+                seconds,
+            ));
+            print_row(rows.last());
+        }
+    }
+    let seed_rate = rows[0].events_per_second;
+    println!("\nratio to seed 000's design (same run): ");
+    for r in &rows[1..] {
+        println!(
+            "  batch {:>4} workers {} : {:>6.1}x",
+            r.batch,
+            r.workers,
+            r.events_per_second / seed_rate
+        );
+    }
+    if let Some(path) = &args.json {
+        std::fs::write(
+            path,
+            serde_json::to_string_pretty(&rows).unwrap_or_default(),
+        )
+        .map_err(|e| BenchError::Refused(format!("cannot write {}: {e}", path.display())))?;
+    }
+    Ok(rows)
+}
+
+fn row(
+    design: &str,
+    sink: &str,
+    batch: usize,
+    workers: usize,
+    events: i64,
+    seconds: f64,
+) -> RelayBenchRow {
+    RelayBenchRow {
+        design: design.into(),
+        sink: sink.into(),
+        batch,
+        workers,
+        events,
+        seconds,
+        events_per_second: events as f64 / seconds.max(1e-9),
+    }
+}
+
+fn print_row(r: Option<&RelayBenchRow>) {
+    if let Some(r) = r {
+        println!(
+            "{:<9} sink {:<8} batch {:>4} workers {} : {:>8} events in {:>7.2} s = {:>9.0} events/s (exactly once, in order)",
+            r.design, r.sink, r.batch, r.workers, r.events, r.seconds, r.events_per_second
+        );
+    }
+}
