@@ -85,13 +85,13 @@ impl<P: Publisher> Publisher for Verifying<P> {
             .unwrap_or(-1);
         if let Ok(mut seen) = self.seen.lock() {
             let last = seen.entry(msg.key.clone()).or_insert(0);
-            if n != *last + 1 {
-                if let Ok(mut e) = self.errors.lock() {
-                    e.push(format!(
-                        "{}: got n={n} after n={last}",
-                        String::from_utf8_lossy(&msg.key)
-                    ));
-                }
+            if n != *last + 1
+                && let Ok(mut e) = self.errors.lock()
+            {
+                e.push(format!(
+                    "{}: got n={n} after n={last}",
+                    String::from_utf8_lossy(&msg.key)
+                ));
             }
             *last = n;
         }
