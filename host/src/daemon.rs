@@ -7,8 +7,10 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use crate::broker::MessageSource;
 use crate::broker::Publisher;
 use crate::broker::embedded::{EmbeddedConsumer, EmbeddedConsumerConfig, EmbeddedPublisher};
+use crate::broker::kafka::{KafkaConsumer, KafkaConsumerConfig, KafkaPublisher, KafkaSetupError};
 use crate::clock::SystemClock;
 use crate::config::{Config, TransportKind};
 use crate::consumer::{Consumer, ConsumerConfig, ConsumerStats};
@@ -32,8 +34,8 @@ pub enum DaemonError {
     Store(#[from] crate::store::StoreError),
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
-    #[error("{0}")]
-    Unsupported(String),
+    #[error(transparent)]
+    Kafka(#[from] KafkaSetupError),
     #[error("a worker stopped: {0}")]
     Worker(String),
 }
@@ -82,21 +84,92 @@ pub async fn spawn_pipeline(
 ) -> Result<(JoinSet<Result<(), String>>, PipelineHandles), DaemonError> {
     let mut set = JoinSet::new();
     let mut handles = PipelineHandles::default();
-    if config.transport.kind == TransportKind::Kafka {
-        return Err(DaemonError::Unsupported(
-            "transport.kind = \"kafka\" is not available in this build yet; use \"embedded\""
-                .into(),
-        ));
+    match config.transport.kind {
+        TransportKind::Embedded => {
+            let publisher = Arc::new(EmbeddedPublisher::new(
+                db.clone(),
+                config.transport.partitions,
+            ));
+            spawn_relays_for(&mut set, config, db, publisher, &faults, &shutdown).await;
+        }
+        TransportKind::Kafka => {
+            let publisher = Arc::new(KafkaPublisher::new(
+                &config.transport.kafka,
+                Duration::from_millis(config.relay.publish_timeout_ms),
+            )?);
+            tracing::info!(properties = ?config.redacted_kafka(), "publishing to kafka");
+            spawn_relays_for(&mut set, config, db, publisher, &faults, &shutdown).await;
+        }
     }
-    let publisher = Arc::new(EmbeddedPublisher::new(
-        db.clone(),
-        config.transport.partitions,
-    ));
+    for c in &config.consumers {
+        billing::create_schema(db).await?;
+        let consumer_cfg = ConsumerConfig {
+            name: c.name.clone(),
+            ..ConsumerConfig::default()
+        };
+        match config.transport.kind {
+            TransportKind::Embedded => {
+                let source = EmbeddedConsumer::new(
+                    db.clone(),
+                    EmbeddedConsumerConfig {
+                        group: c.name.clone(),
+                        topics: c.topics.clone(),
+                        partitions: config.transport.partitions,
+                        lease: Duration::from_secs(15),
+                    },
+                );
+                let mut consumer = billing_consumer(db, source, consumer_cfg, &faults);
+                handles
+                    .consumer_stats
+                    .push((c.name.clone(), consumer.stats()));
+                let shutdown = shutdown.clone();
+                set.spawn(async move {
+                    let result = consumer.run(shutdown).await.map_err(|e| e.to_string());
+                    let _ = consumer.source_mut().release().await;
+                    result
+                });
+            }
+            TransportKind::Kafka => {
+                // The consumer group is the consumer's name, as in the inbox.
+                let source = KafkaConsumer::new(
+                    &config.transport.kafka,
+                    KafkaConsumerConfig::new(c.name.clone(), c.topics.clone()),
+                )?;
+                let mut consumer = billing_consumer(db, source, consumer_cfg, &faults);
+                handles
+                    .consumer_stats
+                    .push((c.name.clone(), consumer.stats()));
+                let shutdown = shutdown.clone();
+                set.spawn(async move { consumer.run(shutdown).await.map_err(|e| e.to_string()) });
+            }
+        }
+    }
+    Ok((set, handles))
+}
+
+fn billing_consumer<S: MessageSource>(
+    db: &Db,
+    source: S,
+    config: ConsumerConfig,
+    faults: &Faults,
+) -> Consumer<S, BillingHandler> {
+    Consumer::new(db.clone(), source, Arc::new(BillingHandler), config).with_faults(faults.clone())
+}
+
+/// Spawns the relay workers over the store that matches `db`.
+async fn spawn_relays_for<P: Publisher + Clone>(
+    set: &mut JoinSet<Result<(), String>>,
+    config: &Config,
+    db: &Db,
+    publisher: P,
+    faults: &Faults,
+    shutdown: &watch::Receiver<bool>,
+) {
     match db {
         Db::Postgres(pool) => {
             let wake = listen_for_events(pool).await.ok();
             spawn_relays(
-                &mut set,
+                set,
                 config,
                 PgStore::new(pool.clone()),
                 publisher,
@@ -109,7 +182,7 @@ pub async fn spawn_pipeline(
             let store =
                 SqliteStore::new(pool.clone(), Duration::from_millis(config.relay.lease_ms));
             spawn_relays(
-                &mut set,
+                set,
                 config,
                 store,
                 publisher,
@@ -119,38 +192,6 @@ pub async fn spawn_pipeline(
             );
         }
     }
-    for c in &config.consumers {
-        billing::create_schema(db).await?;
-        let source = EmbeddedConsumer::new(
-            db.clone(),
-            EmbeddedConsumerConfig {
-                group: c.name.clone(),
-                topics: c.topics.clone(),
-                partitions: config.transport.partitions,
-                lease: Duration::from_secs(15),
-            },
-        );
-        let mut consumer = Consumer::new(
-            db.clone(),
-            source,
-            Arc::new(BillingHandler),
-            ConsumerConfig {
-                name: c.name.clone(),
-                ..ConsumerConfig::default()
-            },
-        )
-        .with_faults(faults.clone());
-        handles
-            .consumer_stats
-            .push((c.name.clone(), consumer.stats()));
-        let shutdown = shutdown.clone();
-        set.spawn(async move {
-            let result = consumer.run(shutdown).await.map_err(|e| e.to_string());
-            let _ = consumer.source_mut().release().await;
-            result
-        });
-    }
-    Ok((set, handles))
 }
 
 fn spawn_relays<S: OutboxStore, P: Publisher + Clone>(
