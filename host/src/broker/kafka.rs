@@ -14,7 +14,7 @@
 //! that are no longer buffered, so a stale member never moves a cursor it
 //! does not own.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -250,8 +250,10 @@ pub struct KafkaConsumerConfig {
     pub topics: Vec<String>,
     /// How long `fetch` waits for a first message when nothing is buffered.
     pub fetch_wait: Duration,
-    /// Above this many buffered messages `fetch` serves only the buffer.
-    pub buffer_limit: usize,
+    /// A partition with this many uncommitted messages is paused until
+    /// commits bring it under half of that, so a partition whose handler
+    /// keeps failing cannot grow the buffer without bound.
+    pub partition_limit: usize,
 }
 
 impl KafkaConsumerConfig {
@@ -260,7 +262,7 @@ impl KafkaConsumerConfig {
             group: group.into(),
             topics,
             fetch_wait: Duration::from_millis(250),
-            buffer_limit: 10_000,
+            partition_limit: 1_000,
         }
     }
 }
@@ -293,6 +295,8 @@ pub struct KafkaConsumer {
     cfg: KafkaConsumerConfig,
     /// Handed out and not yet committed, per partition, in offset order.
     buffer: BTreeMap<PartitionKey, VecDeque<Delivery>>,
+    /// Partitions paused because their buffer reached the limit.
+    paused: HashSet<PartitionKey>,
     /// Rotates which partition is served first, so one stuck partition with
     /// a full buffer cannot starve the others.
     rotation: usize,
@@ -346,6 +350,7 @@ impl KafkaConsumer {
             consumer: Arc::new(consumer),
             cfg,
             buffer: BTreeMap::new(),
+            paused: HashSet::new(),
             rotation: 0,
         })
     }
@@ -361,6 +366,11 @@ impl KafkaConsumer {
             Err(_) => return,
         };
         for key in revoked {
+            if self.paused.remove(&key) {
+                // A pause outlives the assignment in librdkafka; undo it so
+                // the partition is read again if it comes back to us.
+                self.set_paused(&key, false);
+            }
             if let Some(dropped) = self.buffer.remove(&key)
                 && !dropped.is_empty()
             {
@@ -370,32 +380,51 @@ impl KafkaConsumer {
         }
     }
 
+    fn set_paused(&self, key: &PartitionKey, pause: bool) {
+        let mut list = TopicPartitionList::new();
+        list.add_partition(&key.0, key.1);
+        let result = if pause {
+            self.consumer.pause(&list)
+        } else {
+            self.consumer.resume(&list)
+        };
+        if let Err(e) = result {
+            tracing::warn!(topic = %key.0, partition = key.1, pause, error = %e, "cannot pause or resume a partition");
+        }
+    }
+
     fn push(&mut self, d: Delivery) {
-        let queue = self
-            .buffer
-            .entry((d.topic.clone(), d.partition))
-            .or_default();
+        let key = (d.topic.clone(), d.partition);
+        let queue = self.buffer.entry(key.clone()).or_default();
+        if queue.iter().any(|held| *held == d) {
+            // librdkafka fetched a message we already hold (after a pause).
+            return;
+        }
         if queue.back().is_some_and(|last| last.offset >= d.offset) {
-            // The partition went back (an offset reset): what was buffered no
-            // longer describes the log, so start again from this message.
+            // The partition went back to a different message (an offset
+            // reset after the broker lost data): what was buffered no longer
+            // describes the log, so start again from this message.
             tracing::warn!(topic = %d.topic, partition = d.partition, offset = d.offset,
                 "partition offsets went backwards; dropping the buffered messages");
             queue.clear();
         }
         queue.push_back(d);
+        let full = queue.len() >= self.cfg.partition_limit;
+        if full && self.paused.insert(key.clone()) {
+            self.set_paused(&key, true);
+        }
     }
 
     /// Pulls what librdkafka has: waits up to `fetch_wait` for the first
     /// message when `wait` is set, then takes only what is ready.
     async fn pull(&mut self, max: usize, wait: bool) -> Result<(), ConsumeError> {
         let mut pulled = 0;
-        while pulled < max && self.buffered() < self.cfg.buffer_limit {
+        while pulled < max {
             let consumer = self.consumer.clone();
             let next = if wait && pulled == 0 {
-                match tokio::time::timeout(self.cfg.fetch_wait, consumer.recv()).await {
-                    Ok(r) => Some(r),
-                    Err(_) => None,
-                }
+                tokio::time::timeout(self.cfg.fetch_wait, consumer.recv())
+                    .await
+                    .ok()
             } else {
                 consumer.recv().now_or_never()
             };
@@ -504,10 +533,15 @@ impl MessageSource for KafkaConsumer {
                     d.offset + 1
                 ))
             })?;
+        let mut left = 0;
         if let Some(queue) = self.buffer.get_mut(&key) {
             while queue.front().is_some_and(|x| x.offset <= d.offset) {
                 queue.pop_front();
             }
+            left = queue.len();
+        }
+        if left <= self.cfg.partition_limit / 2 && self.paused.remove(&key) {
+            self.set_paused(&key, false);
         }
         Ok(())
     }
