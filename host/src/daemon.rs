@@ -95,7 +95,9 @@ pub async fn spawn_pipeline(
         TransportKind::Kafka => {
             let publisher = Arc::new(KafkaPublisher::new(
                 &config.transport.kafka,
-                Duration::from_millis(config.relay.publish_timeout_ms),
+                // librdkafka checks timeouts about once a second; a quarter
+                // of slack lets it report first, as KafkaPublisher::new asks.
+                Duration::from_millis(config.relay.publish_timeout_ms * 3 / 4),
             )?);
             tracing::info!(properties = ?config.redacted_kafka(), "publishing to kafka");
             spawn_relays_for(&mut set, config, db, publisher, &faults, &shutdown).await;

@@ -2,8 +2,9 @@
 //! for consumer groups. This is the only module that links rdkafka.
 //!
 //! The publisher is an idempotent producer with `acks=all`; a publish
-//! resolves only with the delivery report, and a fatal producer error (for
-//! example a broker that lost its producer state) replaces the producer.
+//! resolves only with the delivery report. A fatal producer error or a
+//! delivery timeout replaces the producer, because librdkafka cannot recover
+//! by itself from a broker that lost its producer state.
 //!
 //! The consumer never lets librdkafka commit or store offsets. It keeps every
 //! message it has handed out and not yet seen committed in a per-partition
@@ -27,7 +28,7 @@ use rdkafka::consumer::{
 };
 use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer, PurgeConfig};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -153,8 +154,9 @@ impl std::fmt::Debug for KafkaPublisher {
 
 impl KafkaPublisher {
     /// `props` are the user's librdkafka properties. `delivery_timeout` is
-    /// the default `message.timeout.ms`, so librdkafka gives up about when
-    /// the relay stops waiting; a user value wins.
+    /// the default `message.timeout.ms` (a user value wins); keep it under
+    /// the relay's publish timeout, so that librdkafka reports a timeout,
+    /// and the producer can be replaced, before the relay stops waiting.
     pub fn new(
         props: &BTreeMap<String, String>,
         delivery_timeout: Duration,
@@ -187,12 +189,10 @@ impl KafkaPublisher {
             .map_err(|_| PublishError::Retryable("kafka producer lock poisoned".into()))
     }
 
-    /// An idempotent producer that hit a fatal error refuses every later
-    /// message, so it is replaced (once, by whichever publish notices first).
-    fn replace_if_fatal(&self, failed: &Arc<FutureProducer>) {
-        let Some((code, reason)) = failed.client().fatal_error() else {
-            return;
-        };
+    /// Swaps in a fresh producer (once, by whichever publish notices first)
+    /// and drops what the old one still queues, so nothing it held can land
+    /// after what the new one sends.
+    fn replace(&self, failed: &Arc<FutureProducer>, why: &str) {
         let Ok(mut slot) = self.producer.write() else {
             return;
         };
@@ -201,14 +201,28 @@ impl KafkaPublisher {
         }
         match self.config.create::<FutureProducer>() {
             Ok(fresh) => {
-                tracing::warn!(?code, %reason, "kafka producer hit a fatal error; replaced it");
+                tracing::warn!(reason = why, "replacing the kafka producer");
+                failed.purge(PurgeConfig::default().queue());
                 *slot = Arc::new(fresh);
             }
             Err(e) => {
-                tracing::error!(error = %setup_error("producer", e), "cannot replace the failed kafka producer");
+                tracing::error!(error = %setup_error("producer", e), "cannot replace the kafka producer");
             }
         }
     }
+}
+
+/// Whether a producer that failed this way must be replaced. A fatal error
+/// stops an idempotent producer for good. A message that timed out may mean
+/// the broker forgot the producer id (a restart that lost its state):
+/// librdkafka then bumps the epoch locally and retries with the same
+/// unknown id forever, while a new producer asks the broker for a new id.
+fn needs_new_producer(err: &KafkaError, fatal: bool) -> bool {
+    fatal
+        || matches!(
+            err.rdkafka_error_code(),
+            Some(RDKafkaErrorCode::Fatal | RDKafkaErrorCode::MessageTimedOut)
+        )
 }
 
 impl Publisher for KafkaPublisher {
@@ -228,14 +242,13 @@ impl Publisher for KafkaPublisher {
         match producer.send(record, QUEUE_FULL_WAIT).await {
             Ok(_) => Ok(()),
             Err((err, _)) => {
-                if err.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal)
-                    || producer.client().fatal_error().is_some()
-                {
-                    self.replace_if_fatal(&producer);
-                    return Err(PublishError::Retryable(format!(
-                        "topic `{}`: {err}; the producer was replaced",
-                        msg.topic
-                    )));
+                let fatal = producer.client().fatal_error();
+                if needs_new_producer(&err, fatal.is_some()) {
+                    let why = match &fatal {
+                        Some((code, reason)) => format!("fatal error {code:?}: {reason}"),
+                        None => format!("{err}"),
+                    };
+                    self.replace(&producer, &why);
                 }
                 Err(publish_error(&msg.topic, &err))
             }
@@ -583,6 +596,15 @@ mod tests {
             assert_eq!(classify(Some(code)), ErrorClass::Retryable, "{code:?}");
         }
         assert_eq!(classify(None), ErrorClass::Retryable);
+    }
+
+    #[test]
+    fn timeouts_and_fatal_errors_replace_the_producer() {
+        let timed_out = KafkaError::MessageProduction(RDKafkaErrorCode::MessageTimedOut);
+        let too_large = KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge);
+        assert!(needs_new_producer(&timed_out, false));
+        assert!(needs_new_producer(&too_large, true));
+        assert!(!needs_new_producer(&too_large, false));
     }
 
     #[test]
