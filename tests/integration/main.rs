@@ -1,1 +1,3 @@
-//! placeholder
+//! Every integration test, in one binary (see host/Cargo.toml).
+
+mod kafka;
