@@ -779,3 +779,49 @@ async fn mock_consumer_pauses_a_full_partition_and_resumes_after_commits() {
         "every offset once, in order, after resuming"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_consumer_hands_revoked_partitions_over_uncommitted() {
+    let bootstrap = bootstrap();
+    let topic = unique("rebalance");
+    create_topic(&bootstrap, &topic, 4).await;
+    produce(&bootstrap, &topic, &["k1", "k2", "k3", "k4", "k5", "k6"], 2).await;
+    let cfg = KafkaConsumerConfig::new(unique("group"), vec![topic.clone()]);
+    let mut a = KafkaConsumer::new(&props(&bootstrap), cfg.clone()).expect("consumer a");
+    let all = fetch_until(&mut a, 12).await;
+    assert_eq!(all.len(), 12);
+
+    // A second member joins; both poll until the group has split the topic.
+    let mut b = KafkaConsumer::new(&props(&bootstrap), cfg).expect("consumer b");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (held_a, held_b) = loop {
+        let got_a = a.fetch(1000).await.expect("fetch a");
+        let got_b = b.fetch(1000).await.expect("fetch b");
+        if (!got_b.is_empty() && got_a.len() + got_b.len() == 12) || Instant::now() > deadline {
+            break (got_a, got_b);
+        }
+    };
+    assert!(!held_b.is_empty(), "the new member got partitions");
+    let parts = |v: &[Delivery]| v.iter().map(|d| d.partition).collect::<HashSet<_>>();
+    assert!(
+        parts(&held_a).is_disjoint(&parts(&held_b)),
+        "a partition has one owner"
+    );
+    let key = |d: &Delivery| (d.partition, d.offset);
+    let mut union: Vec<_> = held_a.iter().chain(&held_b).map(key).collect();
+    union.sort_unstable();
+    let mut expected: Vec<_> = all.iter().map(key).collect();
+    expected.sort_unstable();
+    assert_eq!(
+        union, expected,
+        "nothing was committed, so the new owner starts at the beginning"
+    );
+
+    // The old owner may not commit what it no longer holds.
+    let moved = all
+        .iter()
+        .find(|d| parts(&held_b).contains(&d.partition))
+        .expect("a moved message");
+    assert!(a.commit(moved).await.is_err());
+    assert!(b.commit(moved).await.is_ok());
+}
