@@ -13,7 +13,9 @@
 //! seek. A rebalance that revokes a partition drops its buffer; the new owner
 //! resumes from the last committed offset, and `commit` refuses deliveries
 //! that are no longer buffered, so a stale member never moves a cursor it
-//! does not own.
+//! does not own. A partition whose buffer fills up (its handler keeps
+//! failing) is paused rather than left unpolled, which would cost the
+//! group membership after `max.poll.interval.ms`.
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::panic::AssertUnwindSafe;
@@ -380,8 +382,8 @@ impl KafkaConsumer {
         };
         for key in revoked {
             if self.paused.remove(&key) {
-                // A pause outlives the assignment in librdkafka; undo it so
-                // the partition is read again if it comes back to us.
+                // Undo the pause in case it outlives the assignment, so the
+                // partition is read again if it comes back to us.
                 self.set_paused(&key, false);
             }
             if let Some(dropped) = self.buffer.remove(&key)
