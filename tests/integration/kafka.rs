@@ -589,7 +589,10 @@ async fn mock_broker_down_keeps_rows_unmarked_until_it_is_back() {
     outbox.add("warm", 0).await;
     assert_eq!(drain(&relay).await, 1);
 
+    let publisher = mock_publisher(&mock, Duration::from_millis(1500));
+    assert_eq!(publisher.check(Duration::from_secs(5)).await, Ok(()));
     mock.broker_down(1).expect("down");
+    assert!(publisher.check(Duration::from_secs(1)).await.is_err());
     outbox.add("a", 0).await;
     outbox.add("b", 0).await;
     let StepOutcome::Published(report) = relay.step().await.expect("step") else {

@@ -184,6 +184,21 @@ impl KafkaPublisher {
         })
     }
 
+    /// Asks the cluster for its metadata: `Ok` when a broker answered
+    /// within `timeout`. Meant for health checks.
+    pub async fn check(&self, timeout: Duration) -> Result<(), String> {
+        let producer = self.current().map_err(|e| e.to_string())?;
+        tokio::task::spawn_blocking(move || {
+            producer
+                .client()
+                .fetch_metadata(None, timeout)
+                .map(|_| ())
+                .map_err(|e| format!("kafka brokers did not answer within {timeout:?}: {e}"))
+        })
+        .await
+        .map_err(|e| format!("kafka health check task failed: {e}"))?
+    }
+
     fn current(&self) -> Result<Arc<FutureProducer>, PublishError> {
         self.producer
             .read()
