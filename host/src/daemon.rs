@@ -7,8 +7,9 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::broker::Publisher;
 use crate::broker::embedded::{EmbeddedConsumer, EmbeddedConsumerConfig, EmbeddedPublisher};
+use crate::broker::kafka::{KafkaConsumer, KafkaConsumerConfig, KafkaPublisher, KafkaSetupError};
+use crate::broker::{MessageSource, Publisher};
 use crate::clock::SystemClock;
 use crate::config::{Config, TransportKind};
 use crate::consumer::{Consumer, ConsumerConfig, ConsumerStats};
@@ -36,12 +37,12 @@ pub enum DaemonError {
     Store(#[from] crate::store::StoreError),
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
-    #[error("{0}")]
-    Unsupported(String),
     #[error("a worker stopped: {0}")]
     Worker(String),
     #[error(transparent)]
     Admin(#[from] crate::admin::AdminError),
+    #[error(transparent)]
+    Kafka(#[from] KafkaSetupError),
 }
 
 /// Connects, migrates (when allowed) and runs until `shutdown` turns true.
@@ -88,45 +89,41 @@ pub async fn spawn_pipeline(
 ) -> Result<(JoinSet<Result<(), String>>, PipelineHandles), DaemonError> {
     let mut set = JoinSet::new();
     let mut handles = PipelineHandles::default();
-    if config.transport.kind == TransportKind::Kafka {
-        return Err(DaemonError::Unsupported(
-            "transport.kind = \"kafka\" is not available in this build yet; use \"embedded\""
-                .into(),
-        ));
-    }
     let metrics = handles.metrics.clone();
-    let publisher = Arc::new(EmbeddedPublisher::new(
-        db.clone(),
-        config.transport.partitions,
-    ));
-    match db {
-        Db::Postgres(pool) => {
-            let wake = listen_for_events(pool).await.ok();
-            let store = PgStore::new(pool.clone());
-            spawn_relays(
-                &mut set,
-                config,
-                store,
-                publisher,
-                wake,
-                faults.clone(),
-                metrics.clone(),
-                shutdown.clone(),
-            );
+    let mut broker_check: Option<crate::admin::BrokerCheck> = None;
+    match config.transport.kind {
+        TransportKind::Embedded => {
+            let publisher = Arc::new(EmbeddedPublisher::new(
+                db.clone(),
+                config.transport.partitions,
+            ));
+            spawn_relays_for(
+                &mut set, config, db, publisher, &faults, &metrics, &shutdown,
+            )
+            .await;
         }
-        Db::Sqlite(pool) => {
-            let store =
-                SqliteStore::new(pool.clone(), Duration::from_millis(config.relay.lease_ms));
-            spawn_relays(
-                &mut set,
-                config,
-                store,
-                publisher,
-                None,
-                faults.clone(),
-                metrics.clone(),
-                shutdown.clone(),
-            );
+        TransportKind::Kafka => {
+            let publisher = Arc::new(KafkaPublisher::new(
+                &config.transport.kafka,
+                // librdkafka checks timeouts about once a second; a quarter
+                // of slack lets it report first, as KafkaPublisher::new asks.
+                Duration::from_millis(config.relay.publish_timeout_ms * 3 / 4),
+            )?);
+            tracing::info!(properties = ?config.redacted_kafka(), "publishing to kafka");
+            let checker = publisher.clone();
+            broker_check = Some(Arc::new(move || {
+                let checker = checker.clone();
+                Box::pin(async move {
+                    checker
+                        .check(Duration::from_secs(3))
+                        .await
+                        .map_err(|e| e.to_string())
+                })
+            }));
+            spawn_relays_for(
+                &mut set, config, db, publisher, &faults, &metrics, &shutdown,
+            )
+            .await;
         }
     }
     spawn_jobs(&mut set, config, db, metrics.clone(), shutdown.clone());
@@ -137,7 +134,7 @@ pub async fn spawn_pipeline(
             token: config.admin.token.clone().unwrap_or_default().into(),
             metrics: metrics.clone(),
             history: history.clone(),
-            broker_check: None,
+            broker_check,
         };
         let (addr, serve) =
             crate::admin::bind(&config.admin.listen, state, shutdown.clone()).await?;
@@ -155,37 +152,102 @@ pub async fn spawn_pipeline(
     }
     for c in &config.consumers {
         billing::create_schema(db).await?;
-        let source = EmbeddedConsumer::new(
-            db.clone(),
-            EmbeddedConsumerConfig {
-                group: c.name.clone(),
-                topics: c.topics.clone(),
-                partitions: config.transport.partitions,
-                lease: Duration::from_millis(config.transport.consumer_lease_ms),
-            },
-        );
-        let mut consumer = Consumer::new(
-            db.clone(),
-            source,
-            Arc::new(BillingHandler),
-            ConsumerConfig {
-                name: c.name.clone(),
-                ..ConsumerConfig::default()
-            },
-        )
-        .with_faults(faults.clone())
-        .with_metrics(handles.metrics.consumer(&c.name));
-        handles
-            .consumer_stats
-            .push((c.name.clone(), consumer.stats()));
-        let shutdown = shutdown.clone();
-        set.spawn(async move {
-            let result = consumer.run(shutdown).await.map_err(|e| e.to_string());
-            let _ = consumer.source_mut().release().await;
-            result
-        });
+        let consumer_cfg = ConsumerConfig {
+            name: c.name.clone(),
+            ..ConsumerConfig::default()
+        };
+        let consumer_metrics = handles.metrics.consumer(&c.name);
+        match config.transport.kind {
+            TransportKind::Embedded => {
+                let source = EmbeddedConsumer::new(
+                    db.clone(),
+                    EmbeddedConsumerConfig {
+                        group: c.name.clone(),
+                        topics: c.topics.clone(),
+                        partitions: config.transport.partitions,
+                        lease: Duration::from_millis(config.transport.consumer_lease_ms),
+                    },
+                );
+                let mut consumer = billing_consumer(db, source, consumer_cfg, &faults)
+                    .with_metrics(consumer_metrics);
+                handles
+                    .consumer_stats
+                    .push((c.name.clone(), consumer.stats()));
+                let shutdown = shutdown.clone();
+                set.spawn(async move {
+                    let result = consumer.run(shutdown).await.map_err(|e| e.to_string());
+                    let _ = consumer.source_mut().release().await;
+                    result
+                });
+            }
+            TransportKind::Kafka => {
+                // The consumer group is the consumer's name, as in the inbox.
+                let source = KafkaConsumer::new(
+                    &config.transport.kafka,
+                    KafkaConsumerConfig::new(c.name.clone(), c.topics.clone()),
+                )?;
+                let mut consumer = billing_consumer(db, source, consumer_cfg, &faults)
+                    .with_metrics(consumer_metrics);
+                handles
+                    .consumer_stats
+                    .push((c.name.clone(), consumer.stats()));
+                let shutdown = shutdown.clone();
+                set.spawn(async move { consumer.run(shutdown).await.map_err(|e| e.to_string()) });
+            }
+        }
     }
     Ok((set, handles))
+}
+
+fn billing_consumer<S: MessageSource>(
+    db: &Db,
+    source: S,
+    config: ConsumerConfig,
+    faults: &Faults,
+) -> Consumer<S, BillingHandler> {
+    Consumer::new(db.clone(), source, Arc::new(BillingHandler), config).with_faults(faults.clone())
+}
+
+/// Spawns the relay workers over the store that matches `db`.
+async fn spawn_relays_for<P: Publisher + Clone>(
+    set: &mut JoinSet<Result<(), String>>,
+    config: &Config,
+    db: &Db,
+    publisher: P,
+    faults: &Faults,
+    metrics: &Arc<Metrics>,
+    shutdown: &watch::Receiver<bool>,
+) {
+    match db {
+        Db::Postgres(pool) => {
+            let wake = listen_for_events(pool).await.ok();
+            let store = PgStore::new(pool.clone());
+            spawn_relays(
+                set,
+                config,
+                store,
+                publisher,
+                wake,
+                faults.clone(),
+                metrics.clone(),
+                shutdown.clone(),
+            );
+        }
+        Db::Sqlite(pool) => {
+            let store =
+                SqliteStore::new(pool.clone(), Duration::from_millis(config.relay.lease_ms));
+            spawn_relays(
+                set,
+                config,
+                store,
+                publisher,
+                None,
+                faults.clone(),
+                metrics.clone(),
+                shutdown.clone(),
+            );
+        }
+    }
 }
 
 /// Retention and reconciliation on their schedules.

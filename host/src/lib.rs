@@ -8,7 +8,7 @@
 //! - [`relay`]: claims due events, publishes them, marks them; one
 //!   [`relay::Relay::step`] plus a thin loop.
 //! - [`broker`]: the [`broker::Publisher`] and [`broker::MessageSource`]
-//!   traits and the embedded SQL transport.
+//!   traits, the embedded SQL transport and Kafka.
 //! - [`consumer`]: the inbox, which makes a redelivered message a no-op, and
 //!   the consumer loop.
 //! - [`domain`]: the example order service and billing handler.

@@ -9,6 +9,7 @@ mod backoff;
 mod config;
 mod embedded;
 mod idempotency;
+mod kafka;
 mod matrix;
 mod ops;
 mod ordering;

@@ -1,9 +1,11 @@
 //! Brokers: where the relay publishes and where consumers read.
 //!
 //! The relay only knows [`Publisher`]; an acknowledged `publish` is what lets
-//! it mark a row. The embedded transport and Kafka both implement it.
+//! it mark a row. The embedded transport and Kafka ([`kafka`], the only
+//! module that links rdkafka) both implement it.
 
 pub mod embedded;
+pub mod kafka;
 
 use std::future::Future;
 

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# Starts a throwaway tansu broker (Kafka-compatible, in-memory storage) on a
+# free loopback port for the Kafka integration tests, and prints
+# KAFKA_BOOTSTRAP=127.0.0.1:PORT.
+#
+#   tests/tansu.sh              start (or report the one already running)
+#   tests/tansu.sh stop         stop it
+#   tests/tansu.sh restart      stop it and start it again on the same port
+#
+# Then: OUTBOXD_TEST_KAFKA=127.0.0.1:PORT cargo test --test integration kafka
+#
+# State lives in ${TANSU_STATE_DIR:-/tmp/outboxd-tansu}: pid, port and log.
+set -euo pipefail
+
+TANSU_VERSION=0.6.0
+STATE_DIR=${TANSU_STATE_DIR:-/tmp/outboxd-tansu}
+INSTALL_LOG=/tmp/tansu-install.log
+mkdir -p "$STATE_DIR"
+
+find_tansu() {
+  if command -v tansu >/dev/null 2>&1; then
+    command -v tansu
+  elif [[ -x "$HOME/.cargo/bin/tansu" ]]; then
+    echo "$HOME/.cargo/bin/tansu"
+  else
+    return 1
+  fi
+}
+
+ensure_tansu() {
+  local bin
+  if bin=$(find_tansu); then
+    echo "$bin"
+    return
+  fi
+  # Another `cargo install tansu` may already be running; wait for it rather
+  # than starting a second build of the same crate.
+  if pgrep -f "cargo install tansu" >/dev/null 2>&1; then
+    echo "waiting for the running 'cargo install tansu' (see $INSTALL_LOG)" >&2
+    while pgrep -f "cargo install tansu" >/dev/null 2>&1; do sleep 5; done
+    if bin=$(find_tansu); then
+      echo "$bin"
+      return
+    fi
+    echo "the running install finished without a tansu binary; see $INSTALL_LOG" >&2
+  fi
+  echo "installing tansu $TANSU_VERSION (several minutes)" >&2
+  cargo install tansu --version "$TANSU_VERSION" --locked --features dynostore >&2
+  find_tansu
+}
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+
+is_running() {
+  [[ -f "$STATE_DIR/pid" ]] && kill -0 "$(cat "$STATE_DIR/pid")" 2>/dev/null
+}
+
+accepts() {
+  (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+stop() {
+  if is_running; then
+    local pid
+    pid=$(cat "$STATE_DIR/pid")
+    kill "$pid"
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$pid" 2>/dev/null && kill -9 "$pid"
+  fi
+  rm -f "$STATE_DIR/pid"
+}
+
+start() {
+  local port=${1:-} bin
+  bin=$(ensure_tansu)
+  if is_running; then
+    echo "KAFKA_BOOTSTRAP=127.0.0.1:$(cat "$STATE_DIR/port")"
+    return
+  fi
+  [[ -n "$port" ]] || port=$(free_port)
+  "$bin" broker \
+    --listener-url "tcp://127.0.0.1:$port" \
+    --advertised-listener-url "tcp://127.0.0.1:$port" \
+    --storage-engine memory://tansu/ \
+    >>"$STATE_DIR/log" 2>&1 &
+  echo $! >"$STATE_DIR/pid"
+  echo "$port" >"$STATE_DIR/port"
+  for _ in $(seq 100); do
+    if accepts "$port"; then
+      echo "KAFKA_BOOTSTRAP=127.0.0.1:$port"
+      return
+    fi
+    if ! is_running; then
+      echo "tansu exited; last lines of $STATE_DIR/log:" >&2
+      tail -20 "$STATE_DIR/log" >&2
+      exit 1
+    fi
+    sleep 0.1
+  done
+  echo "tansu did not accept connections on 127.0.0.1:$port within 10 s; see $STATE_DIR/log" >&2
+  stop
+  exit 1
+}
+
+case "${1:-start}" in
+  start) start ;;
+  stop) stop ;;
+  restart)
+    port=$(cat "$STATE_DIR/port" 2>/dev/null || true)
+    stop
+    start "$port"
+    ;;
+  *)
+    echo "usage: $0 [start|stop|restart]" >&2
+    exit 2
+    ;;
+esac
