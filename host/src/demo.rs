@@ -40,6 +40,10 @@ pub struct DemoArgs {
     /// Give up if the pipeline has not drained after this many seconds.
     #[arg(long, default_value_t = 300)]
     pub timeout_secs: u64,
+    /// Publish to this Kafka (bootstrap servers) instead of the embedded
+    /// transport; the demo creates its own topic there.
+    #[arg(long, value_name = "BOOTSTRAP")]
+    pub kafka: Option<String>,
 }
 
 pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
@@ -79,9 +83,34 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     config.database.url = url.clone();
     config.relay.workers = args.workers.max(1);
     config.relay.poll_interval_ms = 20;
+    let mut topic = orders::ORDER_CONFIRMED.to_string();
+    let mut consumer = "billing".to_string();
+    if let Some(bootstrap) = &args.kafka {
+        // A topic and group of its own, so earlier demo runs on the same
+        // broker cannot leak into this one's summary.
+        let run = &uuid::Uuid::new_v4().simple().to_string()[..8];
+        topic = format!("outboxd-demo-{run}");
+        consumer = format!("billing-{run}");
+        config.transport.kind = crate::config::TransportKind::Kafka;
+        config
+            .transport
+            .kafka
+            .insert("bootstrap.servers".into(), bootstrap.clone());
+        config.routes = vec![crate::relay::Route {
+            event_type: orders::ORDER_CONFIRMED.into(),
+            topic: topic.clone(),
+        }];
+        crate::broker::kafka::ensure_topics(
+            &config.transport.kafka,
+            std::slice::from_ref(&topic),
+            4,
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("--kafka {bootstrap}: {e}"))?;
+    }
     config.consumers = vec![ConsumerSection {
-        name: "billing".into(),
-        topics: vec![orders::ORDER_CONFIRMED.into()],
+        name: consumer,
+        topics: vec![topic],
         handler: "builtin:billing".into(),
     }];
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -140,8 +169,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    let redelivered =
-        republish_some(&db, (written / 20).max(1), config.transport.partitions).await?;
+    let redelivered = republish_some(&db, &config, (written / 20).max(1)).await?;
     println!("\n  simulated a relay crash: {redelivered} events published a second time");
 
     let expected_dups = redelivered as u64;
@@ -177,23 +205,23 @@ fn progress(written: usize, published: usize, stats: &crate::consumer::ConsumerS
     let _ = std::io::stdout().flush();
 }
 
-async fn republish_some(db: &Db, count: usize, partitions: i32) -> anyhow::Result<usize> {
+async fn republish_some(db: &Db, config: &Config, count: usize) -> anyhow::Result<usize> {
     let Db::Sqlite(pool) = db else { return Ok(0) };
     let store = SqliteStore::new(pool.clone(), Duration::from_secs(30));
-    let publisher = Arc::new(EmbeddedPublisher::new(db.clone(), partitions));
+    let router = Router::new(config.routes.clone());
+    // This relay only builds the messages, exactly as the real one does.
     let relay = Relay::new(
         store,
-        publisher.clone(),
-        Router::default(),
+        crate::broker::NullPublisher,
+        router,
         RelayConfig::default(),
         Arc::new(SystemClock),
     );
-    let rows = sqlx::query(
-        "SELECT seq, id, aggregate_id, event_type, payload, created_at FROM outbox ORDER BY seq LIMIT $1",
-    )
-    .bind(count as i64)
-    .fetch_all(pool)
-    .await?;
+    let rows = sqlx::query("SELECT seq, id, aggregate_id, event_type, payload, created_at FROM outbox ORDER BY seq LIMIT $1")
+        .bind(count as i64)
+        .fetch_all(pool)
+        .await?;
+    let mut messages = Vec::with_capacity(rows.len());
     for r in &rows {
         let ev = crate::event::OutboxEvent {
             seq: r.get(0),
@@ -205,7 +233,24 @@ async fn republish_some(db: &Db, count: usize, partitions: i32) -> anyhow::Resul
             created_at: from_micros(r.get(5)),
             attempts: 0,
         };
-        publisher.publish(relay.message_for(&ev)).await?;
+        messages.push(relay.message_for(&ev));
+    }
+    match config.transport.kind {
+        crate::config::TransportKind::Embedded => {
+            let p = EmbeddedPublisher::new(db.clone(), config.transport.partitions);
+            for m in messages {
+                p.publish(m).await?;
+            }
+        }
+        crate::config::TransportKind::Kafka => {
+            let p = crate::broker::kafka::KafkaPublisher::new(
+                &config.transport.kafka,
+                Duration::from_secs(10),
+            )?;
+            for m in messages {
+                p.publish(m).await?;
+            }
+        }
     }
     Ok(rows.len())
 }

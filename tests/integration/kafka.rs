@@ -828,3 +828,41 @@ async fn kafka_consumer_hands_revoked_partitions_over_uncommitted() {
     assert!(a.commit(moved).await.is_err());
     assert!(b.commit(moved).await.is_ok());
 }
+
+/// The README's demo with `--kafka`: the whole pipeline through a real
+/// Kafka-compatible broker ends with one invoice per order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_over_kafka_ends_with_one_invoice_per_order() {
+    let bootstrap = bootstrap();
+    let dir = tempfile::tempdir().expect("dir");
+    let db = dir.path().join("demo.db");
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_outboxd"))
+        .args([
+            "demo",
+            "--orders",
+            "200",
+            "--timeout-secs",
+            "120",
+            "--kafka",
+            &bootstrap,
+            "--db",
+        ])
+        .arg(&db)
+        .output()
+        .await
+        .expect("run the demo");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("invoices: 200 for 200 confirmed orders; lost 0, duplicated 0"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("duplicates dropped by the inbox     10"),
+        "{stdout}"
+    );
+}

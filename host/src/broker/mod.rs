@@ -75,6 +75,17 @@ impl<P: Publisher> Publisher for std::sync::Arc<P> {
     }
 }
 
+/// Acknowledges nothing and everything: for code that needs a relay only
+/// to build messages.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NullPublisher;
+
+impl Publisher for NullPublisher {
+    async fn publish(&self, _msg: OutgoingMessage) -> Result<(), PublishError> {
+        Ok(())
+    }
+}
+
 /// A message as a consumer receives it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Delivery {
