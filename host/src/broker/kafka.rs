@@ -577,6 +577,39 @@ impl MessageSource for KafkaConsumer {
     }
 }
 
+/// Creates `topics` with `partitions` partitions where they do not exist
+/// yet (an existing topic is left as it is). For the demo and first runs
+/// against a broker that does not auto-create topics.
+pub async fn ensure_topics(
+    props: &BTreeMap<String, String>,
+    topics: &[String],
+    partitions: i32,
+) -> Result<(), String> {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    let admin: AdminClient<DefaultClientContext> = base_config(props)
+        .create()
+        .map_err(|e| format!("cannot create a kafka admin client: {e}"))?;
+    let new: Vec<NewTopic<'_>> = topics
+        .iter()
+        .map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(1)))
+        .collect();
+    let results = admin
+        .create_topics(
+            &new,
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        )
+        .await
+        .map_err(|e| format!("kafka did not answer the create-topics request: {e}"))?;
+    for r in results {
+        match r {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((topic, code)) => return Err(format!("cannot create topic {topic}: {code:?}")),
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -658,37 +691,4 @@ mod tests {
         let text = err.to_string();
         assert!(!text.contains("hunter"), "{text}");
     }
-}
-
-/// Creates `topics` with `partitions` partitions where they do not exist
-/// yet (an existing topic is left as it is). For the demo and first runs
-/// against a broker that does not auto-create topics.
-pub async fn ensure_topics(
-    props: &BTreeMap<String, String>,
-    topics: &[String],
-    partitions: i32,
-) -> Result<(), String> {
-    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-    use rdkafka::client::DefaultClientContext;
-    let admin: AdminClient<DefaultClientContext> = base_config(props)
-        .create()
-        .map_err(|e| format!("cannot create a kafka admin client: {e}"))?;
-    let new: Vec<NewTopic<'_>> = topics
-        .iter()
-        .map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(1)))
-        .collect();
-    let results = admin
-        .create_topics(
-            &new,
-            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
-        )
-        .await
-        .map_err(|e| format!("kafka did not answer the create-topics request: {e}"))?;
-    for r in results {
-        match r {
-            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((topic, code)) => return Err(format!("cannot create topic {topic}: {code:?}")),
-        }
-    }
-    Ok(())
 }
