@@ -8,6 +8,7 @@
 
 pub mod inbox;
 pub mod runner;
+pub mod sql_guard;
 
 pub use inbox::{Handler, HandlerError, InboxTx, Processed, process};
 pub use runner::{Consumer, ConsumerConfig, ConsumerStats};

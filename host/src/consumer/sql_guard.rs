@@ -1,0 +1,395 @@
+//! The statement guard for SQL that consumer plugins send through their
+//! borrowed transaction. Only one SELECT, INSERT, UPDATE or DELETE with bound
+//! parameters gets through; everything that could end, escape or outlive the
+//! host's transaction is refused before it reaches the database.
+//!
+//! This is a gate, not the only wall: on Postgres the statement also runs
+//! under the plugin's configured role and a statement timeout, so the
+//! database limits what an accepted statement can touch.
+
+/// Why a statement was refused; the text goes back to the plugin.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GuardError {
+    #[error("empty statement")]
+    Empty,
+    #[error("statement is {len} bytes; the limit is {max}")]
+    TooLong { len: usize, max: usize },
+    #[error("only one statement per call; found `;` followed by more SQL")]
+    MultipleStatements,
+    #[error("`{0}` statements are not allowed; send a single SELECT, INSERT, UPDATE or DELETE")]
+    NotDml(String),
+    #[error("`{0}` is not allowed in plugin SQL: the host owns the transaction and the session")]
+    Forbidden(String),
+    #[error("unterminated {0}")]
+    Unterminated(&'static str),
+}
+
+/// Longest statement a plugin may send.
+pub const MAX_STATEMENT_BYTES: usize = 64 * 1024;
+
+/// Keywords that never appear in an allowed statement, wherever they are
+/// (unquoted). SET, DO, END and START are left out: they are also parts of
+/// UPDATE … SET, ON CONFLICT DO, CASE … END; as statements they are refused
+/// by the first-word rule.
+const FORBIDDEN_WORDS: &[&str] = &[
+    "commit",
+    "rollback",
+    "savepoint",
+    "release",
+    "begin",
+    "abort",
+    "prepare",
+    "reset",
+    "copy",
+    "vacuum",
+    "analyze",
+    "listen",
+    "notify",
+    "unlisten",
+    "lock",
+    "grant",
+    "revoke",
+    "create",
+    "alter",
+    "drop",
+    "truncate",
+    "call",
+    "execute",
+    "deallocate",
+    "discard",
+    "load",
+    "attach",
+    "detach",
+    "pragma",
+    "checkpoint",
+    "cluster",
+    "reindex",
+    "refresh",
+    "security",
+    "import",
+];
+
+/// Functions that change the session or reach outside the transaction.
+const FORBIDDEN_FUNCTION_PREFIXES: &[&str] = &[
+    "set_config",
+    "pg_advisory",
+    "pg_try_advisory",
+    "pg_terminate_backend",
+    "pg_cancel_backend",
+    "pg_reload_conf",
+    "pg_read_file",
+    "pg_read_binary_file",
+    "pg_ls_dir",
+    "pg_stat_file",
+    "pg_sleep",
+    "lo_",
+    "dblink",
+    "pg_notify",
+    "pg_logical",
+    "pg_replication",
+    "pg_create",
+    "pg_drop",
+    "pg_switch_wal",
+    "pg_promote",
+    "txid_",
+    "pg_export_snapshot",
+    "load_extension",
+    "readfile",
+    "writefile",
+];
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Token {
+    Word(String),
+    Semicolon,
+    Other,
+}
+
+/// Accepts one DML statement; returns its kind in lower case.
+pub fn check_statement(sql: &str) -> Result<&'static str, GuardError> {
+    if sql.len() > MAX_STATEMENT_BYTES {
+        return Err(GuardError::TooLong {
+            len: sql.len(),
+            max: MAX_STATEMENT_BYTES,
+        });
+    }
+    let tokens = tokenize(sql)?;
+    let mut words = Vec::new();
+    let mut seen_semicolon = false;
+    for t in &tokens {
+        match t {
+            Token::Semicolon => seen_semicolon = true,
+            _ if seen_semicolon => return Err(GuardError::MultipleStatements),
+            Token::Word(w) => words.push(w.as_str()),
+            Token::Other => {}
+        }
+    }
+    let first = *words.first().ok_or(GuardError::Empty)?;
+    let kind = match first {
+        "select" => "select",
+        "insert" => "insert",
+        "update" => "update",
+        "delete" => "delete",
+        "with" => "with",
+        other => return Err(GuardError::NotDml(other.to_uppercase())),
+    };
+    for w in &words {
+        if FORBIDDEN_WORDS.contains(w) {
+            return Err(GuardError::Forbidden(w.to_uppercase()));
+        }
+        if FORBIDDEN_FUNCTION_PREFIXES.iter().any(|p| w.starts_with(p)) {
+            return Err(GuardError::Forbidden((*w).to_string()));
+        }
+    }
+    Ok(kind)
+}
+
+/// Splits SQL into words, semicolons and the rest, skipping string
+/// literals, quoted identifiers, dollar-quoted bodies and comments, so a
+/// keyword inside a string is not mistaken for one outside it.
+fn tokenize(sql: &str) -> Result<Vec<Token>, GuardError> {
+    let b = sql.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        match c {
+            b';' => {
+                out.push(Token::Semicolon);
+                i += 1;
+            }
+            b'\'' => {
+                i = skip_quoted(b, i, b'\'').ok_or(GuardError::Unterminated("string literal"))?;
+                out.push(Token::Other);
+            }
+            b'"' | b'`' => {
+                // A quoted identifier is a name, never a keyword.
+                i = skip_quoted(b, i, c).ok_or(GuardError::Unterminated("quoted identifier"))?;
+                out.push(Token::Other);
+            }
+            b'[' => {
+                // SQLite's [identifier] quoting.
+                let end = b[i..]
+                    .iter()
+                    .position(|&x| x == b']')
+                    .ok_or(GuardError::Unterminated("bracketed identifier"))?;
+                i += end + 1;
+                out.push(Token::Other);
+            }
+            b'-' if b.get(i + 1) == Some(&b'-') => {
+                i = b[i..]
+                    .iter()
+                    .position(|&x| x == b'\n')
+                    .map(|p| i + p + 1)
+                    .unwrap_or(b.len());
+            }
+            b'/' if b.get(i + 1) == Some(&b'*') => {
+                // Postgres block comments nest.
+                let mut depth = 0usize;
+                loop {
+                    if i + 1 >= b.len() {
+                        return Err(GuardError::Unterminated("block comment"));
+                    }
+                    if b[i] == b'/' && b[i + 1] == b'*' {
+                        depth += 1;
+                        i += 2;
+                    } else if b[i] == b'*' && b[i + 1] == b'/' {
+                        depth -= 1;
+                        i += 2;
+                        if depth == 0 {
+                            break;
+                        }
+                    } else {
+                        i += 1;
+                    }
+                }
+            }
+            b'$' => {
+                // $1 parameter, or a $tag$ ... $tag$ dollar-quoted string.
+                let tag_end = b[i + 1..]
+                    .iter()
+                    .position(|&x| !(x.is_ascii_alphanumeric() || x == b'_'))
+                    .map(|p| i + 1 + p);
+                match tag_end {
+                    Some(e)
+                        if b[e] == b'$' && !b[i + 1..e].first().is_some_and(u8::is_ascii_digit) =>
+                    {
+                        let tag = &sql[i..=e];
+                        let body_start = e + 1;
+                        let close = sql[body_start..]
+                            .find(tag)
+                            .ok_or(GuardError::Unterminated("dollar-quoted string"))?;
+                        i = body_start + close + tag.len();
+                        out.push(Token::Other);
+                    }
+                    _ => {
+                        i += 1;
+                        while i < b.len() && b[i].is_ascii_digit() {
+                            i += 1;
+                        }
+                        out.push(Token::Other);
+                    }
+                }
+            }
+            c if c.is_ascii_alphabetic() || c == b'_' || c >= 0x80 => {
+                let start = i;
+                while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_' || b[i] >= 0x80)
+                {
+                    i += 1;
+                }
+                // A word directly after E or e followed by a quote is an
+                // escape string; the quote is handled on the next turn.
+                out.push(Token::Word(sql[start..i].to_ascii_lowercase()));
+            }
+            _ => {
+                if !c.is_ascii_whitespace() {
+                    out.push(Token::Other);
+                }
+                i += 1;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Index just past the closing `quote` starting at `start`; doubled quotes
+/// and (for strings) backslash escapes stay inside.
+fn skip_quoted(b: &[u8], start: usize, quote: u8) -> Option<usize> {
+    let mut i = start + 1;
+    while i < b.len() {
+        if b[i] == b'\\' && quote == b'\'' {
+            i += 2;
+            continue;
+        }
+        if b[i] == quote {
+            if b.get(i + 1) == Some(&quote) {
+                i += 2;
+                continue;
+            }
+            return Some(i + 1);
+        }
+        i += 1;
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_dml_with_parameters_passes() {
+        for (sql, kind) in [
+            (
+                "SELECT id, total FROM invoices WHERE order_id = $1",
+                "select",
+            ),
+            (
+                "insert into invoices (order_id, amount) values ($1, $2)",
+                "insert",
+            ),
+            (
+                "UPDATE accounts SET balance = balance - $1 WHERE id = $2;",
+                "update",
+            ),
+            ("DELETE FROM carts WHERE id = ?", "delete"),
+            (
+                "INSERT INTO t (k) VALUES ($1) ON CONFLICT (k) DO UPDATE SET n = t.n + 1",
+                "insert",
+            ),
+            ("SELECT CASE WHEN $1 THEN 1 ELSE 0 END", "select"),
+            ("WITH t AS (SELECT 1 AS x) SELECT x FROM t", "with"),
+            (
+                "SELECT 'commit; drop table x' AS s, \"set\" FROM t -- rollback\n",
+                "select",
+            ),
+            ("SELECT $body$ COMMIT $body$", "select"),
+            ("SELECT 1 /* nested /* comment */ with commit */", "select"),
+        ] {
+            assert_eq!(check_statement(sql), Ok(kind), "{sql}");
+        }
+    }
+
+    #[test]
+    fn transaction_control_ddl_and_session_changes_are_refused() {
+        for sql in [
+            "COMMIT",
+            "rollback",
+            "SAVEPOINT a",
+            "RELEASE SAVEPOINT a",
+            "BEGIN",
+            "SET ROLE postgres",
+            "SET LOCAL statement_timeout = 0",
+            "RESET ROLE",
+            "CREATE TABLE t (x int)",
+            "DROP TABLE invoices",
+            "ALTER TABLE invoices ADD COLUMN x int",
+            "TRUNCATE invoices",
+            "COPY invoices TO '/tmp/x'",
+            "GRANT ALL ON invoices TO public",
+            "DO $$ BEGIN PERFORM 1; END $$",
+            "CALL proc()",
+            "VACUUM",
+            "LISTEN x",
+            "PRAGMA writable_schema = 1",
+            "ATTACH DATABASE '/etc/passwd' AS p",
+            "LOCK TABLE invoices",
+            "PREPARE p AS SELECT 1",
+        ] {
+            assert!(check_statement(sql).is_err(), "{sql} must be refused");
+        }
+    }
+
+    #[test]
+    fn several_statements_and_hidden_escapes_are_refused() {
+        assert_eq!(
+            check_statement("SELECT 1; SELECT 2"),
+            Err(GuardError::MultipleStatements)
+        );
+        assert_eq!(
+            check_statement("SELECT 1; COMMIT"),
+            Err(GuardError::MultipleStatements)
+        );
+        assert_eq!(
+            check_statement("UPDATE t SET x = 1; ROLLBACK;"),
+            Err(GuardError::MultipleStatements)
+        );
+        assert!(matches!(
+            check_statement("SELECT set_config('role', 'postgres', false)"),
+            Err(GuardError::Forbidden(_))
+        ));
+        assert!(matches!(
+            check_statement("SELECT pg_advisory_lock(1)"),
+            Err(GuardError::Forbidden(_))
+        ));
+        assert!(matches!(
+            check_statement("SELECT pg_sleep(100)"),
+            Err(GuardError::Forbidden(_))
+        ));
+        assert!(matches!(
+            check_statement("SELECT pg_read_file('/etc/passwd')"),
+            Err(GuardError::Forbidden(_))
+        ));
+        assert!(matches!(
+            check_statement("WITH x AS (SELECT 1) DELETE FROM t; DROP TABLE t"),
+            Err(GuardError::MultipleStatements)
+        ));
+        assert!(matches!(
+            check_statement("SELECT 'unterminated"),
+            Err(GuardError::Unterminated(_))
+        ));
+        assert!(matches!(
+            check_statement("SELECT /* open"),
+            Err(GuardError::Unterminated(_))
+        ));
+        assert_eq!(
+            check_statement("   -- only a comment"),
+            Err(GuardError::Empty)
+        );
+        assert_eq!(check_statement(""), Err(GuardError::Empty));
+        assert!(matches!(
+            check_statement(&"x".repeat(MAX_STATEMENT_BYTES + 1)),
+            Err(GuardError::TooLong { .. })
+        ));
+    }
+}
