@@ -186,8 +186,16 @@ pub async fn spawn_pipeline(
                     &config.transport.kafka,
                     KafkaConsumerConfig::new(c.name.clone(), c.topics.clone()),
                 )?;
+                let dlq = Arc::new(KafkaPublisher::new(
+                    &config.transport.kafka,
+                    Duration::from_secs(10),
+                )?);
                 let mut consumer = billing_consumer(db, source, consumer_cfg, &faults)
-                    .with_metrics(consumer_metrics);
+                    .with_metrics(consumer_metrics)
+                    .with_dead_letter_topic(Arc::new(move |m| {
+                        let dlq = dlq.clone();
+                        Box::pin(async move { dlq.publish(m).await })
+                    }));
                 handles
                     .consumer_stats
                     .push((c.name.clone(), consumer.stats()));

@@ -1,7 +1,7 @@
 //! The consumer loop: fetch, handle each partition's messages in order
 //! (partitions in parallel), commit offsets past handled messages only.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -9,6 +9,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use tokio::sync::watch;
 
+use super::dead_letter::{self, DeadLetterTopic};
 use super::inbox::{Handler, HandlerError, Processed, process};
 use crate::broker::{ConsumeError, Delivery, MessageSource, headers};
 use crate::fault::{FaultPoint, Faults, InjectedFault};
@@ -25,6 +26,11 @@ pub struct ConsumerConfig {
     pub poll_interval: Duration,
     /// Pause before redelivering after a failed handler.
     pub retry_delay: Duration,
+    /// After this many failed attempts a message is dead-lettered.
+    pub max_attempts: u32,
+    /// Which handler runs, for dead-letter records: `builtin:NAME` or
+    /// `plugin NAME@VERSION`.
+    pub handler_id: String,
 }
 
 impl Default for ConsumerConfig {
@@ -34,6 +40,8 @@ impl Default for ConsumerConfig {
             fetch_max: 100,
             poll_interval: Duration::from_millis(100),
             retry_delay: Duration::from_millis(500),
+            max_attempts: 5,
+            handler_id: "builtin".into(),
         }
     }
 }
@@ -44,6 +52,7 @@ pub struct ConsumerStats {
     pub handled: AtomicU64,
     pub duplicates: AtomicU64,
     pub failed: AtomicU64,
+    pub dead_lettered: AtomicU64,
     /// Milliseconds from `created-at` to the effect's commit, per message.
     pub latencies_ms: std::sync::Mutex<Vec<f64>>,
 }
@@ -64,6 +73,9 @@ pub struct Consumer<S, H> {
     stats: Arc<ConsumerStats>,
     faults: Faults,
     metrics: Option<Arc<crate::metrics::ConsumerMetrics>>,
+    /// Failed attempts per message not yet handled or dead-lettered.
+    attempts: std::sync::Mutex<HashMap<(String, i32, i64), u32>>,
+    dlq_topic: Option<DeadLetterTopic>,
 }
 
 impl<S: MessageSource, H: Handler> Consumer<S, H> {
@@ -76,7 +88,15 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
             stats: Arc::default(),
             faults: Faults::none(),
             metrics: None,
+            attempts: std::sync::Mutex::default(),
+            dlq_topic: None,
         }
+    }
+
+    /// Also publish dead letters to `<topic>.dlq` (Kafka).
+    pub fn with_dead_letter_topic(mut self, dlq: DeadLetterTopic) -> Self {
+        self.dlq_topic = Some(dlq);
+        self
     }
 
     pub fn with_metrics(mut self, metrics: Arc<crate::metrics::ConsumerMetrics>) -> Self {
@@ -155,29 +175,81 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
                         m.duplicates.fetch_add(1, Ordering::Relaxed);
                     }
                 }
-                Err(HandlerError::Permanent(reason)) => {
-                    // Until dead-letter records exist, a permanent failure is
-                    // logged and retried like any other: never acknowledged.
+                Err(err) => {
                     self.stats.failed.fetch_add(1, Ordering::Relaxed);
                     if let Some(m) = &self.metrics {
                         m.failed.fetch_add(1, Ordering::Relaxed);
                     }
-                    tracing::error!(topic = %d.topic, partition = d.partition, offset = d.offset, %reason, "handler failed permanently; will retry");
-                    return (last_ok, count, true);
-                }
-                Err(HandlerError::Retryable(reason)) => {
-                    self.stats.failed.fetch_add(1, Ordering::Relaxed);
-                    if let Some(m) = &self.metrics {
-                        m.failed.fetch_add(1, Ordering::Relaxed);
+                    if !self.give_up(&d, &err).await {
+                        tracing::warn!(topic = %d.topic, partition = d.partition, offset = d.offset, error = %err, "handler failed; will redeliver");
+                        return (last_ok, count, true);
                     }
-                    tracing::warn!(topic = %d.topic, partition = d.partition, offset = d.offset, %reason, "handler failed; will retry");
-                    return (last_ok, count, true);
                 }
             }
+            self.forget_attempts(&d);
             count += 1;
             last_ok = Some(d);
         }
         (last_ok, count, false)
+    }
+
+    /// Counts a failed attempt; when the failure is permanent or attempts
+    /// are exhausted, dead-letters the message and returns true, so the
+    /// partition moves on. If the record cannot be written, the message
+    /// stays (false): it is never dropped.
+    async fn give_up(&self, d: &Delivery, err: &HandlerError) -> bool {
+        let key = (d.topic.clone(), d.partition, d.offset);
+        let attempts = match self.attempts.lock() {
+            Ok(mut map) => {
+                // Bounded: only messages currently failing are tracked.
+                if map.len() > 100_000 {
+                    map.clear();
+                }
+                let n = map.entry(key).or_insert(0);
+                *n += 1;
+                *n
+            }
+            Err(_) => 1,
+        };
+        let permanent = matches!(err, HandlerError::Permanent(_));
+        if !permanent && attempts < self.config.max_attempts {
+            return false;
+        }
+        let reason = err.to_string();
+        let handler = self.config.handler_id.as_str();
+        if let Some(dlq) = &self.dlq_topic
+            && let Err(e) = dlq(dead_letter::dlq_message(
+                &self.config.name,
+                d,
+                &reason,
+                handler,
+                attempts,
+            ))
+            .await
+        {
+            tracing::error!(error = %e, topic = %d.topic, "cannot publish to the dead-letter topic; will retry");
+            return false;
+        }
+        if let Err(e) =
+            dead_letter::record(&self.db, &self.config.name, d, &reason, handler, attempts).await
+        {
+            tracing::error!(error = %e, topic = %d.topic, "cannot write the dead-letter record; will retry");
+            return false;
+        }
+        tracing::error!(topic = %d.topic, partition = d.partition, offset = d.offset, attempts, error = %reason, "message dead-lettered; the partition moves on");
+        self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+        if let Some(m) = &self.metrics {
+            m.dead_lettered.fetch_add(1, Ordering::Relaxed);
+        }
+        true
+    }
+
+    fn forget_attempts(&self, d: &Delivery) {
+        if let Ok(mut map) = self.attempts.lock()
+            && !map.is_empty()
+        {
+            map.remove(&(d.topic.clone(), d.partition, d.offset));
+        }
     }
 
     fn record_latency(&self, d: &Delivery) -> Option<f64> {

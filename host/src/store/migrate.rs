@@ -31,6 +31,11 @@ const POSTGRES: &[Migration] = &[
         name: "operations",
         sql: include_str!("../../../migrations/postgres/0003_operations.sql"),
     },
+    Migration {
+        version: 4,
+        name: "consumer_dead_letters",
+        sql: include_str!("../../../migrations/postgres/0004_consumer_dead_letters.sql"),
+    },
 ];
 
 const SQLITE: &[Migration] = &[
@@ -48,6 +53,11 @@ const SQLITE: &[Migration] = &[
         version: 3,
         name: "operations",
         sql: include_str!("../../../migrations/sqlite/0003_operations.sql"),
+    },
+    Migration {
+        version: 4,
+        name: "consumer_dead_letters",
+        sql: include_str!("../../../migrations/sqlite/0004_consumer_dead_letters.sql"),
     },
 ];
 
