@@ -177,6 +177,19 @@ pub struct ConsumerSection {
     pub topics: Vec<String>,
     /// `builtin:billing` for now.
     pub handler: String,
+    /// Messages of one partition per transaction, each in a savepoint.
+    #[serde(default = "one")]
+    pub batch_in_transaction: usize,
+    /// Failed attempts before a message is dead-lettered.
+    #[serde(default = "five")]
+    pub max_attempts: u32,
+}
+
+fn one() -> usize {
+    1
+}
+fn five() -> u32 {
+    5
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -414,6 +427,18 @@ impl Config {
                         "unknown handler `{}`; available: builtin:billing",
                         c.handler
                     ),
+                );
+            }
+            if c.batch_in_transaction == 0 || c.batch_in_transaction > 10_000 {
+                return bad(
+                    &format!("consumers[{i}].batch_in_transaction"),
+                    "use 1 to 10000".into(),
+                );
+            }
+            if c.max_attempts == 0 {
+                return bad(
+                    &format!("consumers[{i}].max_attempts"),
+                    "must be at least 1".into(),
                 );
             }
             if c.topics.is_empty() {

@@ -112,6 +112,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         name: consumer,
         topics: vec![topic],
         handler: "builtin:billing".into(),
+        batch_in_transaction: 1,
+        max_attempts: 5,
     }];
     let (stop_tx, stop_rx) = watch::channel(false);
     let (set, handles) =

@@ -122,3 +122,57 @@ async fn poison_and_exhausted_messages_are_dead_lettered_and_the_partition_moves
     assert_eq!(consumer.step().await.expect("step").0, 0);
 }
 on_both!(poison_and_exhausted_messages_are_dead_lettered_and_the_partition_moves_on);
+
+/// Batched processing (savepoint per message): the same outcome as one
+/// transaction per message, and a failing message rolls back only itself.
+async fn batched_savepoints_roll_back_only_the_failing_message(t: TestDb) {
+    let p = EmbeddedPublisher::new(t.db.clone(), 1);
+    for payload in ["ok-1", "ok-2", "poison", "ok-3", "flaky", "ok-4"] {
+        p.publish(msg(payload, true)).await.expect("publish");
+    }
+    // A duplicate of ok-1 (same message id) is published again.
+    let first = t
+        .count("SELECT min(\"offset\") FROM transport_messages")
+        .await;
+    let dup_sql = format!(
+        "INSERT INTO transport_messages (topic, partition, message_key, payload, headers, message_id)
+         SELECT topic, partition, message_key, payload, headers, message_id FROM transport_messages WHERE \"offset\" = {first}"
+    );
+    t.exec(&dup_sql).await;
+    let source = EmbeddedConsumer::new(
+        t.db.clone(),
+        EmbeddedConsumerConfig {
+            group: "billing".into(),
+            topics: vec!["orders".into()],
+            partitions: 1,
+            lease: Duration::from_secs(15),
+        },
+    );
+    let handler = Arc::new(Picky::default());
+    let config = ConsumerConfig {
+        name: "billing".into(),
+        max_attempts: 2,
+        batch_in_transaction: 50,
+        ..ConsumerConfig::default()
+    };
+    let mut consumer = Consumer::new(t.db.clone(), source, handler.clone(), config);
+    let stats = consumer.stats();
+    for _ in 0..10 {
+        consumer.step().await.expect("step");
+        if stats.handled.load(Ordering::SeqCst) == 4 && stats.duplicates.load(Ordering::SeqCst) == 1
+        {
+            break;
+        }
+    }
+    assert_eq!(stats.handled.load(Ordering::SeqCst), 4);
+    assert_eq!(stats.duplicates.load(Ordering::SeqCst), 1);
+    assert_eq!(stats.dead_lettered.load(Ordering::SeqCst), 2);
+    assert_eq!(handler.flaky_calls.load(Ordering::SeqCst), 2);
+    assert_eq!(
+        t.count("SELECT count(*) FROM inbox").await,
+        4,
+        "no mark for failed messages"
+    );
+    assert_eq!(consumer.step().await.expect("step").0, 0, "all committed");
+}
+on_both!(batched_savepoints_roll_back_only_the_failing_message);

@@ -95,3 +95,78 @@ async fn rollback(tx: InboxTx) -> Result<(), sqlx::Error> {
         InboxTx::Sqlite(t) => t.rollback().await,
     }
 }
+
+async fn exec(tx: &mut InboxTx, sql: &str) -> Result<(), sqlx::Error> {
+    match tx {
+        InboxTx::Postgres(t) => sqlx::query(sql).execute(&mut **t).await.map(|_| ()),
+        InboxTx::Sqlite(t) => sqlx::query(sql).execute(&mut **t).await.map(|_| ()),
+    }
+}
+
+/// Handles several messages of one partition in one transaction, each in
+/// its own savepoint, so commit latency is paid once per batch.
+///
+/// Messages are handled in order until the first failure: the failed
+/// message rolls back to its savepoint (its inbox mark and writes vanish),
+/// the messages after it are not attempted (they must wait, in order), and
+/// everything before it commits. The result has one entry per attempted
+/// message; the offset may advance past the successful prefix only.
+pub async fn process_batch<H: Handler>(
+    db: &Db,
+    consumer: &str,
+    deliveries: &[Delivery],
+    handler: &H,
+) -> Result<Vec<Result<Processed, HandlerError>>, sqlx::Error> {
+    let mut tx = match db {
+        Db::Postgres(p) => InboxTx::Postgres(p.begin().await?),
+        Db::Sqlite(p) => InboxTx::Sqlite(p.begin().await?),
+    };
+    let mut results = Vec::with_capacity(deliveries.len());
+    for d in deliveries {
+        let message_id = match d.message_id() {
+            Ok(id) => id,
+            Err(reason) => {
+                results.push(Err(HandlerError::Permanent(reason)));
+                break;
+            }
+        };
+        exec(&mut tx, "SAVEPOINT outboxd_msg").await?;
+        let sql = "INSERT INTO inbox (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING";
+        let inserted = match &mut tx {
+            InboxTx::Postgres(t) => sqlx::query(sql)
+                .bind(consumer)
+                .bind(message_id)
+                .execute(&mut **t)
+                .await?
+                .rows_affected(),
+            InboxTx::Sqlite(t) => sqlx::query(sql)
+                .bind(consumer)
+                .bind(message_id.to_string())
+                .execute(&mut **t)
+                .await?
+                .rows_affected(),
+        };
+        if inserted == 0 {
+            exec(&mut tx, "RELEASE SAVEPOINT outboxd_msg").await?;
+            results.push(Ok(Processed::Duplicate));
+            continue;
+        }
+        match handler.handle(&mut tx, d).await {
+            Ok(()) => {
+                exec(&mut tx, "RELEASE SAVEPOINT outboxd_msg").await?;
+                results.push(Ok(Processed::Handled));
+            }
+            Err(e) => {
+                exec(&mut tx, "ROLLBACK TO SAVEPOINT outboxd_msg").await?;
+                exec(&mut tx, "RELEASE SAVEPOINT outboxd_msg").await?;
+                results.push(Err(e));
+                break;
+            }
+        }
+    }
+    match tx {
+        InboxTx::Postgres(t) => t.commit().await?,
+        InboxTx::Sqlite(t) => t.commit().await?,
+    }
+    Ok(results)
+}

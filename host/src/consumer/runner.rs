@@ -31,6 +31,9 @@ pub struct ConsumerConfig {
     /// Which handler runs, for dead-letter records: `builtin:NAME` or
     /// `plugin NAME@VERSION`.
     pub handler_id: String,
+    /// Handle up to this many messages of a partition in one transaction,
+    /// each in its own savepoint (1 = one transaction per message).
+    pub batch_in_transaction: usize,
 }
 
 impl Default for ConsumerConfig {
@@ -42,6 +45,7 @@ impl Default for ConsumerConfig {
             retry_delay: Duration::from_millis(500),
             max_attempts: 5,
             handler_id: "builtin".into(),
+            batch_in_transaction: 1,
         }
     }
 }
@@ -155,6 +159,9 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
     /// Handles one partition's messages in order; stops at the first failure
     /// so nothing after it is committed.
     async fn handle_partition(&self, msgs: Vec<Delivery>) -> (Option<Delivery>, usize, bool) {
+        if self.config.batch_in_transaction > 1 {
+            return self.handle_partition_batched(msgs).await;
+        }
         let mut last_ok = None;
         let mut count = 0;
         for d in msgs {
@@ -189,6 +196,71 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
             self.forget_attempts(&d);
             count += 1;
             last_ok = Some(d);
+        }
+        (last_ok, count, false)
+    }
+
+    /// The batched variant: savepoint per message, one commit per chunk.
+    async fn handle_partition_batched(
+        &self,
+        msgs: Vec<Delivery>,
+    ) -> (Option<Delivery>, usize, bool) {
+        let mut last_ok = None;
+        let mut count = 0;
+        let mut start = 0;
+        while start < msgs.len() {
+            let end = (start + self.config.batch_in_transaction).min(msgs.len());
+            let chunk = &msgs[start..end];
+            let results = match super::inbox::process_batch(
+                &self.db,
+                &self.config.name,
+                chunk,
+                self.handler.as_ref(),
+            )
+            .await
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(error = %e, "batch transaction failed; will redeliver");
+                    return (last_ok, count, true);
+                }
+            };
+            // Every result is settled below (handled, duplicate, or dead-
+            // lettered) unless we return; the next chunk starts after them.
+            let settled = results.len();
+            for (d, r) in chunk.iter().zip(results) {
+                match r {
+                    Ok(Processed::Handled) => {
+                        self.stats.handled.fetch_add(1, Ordering::Relaxed);
+                        let lag = self.record_latency(d);
+                        if let Some(m) = &self.metrics {
+                            m.processed.fetch_add(1, Ordering::Relaxed);
+                            if let Some(ms) = lag {
+                                m.lag.observe(ms / 1000.0);
+                            }
+                        }
+                    }
+                    Ok(Processed::Duplicate) => {
+                        self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
+                        if let Some(m) = &self.metrics {
+                            m.duplicates.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    Err(err) => {
+                        self.stats.failed.fetch_add(1, Ordering::Relaxed);
+                        if let Some(m) = &self.metrics {
+                            m.failed.fetch_add(1, Ordering::Relaxed);
+                        }
+                        if !self.give_up(d, &err).await {
+                            return (last_ok, count, true);
+                        }
+                    }
+                }
+                self.forget_attempts(d);
+                count += 1;
+                last_ok = Some(d.clone());
+            }
+            start += settled.max(1);
         }
         (last_ok, count, false)
     }
