@@ -67,6 +67,9 @@ if [ -x tests/tansu.sh ] && [ -z "${OUTBOXD_TEST_KAFKA:-}" ]; then
   log "Kafka-compatible broker for tests: $OUTBOXD_TEST_KAFKA"
 fi
 
+log "building the Wasm plugins (plugins/build.sh)"
+bash plugins/build.sh >/dev/null
+
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --no-fail-fast "$@"
 else

@@ -15,7 +15,7 @@ use crate::consumer::{Consumer, ConsumerConfig, ConsumerStats};
 use crate::domain::billing::{self, BillingHandler};
 use crate::fault::Faults;
 use crate::relay::worker::{self, WorkerConfig};
-use crate::relay::{Relay, Router};
+use crate::relay::{Chains, Relay, Router, build_chains};
 use crate::store::postgres::{PgStore, listen_for_events};
 use crate::store::sqlite::SqliteStore;
 use crate::store::{Db, OutboxStore, migrate};
@@ -34,6 +34,8 @@ pub enum DaemonError {
     Database(#[from] sqlx::Error),
     #[error("{0}")]
     Unsupported(String),
+    #[error("{0}")]
+    Plugin(String),
     #[error("a worker stopped: {0}")]
     Worker(String),
 }
@@ -92,6 +94,7 @@ pub async fn spawn_pipeline(
         db.clone(),
         config.transport.partitions,
     ));
+    let chains = load_chains(config)?;
     match db {
         Db::Postgres(pool) => {
             let wake = listen_for_events(pool).await.ok();
@@ -102,6 +105,7 @@ pub async fn spawn_pipeline(
                 publisher,
                 wake,
                 faults.clone(),
+                &chains,
                 shutdown.clone(),
             );
         }
@@ -115,6 +119,7 @@ pub async fn spawn_pipeline(
                 publisher,
                 None,
                 faults.clone(),
+                &chains,
                 shutdown.clone(),
             );
         }
@@ -153,6 +158,17 @@ pub async fn spawn_pipeline(
     Ok((set, handles))
 }
 
+/// Loads the transformer plugins the routes name; none loaded means no
+/// engine is created at all.
+fn load_chains(config: &Config) -> Result<Chains, DaemonError> {
+    if config.routes.iter().all(|r| r.transformers.is_empty()) {
+        return Ok(Chains::default());
+    }
+    let engine = crate::plugin::PluginEngine::new(config.plugin_engine_config())
+        .map_err(|e| DaemonError::Plugin(e.to_string()))?;
+    build_chains(&engine, &config.plugins, &config.routes).map_err(DaemonError::Plugin)
+}
+
 fn spawn_relays<S: OutboxStore, P: Publisher + Clone>(
     set: &mut JoinSet<Result<(), String>>,
     config: &Config,
@@ -160,9 +176,11 @@ fn spawn_relays<S: OutboxStore, P: Publisher + Clone>(
     publisher: P,
     wake: Option<watch::Receiver<u64>>,
     faults: Faults,
+    chains: &Chains,
     shutdown: watch::Receiver<bool>,
 ) {
     let router = Router::new(config.routes.clone());
+    let chains = chains.clone();
     let worker_cfg = WorkerConfig {
         poll_interval: Duration::from_millis(config.relay.poll_interval_ms),
         ..WorkerConfig::default()
@@ -175,7 +193,8 @@ fn spawn_relays<S: OutboxStore, P: Publisher + Clone>(
             config.relay_config(),
             Arc::new(SystemClock),
         )
-        .with_faults(faults.clone());
+        .with_faults(faults.clone())
+        .with_chains(chains.clone());
         let wake = wake.clone();
         let shutdown = shutdown.clone();
         let worker_cfg = worker_cfg.clone();

@@ -11,6 +11,8 @@
 //!   traits and the embedded SQL transport.
 //! - [`consumer`]: the inbox, which makes a redelivered message a no-op, and
 //!   the consumer loop.
+//! - [`plugin`]: the Wasm plugin host (transformers in the relay), the only
+//!   module that touches wasmtime.
 //! - [`domain`]: the example order service and billing handler.
 //! - [`config`], [`cli`], [`demo`]: the daemon around all of it.
 //! - [`fault`], [`clock`]: seams that let tests crash and time-travel it.
@@ -25,6 +27,7 @@ pub mod demo;
 pub mod domain;
 pub mod event;
 pub mod fault;
+pub mod plugin;
 pub mod relay;
 pub mod store;
 

@@ -9,6 +9,7 @@ mod embedded;
 mod idempotency;
 mod matrix;
 mod ordering;
+mod plugins;
 mod process;
 mod seed;
 mod timing;

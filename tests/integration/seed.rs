@@ -149,7 +149,10 @@ async fn sqlite_raw_insert_contract_is_relayed() {
     t.exec("INSERT INTO outbox (aggregate_id, event_type, payload, headers) VALUES ('order-42', 'order.confirmed', '{\"order_id\":\"order-42\"}', '{}')").await;
     let broker = ScriptedPublisher::new();
     let relay = t.relay(broker.clone());
-    assert!(matches!(relay.step().await.expect("step"), StepOutcome::Published(_)));
+    assert!(matches!(
+        relay.step().await.expect("step"),
+        StepOutcome::Published(_)
+    ));
     let sent = broker.sent();
     assert_eq!(sent.len(), 1);
     assert_eq!(sent[0].message_id.get_version_num(), 4);

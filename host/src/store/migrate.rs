@@ -26,6 +26,11 @@ const POSTGRES: &[Migration] = &[
         name: "embedded_transport",
         sql: include_str!("../../../migrations/postgres/0002_embedded_transport.sql"),
     },
+    Migration {
+        version: 3,
+        name: "plugins",
+        sql: include_str!("../../../migrations/postgres/0003_plugins.sql"),
+    },
 ];
 
 const SQLITE: &[Migration] = &[
@@ -38,6 +43,11 @@ const SQLITE: &[Migration] = &[
         version: 2,
         name: "embedded_transport",
         sql: include_str!("../../../migrations/sqlite/0002_embedded_transport.sql"),
+    },
+    Migration {
+        version: 3,
+        name: "plugins",
+        sql: include_str!("../../../migrations/sqlite/0003_plugins.sql"),
     },
 ];
 
