@@ -20,7 +20,11 @@ if [[ "${PLUGINS_SKIP_PYTHON:-0}" != 1 ]]; then
     echo "plugins/build.sh: componentize-py is missing; run: pip install componentize-py==0.25.1" >&2
     exit 1
   fi
-  (cd python-tag && componentize-py -d ../../wit -w transformer componentize app -o "$dist/python-tag.wasm.tmp" >/dev/null \
-    && mv "$dist/python-tag.wasm.tmp" "$dist/python-tag.wasm")
+  # componentize-py takes ~25 s: rebuild only when the source or WIT changed.
+  out="$dist/python-tag.wasm"
+  if [[ ! -f "$out" || python-tag/app.py -nt "$out" || ../wit/outbox-plugin.wit -nt "$out" ]]; then
+    (cd python-tag && componentize-py -d ../../wit -w transformer componentize app -o "$out.tmp" >/dev/null)
+    mv "$out.tmp" "$out"
+  fi
 fi
 ls -l "$dist"

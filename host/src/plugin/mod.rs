@@ -18,6 +18,7 @@ pub mod cache;
 pub mod chain;
 pub mod engine;
 pub mod error;
+pub mod harness;
 pub mod host;
 pub mod limits;
 pub mod log;

@@ -58,8 +58,8 @@ impl Validation {
 
 fn verdict(import: &str) -> Verdict {
     let (name, _version) = import.split_once('@').unwrap_or((import, ""));
-    if import.starts_with("outbox:plugin/config@") {
-        return if import == "outbox:plugin/config@0.1.0" {
+    if import.starts_with("outbox:plugin/") {
+        return if import == "outbox:plugin/config@0.1.0" || import == "outbox:plugin/types@0.1.0" {
             Verdict::Allowed
         } else {
             Verdict::Missing
