@@ -94,7 +94,10 @@ pub async fn spawn_pipeline(
         db.clone(),
         config.transport.partitions,
     ));
-    let chains = load_chains(config)?;
+    let parts = RelayParts {
+        faults: faults.clone(),
+        chains: load_chains(config)?,
+    };
     match db {
         Db::Postgres(pool) => {
             let wake = listen_for_events(pool).await.ok();
@@ -104,8 +107,7 @@ pub async fn spawn_pipeline(
                 PgStore::new(pool.clone()),
                 publisher,
                 wake,
-                faults.clone(),
-                &chains,
+                &parts,
                 shutdown.clone(),
             );
         }
@@ -118,8 +120,7 @@ pub async fn spawn_pipeline(
                 store,
                 publisher,
                 None,
-                faults.clone(),
-                &chains,
+                &parts,
                 shutdown.clone(),
             );
         }
@@ -158,6 +159,12 @@ pub async fn spawn_pipeline(
     Ok((set, handles))
 }
 
+/// What every relay task of the process shares besides store and publisher.
+struct RelayParts {
+    faults: Faults,
+    chains: Chains,
+}
+
 /// Loads the transformer plugins the routes name; none loaded means no
 /// engine is created at all.
 fn load_chains(config: &Config) -> Result<Chains, DaemonError> {
@@ -175,10 +182,10 @@ fn spawn_relays<S: OutboxStore, P: Publisher + Clone>(
     store: S,
     publisher: P,
     wake: Option<watch::Receiver<u64>>,
-    faults: Faults,
-    chains: &Chains,
+    parts: &RelayParts,
     shutdown: watch::Receiver<bool>,
 ) {
+    let RelayParts { faults, chains } = parts;
     let router = Router::new(config.routes.clone());
     let chains = chains.clone();
     let worker_cfg = WorkerConfig {

@@ -242,12 +242,11 @@ impl TransformerPlugin {
                 return Err(classify(e, hit, &self.limits));
             }
         };
-        if self.limits.reuse_instances {
-            if let Ok(mut idle) = self.idle.lock() {
-                if idle.len() < MAX_IDLE {
-                    idle.push(slot);
-                }
-            }
+        if self.limits.reuse_instances
+            && let Ok(mut idle) = self.idle.lock()
+            && idle.len() < MAX_IDLE
+        {
+            idle.push(slot);
         }
         outcome
     }
