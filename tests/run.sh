@@ -71,6 +71,8 @@ log "alert rules (promtool)"
 bash tests/alerts/check.sh
 log "dashboard in headless Chromium"
 bash tests/dashboard/run.sh
+log "building the Wasm plugins (plugins/build.sh)"
+bash plugins/build.sh >/dev/null
 
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --no-fail-fast "$@"

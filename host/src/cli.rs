@@ -83,6 +83,9 @@ enum Command {
     },
     /// Run the whole pipeline on a fresh SQLite file and print a summary.
     Demo(crate::demo::DemoArgs),
+    /// Work with Wasm plugins without a database or a broker.
+    #[command(subcommand)]
+    Plugin(PluginCommand),
     /// Apply retention now: delete old published rows and inbox entries in
     /// small batches (dead rows are never deleted).
     Cleanup,
@@ -141,6 +144,36 @@ enum DeadCommand {
         seq: i64,
         #[arg(long)]
         reason: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum PluginCommand {
+    /// Run a transformer component on a sample event and print its outputs
+    /// (or its error).
+    Test {
+        /// The component (.wasm).
+        wasm: PathBuf,
+        /// A JSON file: {"event_type": ..., "payload": ..., "headers": {...}}.
+        #[arg(long, value_name = "FILE")]
+        event: PathBuf,
+        /// A plugin setting as KEY=VALUE (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        settings: Vec<String>,
+        /// The call deadline.
+        #[arg(long, default_value_t = 50)]
+        timeout_ms: u64,
+        /// The memory cap.
+        #[arg(long, default_value_t = 64)]
+        memory_mib: u64,
+    },
+    /// Check that a file is a component, which world it implements, its WIT
+    /// version, and that its imports are allowed.
+    Validate {
+        wasm: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -227,6 +260,10 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             LogFormat::Human
         });
         return crate::demo::run(args.clone()).await;
+    }
+    if let Command::Plugin(cmd) = &cli.command {
+        init_logging(LogFormat::Human);
+        return plugin_command(cmd).await;
     }
     let config = load_config(&cli)?;
     init_logging(config.log.format);
@@ -341,7 +378,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Demo(_) | Command::Bench(_) => unreachable!("handled above"),
+        Command::Demo(_) | Command::Bench(_) | Command::Plugin(_) => unreachable!("handled above"),
         Command::Cleanup => {
             let db = connect(&config).await?;
             let report =
@@ -369,6 +406,104 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             })
         }
         Command::Dead(cmd) => dead_command(&config, cmd).await,
+    }
+}
+
+async fn plugin_command(cmd: &PluginCommand) -> anyhow::Result<ExitCode> {
+    use crate::plugin::{EngineConfig, Limits, PluginEngine, harness, validate};
+    let engine = PluginEngine::new(EngineConfig::default())?;
+    match cmd {
+        PluginCommand::Test {
+            wasm,
+            event,
+            settings,
+            timeout_ms,
+            memory_mib,
+        } => {
+            let text = std::fs::read_to_string(event)
+                .with_context(|| format!("cannot read --event {}", event.display()))?;
+            let sample = harness::SampleEvent::parse(&event.display().to_string(), &text)
+                .map_err(anyhow::Error::msg)?;
+            let mut config = std::collections::BTreeMap::new();
+            for kv in settings {
+                let (k, v) = kv
+                    .split_once('=')
+                    .with_context(|| format!("--set `{kv}` must look like KEY=VALUE"))?;
+                config.insert(k.to_string(), v.to_string());
+            }
+            let limits = Limits {
+                timeout_ms: *timeout_ms,
+                memory_mib: *memory_mib,
+                ..Limits::default()
+            };
+            match harness::run_once(&engine, wasm, &sample, limits, config).await {
+                Ok(messages) if messages.is_empty() => {
+                    println!("filtered: the plugin returned no messages");
+                    Ok(ExitCode::SUCCESS)
+                }
+                Ok(messages) => {
+                    for (i, m) in messages.iter().enumerate() {
+                        let payload = String::from_utf8_lossy(&m.payload);
+                        let pretty = serde_json::from_slice::<serde_json::Value>(&m.payload)
+                            .and_then(|v| serde_json::to_string_pretty(&v))
+                            .unwrap_or_else(|_| payload.into_owned());
+                        println!("message {i}:");
+                        println!(
+                            "  topic:   {}",
+                            m.topic.as_deref().unwrap_or("(the route's topic)")
+                        );
+                        println!("  key:     {}", String::from_utf8_lossy(&m.key));
+                        for (k, v) in &m.headers {
+                            println!("  header:  {k}: {v}");
+                        }
+                        println!("  payload: {}", pretty.replace('\n', "\n           "));
+                    }
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(e) => {
+                    println!("error ({}): {e}", e.kind().name());
+                    Ok(ExitCode::FAILURE)
+                }
+            }
+        }
+        PluginCommand::Validate { wasm, json } => {
+            let bytes =
+                std::fs::read(wasm).with_context(|| format!("cannot read {}", wasm.display()))?;
+            let v = validate::validate(&engine, &bytes)?;
+            if *json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                println!("file:        {} (a component)", wasm.display());
+                println!("world:       {}", v.world.unwrap_or("(none recognised)"));
+                println!(
+                    "wit version: {}",
+                    v.wit_version.as_deref().unwrap_or(
+                        "(no outbox:plugin import; the export type-checks against 0.1.0 if no problem is listed)"
+                    )
+                );
+                println!("imports:");
+                for (name, verdict) in &v.imports {
+                    let verdict = match verdict {
+                        validate::Verdict::Allowed => "allowed".to_string(),
+                        validate::Verdict::Denied(why) => format!("linked, denied: {why}"),
+                        validate::Verdict::Missing => "NOT PROVIDED".to_string(),
+                    };
+                    println!("  {name:<45} {verdict}");
+                }
+                if v.is_ok() {
+                    println!("ok: runs in this outboxd ({})", validate::WIT_PACKAGE);
+                } else {
+                    for p in &v.problems {
+                        println!("problem: {p}");
+                    }
+                }
+            }
+            Ok(if v.is_ok() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
     }
 }
 

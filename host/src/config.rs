@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::plugin::PluginSpec;
 use crate::relay::{Backoff, Route};
 use crate::store::DbKind;
 
@@ -19,9 +20,14 @@ pub struct Config {
     pub transport: TransportConfig,
     #[serde(default)]
     pub relay: RelaySection,
-    /// Event type pattern → topic; the first match wins.
+    /// Event type pattern → transformer chain → topic; the first match wins.
     #[serde(default)]
     pub routes: Vec<Route>,
+    /// Transformer plugins that routes may name.
+    #[serde(default)]
+    pub plugins: Vec<PluginSpec>,
+    #[serde(default)]
+    pub plugin_runtime: PluginRuntimeSection,
     #[serde(default)]
     pub consumers: Vec<ConsumerSection>,
     #[serde(default)]
@@ -190,6 +196,19 @@ fn one() -> usize {
 }
 fn five() -> u32 {
     5
+}
+
+/// Engine-wide plugin settings.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct PluginRuntimeSection {
+    /// Where compiled components are cached (by sha256); unset compiles at
+    /// every start.
+    #[serde(default)]
+    pub cache_dir: Option<std::path::PathBuf>,
+    /// Use wasmtime's pooling instance allocator.
+    #[serde(default)]
+    pub pooling: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -419,6 +438,52 @@ impl Config {
                 );
             }
         }
+        for (i, p) in self.plugins.iter().enumerate() {
+            if p.name.is_empty() {
+                return bad(&format!("plugins[{i}].name"), "must not be empty".into());
+            }
+            if self.plugins[..i].iter().any(|q| q.name == p.name) {
+                return bad(
+                    &format!("plugins[{i}].name"),
+                    format!("`{}` is used by an earlier [[plugins]] entry", p.name),
+                );
+            }
+            let l = p.limits;
+            if l.timeout_ms == 0 || l.timeout_ms > 60_000 {
+                return bad(
+                    &format!("plugins[{i}].limits.timeout_ms"),
+                    format!(
+                        "{} is out of range; use 1 to 60000 (default 50)",
+                        l.timeout_ms
+                    ),
+                );
+            }
+            if l.memory_mib == 0 || l.memory_mib > 4096 {
+                return bad(
+                    &format!("plugins[{i}].limits.memory_mib"),
+                    format!(
+                        "{} is out of range; use 1 to 4096 (default 64)",
+                        l.memory_mib
+                    ),
+                );
+            }
+            if l.max_outputs == 0 || l.max_output_bytes == 0 {
+                return bad(
+                    &format!("plugins[{i}].limits"),
+                    "max_outputs and max_output_bytes must be at least 1".into(),
+                );
+            }
+        }
+        for (ri, r) in self.routes.iter().enumerate() {
+            for (ti, t) in r.transformers.iter().enumerate() {
+                if !self.plugins.iter().any(|p| p.name == *t) {
+                    return bad(
+                        &format!("routes[{ri}].transformers[{ti}]"),
+                        format!("no [[plugins]] entry is named `{t}`"),
+                    );
+                }
+            }
+        }
         for (i, c) in self.consumers.iter().enumerate() {
             if c.handler != "builtin:billing" {
                 return bad(
@@ -457,6 +522,13 @@ impl Config {
             backoff: self.relay.backoff,
             max_attempts: self.relay.max_attempts,
             publish_timeout: Duration::from_millis(self.relay.publish_timeout_ms),
+        }
+    }
+
+    pub fn plugin_engine_config(&self) -> crate::plugin::EngineConfig {
+        crate::plugin::EngineConfig {
+            cache_dir: self.plugin_runtime.cache_dir.clone(),
+            pooling: self.plugin_runtime.pooling,
         }
     }
 

@@ -17,7 +17,7 @@ use crate::domain::billing::{self, BillingHandler};
 use crate::fault::Faults;
 use crate::metrics::Metrics;
 use crate::relay::worker::{self, WorkerConfig};
-use crate::relay::{Relay, Router};
+use crate::relay::{Chains, Relay, Router, build_chains};
 use crate::store::postgres::{PgStore, listen_for_events};
 use crate::store::sqlite::SqliteStore;
 use crate::store::{AnyStore, Db, OutboxStore, migrate};
@@ -43,6 +43,8 @@ pub enum DaemonError {
     Admin(#[from] crate::admin::AdminError),
     #[error(transparent)]
     Kafka(#[from] KafkaSetupError),
+    #[error("{0}")]
+    Plugin(String),
 }
 
 /// Connects, migrates (when allowed) and runs until `shutdown` turns true.
@@ -90,6 +92,7 @@ pub async fn spawn_pipeline(
     let mut set = JoinSet::new();
     let mut handles = PipelineHandles::default();
     let metrics = handles.metrics.clone();
+    let chains = load_chains(config)?;
     let mut broker_check: Option<crate::admin::BrokerCheck> = None;
     match config.transport.kind {
         TransportKind::Embedded => {
@@ -98,7 +101,7 @@ pub async fn spawn_pipeline(
                 config.transport.partitions,
             ));
             spawn_relays_for(
-                &mut set, config, db, publisher, &faults, &metrics, &shutdown,
+                &mut set, config, db, publisher, &faults, &chains, &metrics, &shutdown,
             )
             .await;
         }
@@ -121,7 +124,7 @@ pub async fn spawn_pipeline(
                 })
             }));
             spawn_relays_for(
-                &mut set, config, db, publisher, &faults, &metrics, &shutdown,
+                &mut set, config, db, publisher, &faults, &chains, &metrics, &shutdown,
             )
             .await;
         }
@@ -216,13 +219,25 @@ fn billing_consumer<S: MessageSource>(
     Consumer::new(db.clone(), source, Arc::new(BillingHandler), config).with_faults(faults.clone())
 }
 
+/// Builds every route's transformer chain; no engine when no route has one.
+fn load_chains(config: &Config) -> Result<Chains, DaemonError> {
+    if config.routes.iter().all(|r| r.transformers.is_empty()) {
+        return Ok(Chains::default());
+    }
+    let engine = crate::plugin::PluginEngine::new(config.plugin_engine_config())
+        .map_err(|e| DaemonError::Plugin(e.to_string()))?;
+    build_chains(&engine, &config.plugins, &config.routes).map_err(DaemonError::Plugin)
+}
+
 /// Spawns the relay workers over the store that matches `db`.
+#[allow(clippy::too_many_arguments)] // Distinct handles; a struct would only rename them.
 async fn spawn_relays_for<P: Publisher + Clone>(
     set: &mut JoinSet<Result<(), String>>,
     config: &Config,
     db: &Db,
     publisher: P,
     faults: &Faults,
+    chains: &Chains,
     metrics: &Arc<Metrics>,
     shutdown: &watch::Receiver<bool>,
 ) {
@@ -236,7 +251,7 @@ async fn spawn_relays_for<P: Publisher + Clone>(
                 store,
                 publisher,
                 wake,
-                faults.clone(),
+                (faults.clone(), chains.clone()),
                 metrics.clone(),
                 shutdown.clone(),
             );
@@ -250,7 +265,7 @@ async fn spawn_relays_for<P: Publisher + Clone>(
                 store,
                 publisher,
                 None,
-                faults.clone(),
+                (faults.clone(), chains.clone()),
                 metrics.clone(),
                 shutdown.clone(),
             );
@@ -331,7 +346,7 @@ fn spawn_relays<S: OutboxStore, P: Publisher + Clone>(
     store: S,
     publisher: P,
     wake: Option<watch::Receiver<u64>>,
-    faults: Faults,
+    (faults, chains): (Faults, Chains),
     metrics: Arc<Metrics>,
     shutdown: watch::Receiver<bool>,
 ) {
@@ -349,7 +364,8 @@ fn spawn_relays<S: OutboxStore, P: Publisher + Clone>(
             Arc::new(SystemClock),
         )
         .with_faults(faults.clone())
-        .with_metrics(metrics.clone());
+        .with_metrics(metrics.clone())
+        .with_chains(chains.clone());
         let wake = wake.clone();
         let shutdown = shutdown.clone();
         let worker_cfg = worker_cfg.clone();

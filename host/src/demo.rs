@@ -96,10 +96,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
             .transport
             .kafka
             .insert("bootstrap.servers".into(), bootstrap.clone());
-        config.routes = vec![crate::relay::Route {
-            event_type: orders::ORDER_CONFIRMED.into(),
-            topic: topic.clone(),
-        }];
+        config.routes = vec![crate::relay::Route::new(
+            orders::ORDER_CONFIRMED,
+            topic.clone(),
+        )];
         crate::broker::kafka::ensure_topics(
             &config.transport.kafka,
             std::slice::from_ref(&topic),

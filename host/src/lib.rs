@@ -11,6 +11,8 @@
 //!   traits, the embedded SQL transport and Kafka.
 //! - [`consumer`]: the inbox, which makes a redelivered message a no-op, and
 //!   the consumer loop.
+//! - [`plugin`]: the Wasm plugin host (transformers in the relay), the only
+//!   module that touches wasmtime.
 //! - [`domain`]: the example order service and billing handler.
 //! - [`config`], [`cli`], [`demo`]: the daemon around all of it.
 //! - [`fault`], [`clock`]: seams that let tests crash and time-travel it.
@@ -29,6 +31,7 @@ pub mod event;
 pub mod fault;
 pub mod metrics;
 pub mod ops;
+pub mod plugin;
 pub mod relay;
 pub mod store;
 

@@ -36,6 +36,7 @@ fn retried(n: usize) -> StepOutcome {
         published: 0,
         retried: n,
         dead: 0,
+        filtered: 0,
     })
 }
 
@@ -92,7 +93,8 @@ async fn backoff_doubles_then_dead_letters_and_blocks_only_its_aggregate(t: Test
         StepOutcome::Published(StepReport {
             published: 0,
             retried: 0,
-            dead: 1
+            dead: 1,
+            filtered: 0
         })
     );
     assert_eq!(t.count("SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL AND attempts = 4 AND dead_reason LIKE '%broker unavailable%'").await, 1);
@@ -144,7 +146,8 @@ async fn permanent_publish_error_goes_straight_to_dead() {
         StepOutcome::Published(StepReport {
             published: 0,
             retried: 0,
-            dead: 1
+            dead: 1,
+            filtered: 0
         })
     );
     assert_eq!(

@@ -146,10 +146,7 @@ impl Outbox {
         Relay::new(
             self.store.clone(),
             publisher,
-            Router::new(vec![Route {
-                event_type: "*".into(),
-                topic: topic.into(),
-            }]),
+            Router::new(vec![Route::new("*", topic)]),
             RelayConfig {
                 batch_size: 100,
                 backoff: Backoff {

@@ -14,6 +14,7 @@ mod kafka;
 mod matrix;
 mod ops;
 mod ordering;
+mod plugins;
 mod process;
 mod seed;
 mod timing;

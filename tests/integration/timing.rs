@@ -107,6 +107,7 @@ fn retried(n: usize) -> StepOutcome {
         published: 0,
         retried: n,
         dead: 0,
+        filtered: 0,
     })
 }
 
@@ -148,7 +149,8 @@ async fn backoff_follows_the_schedule_in_paused_time() {
         StepOutcome::Published(StepReport {
             published: 1,
             retried: 0,
-            dead: 0
+            dead: 0,
+            filtered: 0
         })
     );
 }

@@ -2,9 +2,12 @@
 //! every broker acknowledgement, then marks successes and failures.
 //!
 //! [`Relay::step`] is one batch; [`worker::run`] is the thin loop around it.
+//! Events whose route names transformers go through that plugin chain first
+//! ([`transform`]); the others take the plain path, untouched.
 
 pub mod backoff;
 pub mod route;
+pub mod transform;
 pub mod worker;
 
 use std::sync::Arc;
@@ -20,6 +23,7 @@ use crate::store::{BatchOutcome, ClaimedBatch, FailedEvent, OutboxStore, StoreEr
 
 pub use backoff::Backoff;
 pub use route::{Route, Router};
+pub use transform::{Chains, build_chains};
 
 /// `last_error` is cut to this many characters (seed 000).
 pub const MAX_ERROR_CHARS: usize = 500;
@@ -52,6 +56,8 @@ pub struct StepReport {
     pub retried: usize,
     /// Failed for the last time: moved to the dead state.
     pub dead: usize,
+    /// Dropped on purpose by a transformer (no output): done, not lost.
+    pub filtered: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,6 +84,19 @@ pub struct Relay<S, P> {
     clock: Arc<dyn Clock>,
     faults: Faults,
     metrics: Option<Arc<crate::metrics::Metrics>>,
+    chains: Chains,
+}
+
+/// What became of one claimed event.
+enum EventResult {
+    /// Every message acknowledged; `Some(label)` when plugins ran.
+    Published(Option<String>),
+    /// A plugin chain returned no output.
+    Filtered(String),
+    Failed {
+        error: String,
+        permanent: bool,
+    },
 }
 
 impl<S: OutboxStore, P: Publisher> Relay<S, P> {
@@ -96,11 +115,18 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             clock,
             faults: Faults::none(),
             metrics: None,
+            chains: Chains::default(),
         }
     }
 
     pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> Self {
         self.metrics = Some(metrics);
+        self
+    }
+
+    /// Transformer chains per route, as [`build_chains`] makes them.
+    pub fn with_chains(mut self, chains: Chains) -> Self {
+        self.chains = chains;
         self
     }
 
@@ -124,7 +150,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         if batch.events().is_empty() {
             return Ok(StepOutcome::Idle);
         }
-        let results = join_all(batch.events().iter().map(|ev| self.publish_event(ev))).await;
+        let results = join_all(batch.events().iter().map(|ev| self.handle_event(ev))).await;
         self.faults
             .check(FaultPoint::AfterPublishBeforeMark)
             .await?;
@@ -135,38 +161,48 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                 .events()
                 .iter()
                 .zip(&results)
-                .filter(|(_, r)| r.is_ok())
+                .filter(|(_, r)| matches!(r, EventResult::Published(_)))
                 .map(|(ev, _)| (now - ev.created_at).num_microseconds().unwrap_or(0) as f64 / 1e6)
                 .collect()
         } else {
             Vec::new()
         };
         if let Some(m) = &self.metrics {
-            for err in results.iter().filter_map(|r| r.as_ref().err()) {
-                let reason = match err {
-                    PublishError::Permanent(_) => "permanent",
-                    PublishError::Retryable(msg)
-                        if msg.contains("no broker acknowledgement within") =>
-                    {
+            for r in &results {
+                if let EventResult::Failed { error, permanent } = r {
+                    let reason = if *permanent {
+                        "permanent"
+                    } else if error.contains("no broker acknowledgement within") {
                         "timeout"
-                    }
-                    PublishError::Retryable(_) => "retryable",
-                };
-                m.relay_failures.inc(reason);
+                    } else if error.starts_with("plugin ") {
+                        "plugin"
+                    } else {
+                        "retryable"
+                    };
+                    m.relay_failures.inc(reason);
+                }
             }
         }
         let mut outcome = BatchOutcome::default();
         let mut report = StepReport::default();
         for (ev, result) in batch.events().iter().zip(results) {
             match result {
-                Ok(()) => {
+                EventResult::Published(transformed_by) => {
                     outcome.published.push(ev.seq);
+                    if let Some(label) = transformed_by {
+                        outcome.transformed.push((ev.seq, label));
+                    }
                     report.published += 1;
                 }
-                Err(err) => {
+                EventResult::Filtered(label) => {
+                    outcome.filtered.push(ev.seq);
+                    outcome.transformed.push((ev.seq, label));
+                    report.filtered += 1;
+                }
+                EventResult::Failed { error, permanent } => {
                     let attempts = ev.attempts + 1;
-                    let dead = err.is_permanent() || attempts >= self.config.max_attempts;
-                    let error = truncate(&err.to_string(), MAX_ERROR_CHARS);
+                    let dead = permanent || attempts >= self.config.max_attempts;
+                    let error = truncate(&error, MAX_ERROR_CHARS);
                     tracing::warn!(seq = ev.seq, id = %ev.id, attempts, dead, error = %error, "publish failed");
                     let delay = self.config.backoff.delay(ev.attempts);
                     outcome.failed.push(FailedEvent {
@@ -203,8 +239,20 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         }
     }
 
-    async fn publish_event(&self, ev: &OutboxEvent) -> Result<(), PublishError> {
-        let msg = self.message_for(ev);
+    async fn handle_event(&self, ev: &OutboxEvent) -> EventResult {
+        if let Some(chain) = self.chains.for_event(&self.router, &ev.event_type) {
+            return self.transform_and_publish(ev, chain).await;
+        }
+        match self.publish(self.message_for(ev)).await {
+            Ok(()) => EventResult::Published(None),
+            Err(e) => EventResult::Failed {
+                error: e.to_string(),
+                permanent: e.is_permanent(),
+            },
+        }
+    }
+
+    async fn publish(&self, msg: OutgoingMessage) -> Result<(), PublishError> {
         match tokio::time::timeout(self.config.publish_timeout, self.publisher.publish(msg)).await {
             Ok(result) => result,
             Err(_) => Err(PublishError::Retryable(format!(

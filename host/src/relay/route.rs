@@ -1,4 +1,5 @@
-//! Routing: which topic an event type goes to.
+//! Routing: which topic an event type goes to, and through which chain of
+//! transformer plugins.
 
 use serde::Deserialize;
 
@@ -8,6 +9,25 @@ use serde::Deserialize;
 pub struct Route {
     pub event_type: String,
     pub topic: String,
+    /// Names of `[[plugins]]` to run in order before publishing; empty
+    /// publishes the event as it is.
+    #[serde(default)]
+    pub transformers: Vec<String>,
+}
+
+impl Route {
+    pub fn new(event_type: impl Into<String>, topic: impl Into<String>) -> Self {
+        Self {
+            event_type: event_type.into(),
+            topic: topic.into(),
+            transformers: Vec::new(),
+        }
+    }
+
+    pub fn with_transformers(mut self, names: &[&str]) -> Self {
+        self.transformers = names.iter().map(|n| n.to_string()).collect();
+        self
+    }
 }
 
 #[derive(Debug, Clone, Default)]
@@ -20,12 +40,21 @@ impl Router {
         Self { routes }
     }
 
-    /// The first matching route's topic, or the event type itself.
-    pub fn topic_for<'a>(&'a self, event_type: &'a str) -> &'a str {
+    pub fn routes(&self) -> &[Route] {
+        &self.routes
+    }
+
+    /// The index of the first matching route.
+    pub fn route_index(&self, event_type: &str) -> Option<usize> {
         self.routes
             .iter()
-            .find(|r| pattern_matches(&r.event_type, event_type))
-            .map(|r| r.topic.as_str())
+            .position(|r| pattern_matches(&r.event_type, event_type))
+    }
+
+    /// The first matching route's topic, or the event type itself.
+    pub fn topic_for<'a>(&'a self, event_type: &'a str) -> &'a str {
+        self.route_index(event_type)
+            .map(|i| self.routes[i].topic.as_str())
             .unwrap_or(event_type)
     }
 }
@@ -44,14 +73,8 @@ mod tests {
     #[test]
     fn first_match_wins_and_default_is_the_type() {
         let r = Router::new(vec![
-            Route {
-                event_type: "order.confirmed".into(),
-                topic: "billing".into(),
-            },
-            Route {
-                event_type: "order.*".into(),
-                topic: "orders".into(),
-            },
+            Route::new("order.confirmed", "billing"),
+            Route::new("order.*", "orders"),
         ]);
         assert_eq!(r.topic_for("order.confirmed"), "billing");
         assert_eq!(r.topic_for("order.cancelled"), "orders");

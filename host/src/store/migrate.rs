@@ -36,6 +36,11 @@ const POSTGRES: &[Migration] = &[
         name: "consumer_dead_letters",
         sql: include_str!("../../../migrations/postgres/0004_consumer_dead_letters.sql"),
     },
+    Migration {
+        version: 5,
+        name: "plugins",
+        sql: include_str!("../../../migrations/postgres/0005_plugins.sql"),
+    },
 ];
 
 const SQLITE: &[Migration] = &[
@@ -58,6 +63,11 @@ const SQLITE: &[Migration] = &[
         version: 4,
         name: "consumer_dead_letters",
         sql: include_str!("../../../migrations/sqlite/0004_consumer_dead_letters.sql"),
+    },
+    Migration {
+        version: 5,
+        name: "plugins",
+        sql: include_str!("../../../migrations/sqlite/0005_plugins.sql"),
     },
 ];
 

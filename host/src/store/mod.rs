@@ -81,6 +81,11 @@ pub struct FailedEvent {
 pub struct BatchOutcome {
     pub published: Vec<i64>,
     pub failed: Vec<FailedEvent>,
+    /// Done without a message: a transformer returned no output.
+    pub filtered: Vec<i64>,
+    /// Published or filtered events that went through plugins, with the
+    /// chain's `name@version,...` label.
+    pub transformed: Vec<(i64, String)>,
 }
 
 /// A batch of claimed events. Dropping it without `complete` releases the

@@ -42,8 +42,14 @@ SELECT o.seq, o.id, o.aggregate_id, o.event_type, o.payload::text, o.headers::te
  LIMIT $1
  FOR UPDATE OF o SKIP LOCKED";
 
-const MARK_PUBLISHED: &str =
-    "UPDATE outbox SET published_at = $2 WHERE seq = ANY($1) AND published_at IS NULL";
+const MARK_PUBLISHED: &str = "UPDATE outbox SET published_at = $2, outcome = 'published' WHERE seq = ANY($1) AND published_at IS NULL";
+
+const MARK_FILTERED: &str = "UPDATE outbox SET published_at = $2, outcome = 'filtered' WHERE seq = ANY($1) AND published_at IS NULL";
+
+const MARK_TRANSFORMED: &str = "
+UPDATE outbox o SET transformed_by = t.label
+  FROM unnest($1::bigint[], $2::text[]) AS t(seq, label)
+ WHERE o.seq = t.seq";
 
 const MARK_FAILED: &str = "
 UPDATE outbox o
@@ -77,6 +83,22 @@ impl ClaimedBatch for PgBatch {
             sqlx::query(MARK_PUBLISHED)
                 .bind(&outcome.published)
                 .bind(now)
+                .execute(&mut *tx)
+                .await?;
+        }
+        if !outcome.filtered.is_empty() {
+            sqlx::query(MARK_FILTERED)
+                .bind(&outcome.filtered)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+        }
+        if !outcome.transformed.is_empty() {
+            let seqs: Vec<i64> = outcome.transformed.iter().map(|t| t.0).collect();
+            let labels: Vec<&str> = outcome.transformed.iter().map(|t| t.1.as_str()).collect();
+            sqlx::query(MARK_TRANSFORMED)
+                .bind(&seqs)
+                .bind(&labels)
                 .execute(&mut *tx)
                 .await?;
         }

@@ -58,8 +58,17 @@ UPDATE outbox
 RETURNING seq, id, aggregate_id, event_type, payload, headers, created_at, attempts";
 
 const MARK_PUBLISHED: &str = "
-UPDATE outbox SET published_at = $2, lease_owner = NULL, lease_until = NULL
+UPDATE outbox SET published_at = $2, outcome = 'published', lease_owner = NULL, lease_until = NULL
  WHERE seq IN (SELECT value FROM json_each($1)) AND published_at IS NULL";
+
+const MARK_FILTERED: &str = "
+UPDATE outbox SET published_at = $2, outcome = 'filtered', lease_owner = NULL, lease_until = NULL
+ WHERE seq IN (SELECT value FROM json_each($1)) AND published_at IS NULL";
+
+const MARK_TRANSFORMED: &str = "
+UPDATE outbox SET transformed_by = json_extract(t.value, '$[1]')
+  FROM json_each($1) AS t
+ WHERE outbox.seq = json_extract(t.value, '$[0]')";
 
 const MARK_FAILED: &str = "
 UPDATE outbox
@@ -88,7 +97,8 @@ impl ClaimedBatch for SqliteBatch {
     }
 
     async fn complete(self, outcome: BatchOutcome, now: DateTime<Utc>) -> Result<(), StoreError> {
-        if outcome.published.is_empty() && outcome.failed.is_empty() {
+        if outcome.published.is_empty() && outcome.failed.is_empty() && outcome.filtered.is_empty()
+        {
             return Ok(());
         }
         let mut tx = self.pool.begin().await?;
@@ -96,6 +106,19 @@ impl ClaimedBatch for SqliteBatch {
             sqlx::query(MARK_PUBLISHED)
                 .bind(serde_json::to_string(&outcome.published).unwrap_or_default())
                 .bind(micros(now))
+                .execute(&mut *tx)
+                .await?;
+        }
+        if !outcome.filtered.is_empty() {
+            sqlx::query(MARK_FILTERED)
+                .bind(serde_json::to_string(&outcome.filtered).unwrap_or_default())
+                .bind(micros(now))
+                .execute(&mut *tx)
+                .await?;
+        }
+        if !outcome.transformed.is_empty() {
+            sqlx::query(MARK_TRANSFORMED)
+                .bind(serde_json::to_string(&outcome.transformed).unwrap_or_default())
                 .execute(&mut *tx)
                 .await?;
         }

@@ -1,0 +1,98 @@
+//! A route's chain of transformers. Each message a plugin returns becomes
+//! the event the next plugin sees (same id, type and time; new payload,
+//! headers and key); the last plugin's messages are what the relay sends.
+
+use std::sync::Arc;
+
+use super::transformer::TransformerPlugin;
+use super::{GuestEvent, GuestMessage, PluginError};
+
+/// Which plugin of a chain failed, and how.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("plugin {plugin}: {error}")]
+pub struct ChainError {
+    /// `name@version`.
+    pub plugin: String,
+    pub error: PluginError,
+}
+
+#[derive(Debug, Clone)]
+pub struct Chain {
+    plugins: Vec<Arc<TransformerPlugin>>,
+}
+
+impl Chain {
+    pub fn new(plugins: Vec<Arc<TransformerPlugin>>) -> Self {
+        Self { plugins }
+    }
+
+    pub fn plugins(&self) -> &[Arc<TransformerPlugin>] {
+        &self.plugins
+    }
+
+    /// `a@1,b@2`: what the outbox records as `transformed_by`.
+    pub fn label(&self) -> String {
+        self.plugins
+            .iter()
+            .map(|p| p.label())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Runs every plugin in order. An empty result means the event was
+    /// filtered. The fan-out cap of the last plugin also caps the chain's
+    /// total, so two splitting plugins cannot multiply past it.
+    pub async fn run(&self, event: GuestEvent) -> Result<Vec<GuestMessage>, ChainError> {
+        let mut current: Vec<(GuestEvent, Option<String>)> = vec![(event, None)];
+        for plugin in &self.plugins {
+            let mut next = Vec::with_capacity(current.len());
+            for (event, topic) in current {
+                let outputs = plugin.transform(&event).await.map_err(|error| ChainError {
+                    plugin: plugin.label(),
+                    error,
+                })?;
+                for m in outputs {
+                    let topic = m.topic.or_else(|| topic.clone());
+                    next.push((
+                        GuestEvent {
+                            id: event.id.clone(),
+                            aggregate_id: event.aggregate_id.clone(),
+                            event_type: event.event_type.clone(),
+                            created_at: event.created_at.clone(),
+                            attempt: event.attempt,
+                            payload: m.payload,
+                            headers: m.headers,
+                            key: m.key,
+                        },
+                        topic,
+                    ));
+                }
+                if let Some(last) = self.plugins.last() {
+                    let cap = last.limits().max_outputs;
+                    if next.len() > cap {
+                        return Err(ChainError {
+                            plugin: plugin.label(),
+                            error: PluginError::TooManyOutputs {
+                                count: next.len(),
+                                cap,
+                            },
+                        });
+                    }
+                }
+            }
+            current = next;
+            if current.is_empty() {
+                break;
+            }
+        }
+        Ok(current
+            .into_iter()
+            .map(|(e, topic)| GuestMessage {
+                topic,
+                key: e.key,
+                payload: e.payload,
+                headers: e.headers,
+            })
+            .collect())
+    }
+}

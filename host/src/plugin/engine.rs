@@ -1,0 +1,102 @@
+//! The shared engine: one wasmtime `Engine` and `Linker` for every plugin,
+//! plus the thread that advances the epoch clock the call deadlines use.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use wasmtime::component::{HasSelf, Linker};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+
+use super::PluginError;
+use super::bindings::transformer::Transformer;
+use super::host::HostState;
+
+/// One epoch tick. Deadlines are whole ticks, so a 50 ms deadline fires
+/// between 50 and 52 ms.
+pub const EPOCH_TICK: Duration = Duration::from_millis(2);
+
+/// Engine-wide settings.
+#[derive(Debug, Clone, Default)]
+pub struct EngineConfig {
+    /// Where compiled components are cached; `None` compiles every time.
+    pub cache_dir: Option<PathBuf>,
+    /// Use the pooling instance allocator (pays off when instances are
+    /// created per call; with instance reuse it buys little).
+    pub pooling: bool,
+}
+
+/// Cheap to clone; every plugin shares it.
+#[derive(Clone)]
+pub struct PluginEngine {
+    pub(crate) engine: Engine,
+    pub(crate) linker: std::sync::Arc<Linker<HostState>>,
+    pub(crate) config: EngineConfig,
+}
+
+impl std::fmt::Debug for PluginEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PluginEngine")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PluginEngine {
+    pub fn new(config: EngineConfig) -> Result<Self, PluginError> {
+        let mut wasm = Config::new();
+        wasm.epoch_interruption(true);
+        wasm.wasm_component_model(true);
+        // Guests get 512 KiB of wasm stack; deep recursion traps cleanly.
+        wasm.max_wasm_stack(512 * 1024);
+        if config.pooling {
+            let mut pool = PoolingAllocationConfig::default();
+            pool.total_component_instances(256)
+                .total_memories(512)
+                .total_tables(512)
+                .total_core_instances(2048)
+                .max_memories_per_component(16)
+                .max_tables_per_component(32)
+                .max_core_instances_per_component(64)
+                .max_memory_size(1 << 30);
+            wasm.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        }
+        let engine = Engine::new(&wasm)
+            .map_err(|e| PluginError::Invalid(format!("cannot create the Wasm engine: {e}")))?;
+        let mut linker = Linker::<HostState>::new(&engine);
+        // Every WASI p2 interface is linked so that any WASI-capable
+        // toolchain's output instantiates; what they can reach is decided by
+        // the context in `HostState::new` (no dirs, no network, no env).
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
+            .map_err(|e| PluginError::Invalid(format!("cannot link WASI: {e}")))?;
+        Transformer::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
+            .map_err(|e| PluginError::Invalid(format!("cannot link outbox:plugin: {e}")))?;
+        spawn_ticker(&engine);
+        Ok(Self {
+            engine,
+            linker: std::sync::Arc::new(linker),
+            config,
+        })
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+}
+
+/// Advances the epoch every tick until the engine is dropped.
+fn spawn_ticker(engine: &Engine) {
+    let weak = engine.weak();
+    let spawned = std::thread::Builder::new()
+        .name("outboxd-epoch".into())
+        .spawn(move || {
+            while let Some(engine) = weak.upgrade() {
+                engine.increment_epoch();
+                drop(engine);
+                std::thread::sleep(EPOCH_TICK);
+            }
+        });
+    if let Err(e) = spawned {
+        // Without the ticker no deadline ever fires; say so loudly.
+        tracing::error!(error = %e, "cannot start the plugin epoch thread: plugin deadlines are not enforced");
+    }
+}

@@ -1,0 +1,103 @@
+//! [`PluginError`]: every way a plugin call can fail, typed by what the
+//! caller does about it.
+
+/// A failed plugin call. Anything but `Guest` discards the Store.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PluginError {
+    /// The guest trapped (a panic, `unreachable`, an out-of-bounds access).
+    #[error("trapped: {0}")]
+    Trap(String),
+    /// The call ran past its epoch deadline.
+    #[error("timed out after {0} ms (limits.timeout_ms)")]
+    Timeout(u64),
+    /// The guest asked for more memory than its cap.
+    #[error("out of memory: the cap is {cap_bytes} bytes (limits.memory_mib)")]
+    OutOfMemory { cap_bytes: u64 },
+    /// The outputs of one call add up to more bytes than allowed.
+    #[error("output of {bytes} bytes exceeds the cap of {cap} (limits.max_output_bytes)")]
+    OutputTooLarge { bytes: usize, cap: usize },
+    /// The call returned more messages than allowed.
+    #[error("{count} messages exceed the fan-out cap of {cap} (limits.max_outputs)")]
+    TooManyOutputs { count: usize, cap: usize },
+    /// The guest refused the event.
+    #[error("{}: {message}", if *.retryable { "retryable" } else { "permanent" })]
+    Guest { retryable: bool, message: String },
+    /// The file is not a usable transformer component.
+    #[error("invalid plugin: {0}")]
+    Invalid(String),
+    /// Instantiation failed (a missing import, a start function that trapped).
+    #[error("cannot instantiate: {0}")]
+    Instantiate(String),
+}
+
+impl PluginError {
+    /// A guest's `permanent` error: retrying cannot help. Traps and limits
+    /// are retried (a host under pressure can time a plugin out), and the
+    /// relay's `max_attempts` bounds them.
+    pub fn is_permanent(&self) -> bool {
+        matches!(
+            self,
+            PluginError::Guest {
+                retryable: false,
+                ..
+            }
+        )
+    }
+
+    /// A short name for metrics and logs.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            PluginError::Trap(_) => ErrorKind::Trap,
+            PluginError::Timeout(_) => ErrorKind::Timeout,
+            PluginError::OutOfMemory { .. } => ErrorKind::OutOfMemory,
+            PluginError::OutputTooLarge { .. } => ErrorKind::OutputTooLarge,
+            PluginError::TooManyOutputs { .. } => ErrorKind::TooManyOutputs,
+            PluginError::Guest {
+                retryable: true, ..
+            } => ErrorKind::GuestRetryable,
+            PluginError::Guest {
+                retryable: false, ..
+            } => ErrorKind::GuestPermanent,
+            PluginError::Invalid(_) | PluginError::Instantiate(_) => ErrorKind::Instantiate,
+        }
+    }
+}
+
+/// [`PluginError`] without its data, for counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    Trap,
+    Timeout,
+    OutOfMemory,
+    OutputTooLarge,
+    TooManyOutputs,
+    GuestRetryable,
+    GuestPermanent,
+    Instantiate,
+}
+
+impl ErrorKind {
+    pub const ALL: [ErrorKind; 8] = [
+        ErrorKind::Trap,
+        ErrorKind::Timeout,
+        ErrorKind::OutOfMemory,
+        ErrorKind::OutputTooLarge,
+        ErrorKind::TooManyOutputs,
+        ErrorKind::GuestRetryable,
+        ErrorKind::GuestPermanent,
+        ErrorKind::Instantiate,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorKind::Trap => "trap",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::OutOfMemory => "out_of_memory",
+            ErrorKind::OutputTooLarge => "output_too_large",
+            ErrorKind::TooManyOutputs => "too_many_outputs",
+            ErrorKind::GuestRetryable => "guest_retryable",
+            ErrorKind::GuestPermanent => "guest_permanent",
+            ErrorKind::Instantiate => "instantiate",
+        }
+    }
+}

@@ -1,0 +1,37 @@
+//! The Wasm plugin host: runs transformer components (and, with issue 5,
+//! consumer components) in a sandbox.
+//!
+//! # Layout
+//!
+//! - [`bindings`]: the only `bindgen!` in outboxd, over `wit/`.
+//! - [`engine`]: the shared `Engine`, `Linker` and epoch ticker.
+//! - [`transformer`]: one plugin version, prepared once (`Component` plus
+//!   `InstancePre`), called per event in a reused, sandboxed Store.
+//! - [`chain`]: runs a route's chain of transformers over one event.
+//! - [`limits`], [`host`], [`log`]: the sandbox — memory cap, locked-down
+//!   WASI, captured and rate-limited guest output.
+//! - [`cache`]: compiled components on disk, keyed by sha256.
+//! - [`metrics`], [`error`], [`validate`].
+
+pub mod bindings;
+pub mod cache;
+pub mod chain;
+pub mod engine;
+pub mod error;
+pub mod harness;
+pub mod host;
+pub mod limits;
+pub mod log;
+pub mod metrics;
+pub mod transformer;
+pub mod validate;
+
+pub use bindings::transformer::outbox::plugin::types::{
+    Event as GuestEvent, OutgoingMessage as GuestMessage,
+};
+pub use chain::{Chain, ChainError};
+pub use engine::{EngineConfig, PluginEngine};
+pub use error::{ErrorKind, PluginError};
+pub use limits::Limits;
+pub use metrics::{MetricsSnapshot, PluginMetrics};
+pub use transformer::{PluginSpec, TransformerPlugin};

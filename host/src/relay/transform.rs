@@ -1,0 +1,221 @@
+//! The relay's plugin path: run the route's transformer chain on an event,
+//! then publish what it returned. No output marks the event filtered; each
+//! of several outputs gets a deterministic message id, so a republish after
+//! a crash produces the same ids and consumers still deduplicate.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use futures_util::future::join_all;
+use uuid::Uuid;
+
+use super::{EventResult, Relay, Route, Router};
+use crate::broker::{OutgoingMessage, Publisher, headers};
+use crate::event::OutboxEvent;
+use crate::plugin::{Chain, GuestEvent, GuestMessage, PluginEngine, PluginSpec, TransformerPlugin};
+use crate::store::OutboxStore;
+
+/// Split outputs carry the outbox id they came from in this header.
+pub const SOURCE_ID_HEADER: &str = "source-message-id";
+
+/// The chain of each route, by route index; empty when no route has one,
+/// which keeps the plain path to one `is_empty` check.
+#[derive(Debug, Clone, Default)]
+pub struct Chains {
+    by_route: Vec<Option<Arc<Chain>>>,
+}
+
+impl Chains {
+    pub fn for_event(&self, router: &Router, event_type: &str) -> Option<&Arc<Chain>> {
+        if self.by_route.is_empty() {
+            return None;
+        }
+        let i = router.route_index(event_type)?;
+        self.by_route.get(i)?.as_ref()
+    }
+
+    /// Every plugin loaded for these chains, once each.
+    pub fn plugins(&self) -> Vec<Arc<TransformerPlugin>> {
+        let mut seen: Vec<Arc<TransformerPlugin>> = Vec::new();
+        for chain in self.by_route.iter().flatten() {
+            for p in chain.plugins() {
+                if !seen.iter().any(|s| Arc::ptr_eq(s, p)) {
+                    seen.push(p.clone());
+                }
+            }
+        }
+        seen
+    }
+}
+
+/// Loads every plugin some route uses (each once) and builds the chains.
+/// Errors name the config key.
+pub fn build_chains(
+    engine: &PluginEngine,
+    plugins: &[PluginSpec],
+    routes: &[Route],
+) -> Result<Chains, String> {
+    if routes.iter().all(|r| r.transformers.is_empty()) {
+        return Ok(Chains::default());
+    }
+    let mut loaded: BTreeMap<&str, Arc<TransformerPlugin>> = BTreeMap::new();
+    let mut by_route = Vec::with_capacity(routes.len());
+    for (ri, route) in routes.iter().enumerate() {
+        if route.transformers.is_empty() {
+            by_route.push(None);
+            continue;
+        }
+        let mut chain = Vec::new();
+        for (ti, name) in route.transformers.iter().enumerate() {
+            let plugin = match loaded.get(name.as_str()) {
+                Some(p) => p.clone(),
+                None => {
+                    let (pi, spec) = plugins
+                        .iter()
+                        .enumerate()
+                        .find(|(_, p)| p.name == *name)
+                        .ok_or_else(|| {
+                            format!(
+                                "config key `routes[{ri}].transformers[{ti}]`: no [[plugins]] entry is named `{name}`"
+                            )
+                        })?;
+                    let p = Arc::new(
+                        TransformerPlugin::load(engine, spec)
+                            .map_err(|e| format!("config key `plugins[{pi}]`: {e}"))?,
+                    );
+                    tracing::info!(plugin = %p.label(), sha256 = %p.sha256(), "transformer plugin loaded");
+                    loaded.insert(spec.name.as_str(), p.clone());
+                    p
+                }
+            };
+            chain.push(plugin);
+        }
+        by_route.push(Some(Arc::new(Chain::new(chain))));
+    }
+    Ok(Chains { by_route })
+}
+
+/// The event as a guest sees it.
+pub fn guest_event(ev: &OutboxEvent) -> GuestEvent {
+    GuestEvent {
+        id: ev.id.0.to_string(),
+        aggregate_id: ev.aggregate_id.clone(),
+        event_type: ev.event_type.clone(),
+        payload: ev.payload.clone().into_bytes(),
+        headers: ev
+            .headers
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        created_at: ev.created_at.to_rfc3339(),
+        key: ev.aggregate_id.clone().into_bytes(),
+        attempt: u32::try_from(ev.attempts).unwrap_or(0),
+    }
+}
+
+/// The id of output `index` of `count`: the outbox id itself for a 1:1
+/// transform, otherwise a v5 uuid named by the index in the outbox id's
+/// namespace.
+pub fn output_message_id(source: Uuid, index: usize, count: usize) -> Uuid {
+    if count == 1 {
+        source
+    } else {
+        Uuid::new_v5(&source, index.to_string().as_bytes())
+    }
+}
+
+const RESERVED: [&str; 5] = [
+    headers::MESSAGE_ID,
+    headers::EVENT_TYPE,
+    headers::AGGREGATE_ID,
+    headers::CREATED_AT,
+    SOURCE_ID_HEADER,
+];
+
+impl<S: OutboxStore, P: Publisher> Relay<S, P> {
+    pub(super) async fn transform_and_publish(
+        &self,
+        ev: &OutboxEvent,
+        chain: &Chain,
+    ) -> EventResult {
+        let outputs = match chain.run(guest_event(ev)).await {
+            Ok(outputs) => outputs,
+            Err(e) => {
+                return EventResult::Failed {
+                    permanent: e.error.is_permanent(),
+                    error: e.to_string(),
+                };
+            }
+        };
+        if outputs.is_empty() {
+            return EventResult::Filtered(chain.label());
+        }
+        let count = outputs.len();
+        let topic = self.router.topic_for(&ev.event_type).to_string();
+        let messages = outputs
+            .into_iter()
+            .enumerate()
+            .map(|(i, m)| plugin_message(ev, &topic, m, i, count));
+        let results = join_all(messages.map(|m| self.publish(m))).await;
+        let mut failure = None;
+        for (i, r) in results.into_iter().enumerate() {
+            if let Err(e) = r {
+                // A permanent failure of any output makes the event dead;
+                // otherwise the whole event is retried (acked outputs are
+                // republished with the same ids).
+                let permanent = e.is_permanent();
+                if failure.is_none() || permanent {
+                    failure = Some(EventResult::Failed {
+                        error: format!("output {i} of {count} (after {}): {e}", chain.label()),
+                        permanent,
+                    });
+                }
+            }
+        }
+        failure.unwrap_or_else(|| EventResult::Published(Some(chain.label())))
+    }
+}
+
+fn plugin_message(
+    ev: &OutboxEvent,
+    route_topic: &str,
+    m: GuestMessage,
+    index: usize,
+    count: usize,
+) -> OutgoingMessage {
+    let id = output_message_id(ev.id.0, index, count);
+    let mut hdrs = Vec::with_capacity(5 + m.headers.len());
+    hdrs.push((headers::MESSAGE_ID.to_string(), id.to_string().into_bytes()));
+    hdrs.push((
+        headers::EVENT_TYPE.to_string(),
+        ev.event_type.clone().into_bytes(),
+    ));
+    hdrs.push((
+        headers::AGGREGATE_ID.to_string(),
+        ev.aggregate_id.clone().into_bytes(),
+    ));
+    hdrs.push((
+        headers::CREATED_AT.to_string(),
+        ev.created_at.to_rfc3339().into_bytes(),
+    ));
+    if count > 1 {
+        hdrs.push((
+            SOURCE_ID_HEADER.to_string(),
+            ev.id.0.to_string().into_bytes(),
+        ));
+    }
+    // A plugin cannot forge the host's headers.
+    for (k, v) in m.headers {
+        if !RESERVED.contains(&k.as_str()) {
+            hdrs.push((k, v.into_bytes()));
+        }
+    }
+    OutgoingMessage {
+        topic: m.topic.unwrap_or_else(|| route_topic.to_string()),
+        key: m.key,
+        payload: m.payload,
+        headers: hdrs,
+        message_id: id,
+        created_at: ev.created_at,
+    }
+}

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Builds every plugin from source into plugins/dist/*.wasm (components).
+# Rust plugins: cargo, wasm32-wasip2, release. Python: componentize-py
+# 0.25.1 (pip install componentize-py==0.25.1); skipped with a warning only
+# when PLUGINS_SKIP_PYTHON=1.
+set -euo pipefail
+cd "$(dirname "$0")"
+export CARGO_TARGET_DIR="$PWD/target"
+dist="$PWD/dist"
+mkdir -p "$dist"
+
+cargo build --release --target wasm32-wasip2 --workspace
+for crate in cloudevents redact-pii route-by-amount hostile-spin hostile-memory-bomb \
+    hostile-panic hostile-huge-output hostile-escape; do
+  cp "$CARGO_TARGET_DIR/wasm32-wasip2/release/${crate//-/_}.wasm" "$dist/$crate.wasm"
+done
+
+if [[ "${PLUGINS_SKIP_PYTHON:-0}" != 1 ]]; then
+  if ! command -v componentize-py >/dev/null; then
+    echo "plugins/build.sh: installing componentize-py 0.25.1 from PyPI" >&2
+    python3 -m pip install --quiet componentize-py==0.25.1 >&2 || {
+      echo "plugins/build.sh: cannot install componentize-py; run: pip install componentize-py==0.25.1" >&2
+      exit 1
+    }
+  fi
+  # componentize-py takes ~25 s: rebuild only when the source or WIT changed.
+  out="$dist/python-tag.wasm"
+  if [[ ! -f "$out" || python-tag/app.py -nt "$out" || ../wit/outbox-plugin.wit -nt "$out" ]]; then
+    (cd python-tag && componentize-py -d ../../wit -w transformer componentize app -o "$out.tmp" >/dev/null)
+    mv "$out.tmp" "$out"
+  fi
+fi
+ls -l "$dist"
