@@ -93,6 +93,7 @@ pub async fn spawn_pipeline(
     let mut handles = PipelineHandles::default();
     let metrics = handles.metrics.clone();
     let chains = load_chains(config)?;
+    metrics.register_plugins(chains.plugins());
     let mut broker_check: Option<crate::admin::BrokerCheck> = None;
     match config.transport.kind {
         TransportKind::Embedded => {

@@ -44,6 +44,46 @@ pub struct DemoArgs {
     /// transport; the demo creates its own topic there.
     #[arg(long, value_name = "BOOTSTRAP")]
     pub kafka: Option<String>,
+    /// The transformer component the relay runs on every event (a
+    /// CloudEvents envelope by default; built from plugins/ when missing).
+    #[arg(long, value_name = "WASM")]
+    pub transformer: Option<PathBuf>,
+    /// Publish events as they are, without a transformer plugin.
+    #[arg(long, conflicts_with = "transformer")]
+    pub no_plugin: bool,
+}
+
+/// The cloudevents plugin, built from this checkout's plugins/ when missing.
+fn default_transformer() -> anyhow::Result<PathBuf> {
+    let plugins = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../plugins");
+    let wasm = plugins.join("dist/cloudevents.wasm");
+    if wasm.exists() {
+        return Ok(wasm);
+    }
+    println!("  building the cloudevents plugin (cargo, wasm32-wasip2) ...");
+    let status = std::process::Command::new("cargo")
+        .args([
+            "build",
+            "--release",
+            "--target",
+            "wasm32-wasip2",
+            "-p",
+            "cloudevents",
+        ])
+        .current_dir(&plugins)
+        .env("CARGO_TARGET_DIR", plugins.join("target"))
+        .status()
+        .context("running cargo to build plugins/cloudevents")?;
+    anyhow::ensure!(
+        status.success(),
+        "building plugins/cloudevents failed; try `bash plugins/build.sh`, or pass --no-plugin"
+    );
+    std::fs::create_dir_all(plugins.join("dist"))?;
+    std::fs::copy(
+        plugins.join("target/wasm32-wasip2/release/cloudevents.wasm"),
+        &wasm,
+    )?;
+    Ok(wasm)
 }
 
 pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
@@ -107,6 +147,25 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         )
         .await
         .map_err(|e| anyhow::anyhow!("--kafka {bootstrap}: {e}"))?;
+    }
+    if !args.no_plugin {
+        let wasm = match &args.transformer {
+            Some(p) => p.clone(),
+            None => default_transformer()?,
+        };
+        println!(
+            "  the relay runs the transformer plugin {} on every event",
+            wasm.display()
+        );
+        config.plugins = vec![crate::plugin::PluginSpec::new("cloudevents", wasm)];
+        let route_topic = topic.clone();
+        config.routes = vec![crate::relay::Route::new(
+            orders::ORDER_CONFIRMED,
+            route_topic,
+        )];
+        if let Some(r) = config.routes.first_mut() {
+            r.transformers = vec!["cloudevents".into()];
+        }
     }
     config.consumers = vec![ConsumerSection {
         name: consumer,

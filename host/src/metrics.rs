@@ -14,44 +14,56 @@ const LAG_BUCKETS: [f64; 12] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0, 300.0,
 ];
 
+/// Bucket bounds in seconds for plugin call latency.
+pub const CALL_BUCKETS: [f64; 10] = [
+    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.005, 0.025, 0.1,
+];
+
 #[derive(Debug)]
 pub struct Histogram {
-    counts: [AtomicU64; LAG_BUCKETS.len() + 1],
+    bounds: &'static [f64],
+    counts: Vec<AtomicU64>,
     sum_micros: AtomicU64,
 }
 
 impl Default for Histogram {
     fn default() -> Self {
-        Self {
-            counts: std::array::from_fn(|_| AtomicU64::new(0)),
-            sum_micros: AtomicU64::new(0),
-        }
+        Self::with_buckets(&LAG_BUCKETS)
     }
 }
 
 impl Histogram {
+    pub fn with_buckets(bounds: &'static [f64]) -> Self {
+        Self {
+            bounds,
+            counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum_micros: AtomicU64::new(0),
+        }
+    }
+
     pub fn observe(&self, seconds: f64) {
         let seconds = seconds.max(0.0);
-        let idx = LAG_BUCKETS
+        let idx = self
+            .bounds
             .iter()
             .position(|b| seconds <= *b)
-            .unwrap_or(LAG_BUCKETS.len());
+            .unwrap_or(self.bounds.len());
         self.counts[idx].fetch_add(1, Ordering::Relaxed);
         self.sum_micros
             .fetch_add((seconds * 1e6) as u64, Ordering::Relaxed);
     }
 
-    fn render(&self, out: &mut String, name: &str, labels: &str) {
+    pub fn render(&self, out: &mut String, name: &str, labels: &str) {
         let mut cumulative = 0;
         let sep = if labels.is_empty() { "" } else { "," };
-        for (i, bound) in LAG_BUCKETS.iter().enumerate() {
+        for (i, bound) in self.bounds.iter().enumerate() {
             cumulative += self.counts[i].load(Ordering::Relaxed);
             let _ = writeln!(
                 out,
                 "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {cumulative}"
             );
         }
-        cumulative += self.counts[LAG_BUCKETS.len()].load(Ordering::Relaxed);
+        cumulative += self.counts[self.bounds.len()].load(Ordering::Relaxed);
         let _ = writeln!(
             out,
             "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {cumulative}"
@@ -123,6 +135,8 @@ pub struct Metrics {
     reconcile_missing: Mutex<BTreeMap<String, u64>>,
     /// Rows removed by retention, by table.
     pub retention_deleted: LabelledCounter,
+    /// Plugins loaded in this process, for their per-version metrics.
+    plugins: Mutex<Vec<std::sync::Arc<crate::plugin::TransformerPlugin>>>,
 }
 
 fn escape(label: &str) -> String {
@@ -139,6 +153,20 @@ impl Metrics {
             Err(p) => p.into_inner(),
         };
         map.entry(name.to_string()).or_default().clone()
+    }
+
+    pub fn register_plugins(&self, plugins: Vec<std::sync::Arc<crate::plugin::TransformerPlugin>>) {
+        if let Ok(mut v) = self.plugins.lock() {
+            for p in plugins {
+                if !v.iter().any(|q| std::sync::Arc::ptr_eq(q, &p)) {
+                    v.push(p);
+                }
+            }
+        }
+    }
+
+    pub fn plugins(&self) -> Vec<std::sync::Arc<crate::plugin::TransformerPlugin>> {
+        self.plugins.lock().map(|v| v.clone()).unwrap_or_default()
     }
 
     pub fn set_reconcile_missing(&self, rule: &str, missing: u64) {
@@ -267,6 +295,7 @@ impl Metrics {
                 &format!("consumer=\"{}\"", escape(c)),
             );
         }
+        render_plugins(&mut out, &self.plugins());
         let _ = writeln!(
             out,
             "# HELP outboxd_reconcile_missing Business rows without their event at the last reconciliation."
@@ -297,6 +326,62 @@ impl Metrics {
             );
         }
         out
+    }
+}
+
+fn render_plugins(out: &mut String, plugins: &[std::sync::Arc<crate::plugin::TransformerPlugin>]) {
+    let labels = |p: &crate::plugin::TransformerPlugin| {
+        format!(
+            "plugin=\"{}\",version=\"{}\"",
+            escape(p.name()),
+            escape(p.version())
+        )
+    };
+    let _ = writeln!(
+        out,
+        "# HELP outboxd_plugin_calls_total Plugin calls per plugin version.\n# TYPE outboxd_plugin_calls_total counter"
+    );
+    for p in plugins {
+        let _ = writeln!(
+            out,
+            "outboxd_plugin_calls_total{{{}}} {}",
+            labels(p),
+            p.metrics().snapshot().calls
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP outboxd_plugin_errors_total Plugin failures by kind.\n# TYPE outboxd_plugin_errors_total counter"
+    );
+    for p in plugins {
+        for (kind, n) in p.metrics().snapshot().errors {
+            let _ = writeln!(
+                out,
+                "outboxd_plugin_errors_total{{{},kind=\"{kind}\"}} {n}",
+                labels(p)
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP outboxd_plugin_call_seconds Plugin call latency.\n# TYPE outboxd_plugin_call_seconds histogram"
+    );
+    for p in plugins {
+        p.metrics()
+            .latency()
+            .render(out, "outboxd_plugin_call_seconds", &labels(p));
+    }
+    let _ = writeln!(
+        out,
+        "# HELP outboxd_plugin_memory_high_water_bytes Most linear memory one instance held.\n# TYPE outboxd_plugin_memory_high_water_bytes gauge"
+    );
+    for p in plugins {
+        let _ = writeln!(
+            out,
+            "outboxd_plugin_memory_high_water_bytes{{{}}} {}",
+            labels(p),
+            p.metrics().memory_high_water()
+        );
     }
 }
 

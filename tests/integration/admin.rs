@@ -353,3 +353,60 @@ async fn scheduled_retention_and_reconciliation_run_inside_the_daemon(t: TestDb)
         .expect("clean stop");
 }
 on_both!(scheduled_retention_and_reconciliation_run_inside_the_daemon);
+
+/// With a transformer chain configured, the plugins endpoint lists it and
+/// /metrics carries its calls, errors, latency and memory per version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugin_metrics_and_list_are_served() {
+    let t = TestDb::sqlite().await;
+    put(&t.db, "o1").await;
+    let mut config = admin_config(&t.url);
+    config.plugins = vec![outboxd::plugin::PluginSpec::new(
+        "cloudevents",
+        crate::plugins::plugin_path("cloudevents"),
+    )];
+    let mut route = outboxd::relay::Route::new("order.*", "orders");
+    route.transformers = vec!["cloudevents".into()];
+    config.routes = vec![route];
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (set, handles) = spawn_pipeline(&config, &t.db, Faults::none(), stop_rx)
+        .await
+        .expect("pipeline");
+    let addr = handles.admin_addr.expect("admin");
+    for _ in 0..300 {
+        if t.count("SELECT count(*) FROM outbox WHERE published_at IS NOT NULL")
+            .await
+            == 1
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (_, list) = http(addr, "GET", "/api/plugins", Some(TOKEN), None).await;
+    let list: Vec<serde_json::Value> = serde_json::from_str(&list).expect("json");
+    assert_eq!(list.len(), 1);
+    assert_eq!(
+        (list[0]["name"].as_str(), list[0]["calls"].as_u64()),
+        (Some("cloudevents"), Some(1))
+    );
+    let (_, metrics) = http(addr, "GET", "/metrics", Some(TOKEN), None).await;
+    for needle in [
+        "outboxd_plugin_calls_total{plugin=\"cloudevents\"",
+        "outboxd_plugin_call_seconds_count{plugin=\"cloudevents\"",
+        "outboxd_plugin_errors_total{plugin=\"cloudevents\"",
+        "outboxd_plugin_memory_high_water_bytes{plugin=\"cloudevents\"",
+    ] {
+        assert!(metrics.contains(needle), "metrics lack `{needle}`");
+    }
+    let high_water: u64 = metrics
+        .lines()
+        .find(|l| l.starts_with("outboxd_plugin_memory_high_water_bytes{plugin=\"cloudevents\""))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .expect("memory gauge");
+    assert!(high_water > 0, "the instance's memory is recorded");
+    stop_tx.send(true).expect("stop");
+    outboxd::daemon::join_all_workers(set)
+        .await
+        .expect("clean stop");
+}

@@ -205,7 +205,24 @@ async fn discard_one(
     }
 }
 
-/// Plugins are not part of this build yet: an honest empty list.
-async fn plugins() -> Response {
-    Json(json!([])).into_response()
+/// The transformer plugins this process has loaded, with their counters.
+async fn plugins(State(s): State<AdminState>) -> Response {
+    let list: Vec<serde_json::Value> = s
+        .metrics
+        .plugins()
+        .iter()
+        .map(|p| {
+            let m = p.metrics().snapshot();
+            json!({
+                "name": p.name(),
+                "version": p.version(),
+                "state": "active",
+                "calls": m.calls,
+                "errors": m.errors.iter().map(|(k, n)| (k.to_string(), *n)).collect::<std::collections::BTreeMap<_, _>>(),
+                "total_time_ms": m.total_time.as_secs_f64() * 1000.0,
+                "memory_high_water_bytes": p.metrics().memory_high_water(),
+            })
+        })
+        .collect();
+    Json(list).into_response()
 }

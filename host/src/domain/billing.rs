@@ -43,13 +43,23 @@ struct OrderConfirmed {
     total_cents: i64,
 }
 
+/// The order, from a plain payload or from a CloudEvents envelope's `data`.
+fn order_from(payload: &[u8]) -> Result<OrderConfirmed, serde_json::Error> {
+    let value: serde_json::Value = serde_json::from_slice(payload)?;
+    let inner = match value.get("specversion").and(value.get("data")) {
+        Some(data) => data.clone(),
+        None => value,
+    };
+    serde_json::from_value(inner)
+}
+
 /// The built-in billing handler used until the billing plugin replaces it.
 #[derive(Debug, Default, Clone)]
 pub struct BillingHandler;
 
 impl Handler for BillingHandler {
     async fn handle(&self, tx: &mut InboxTx, d: &Delivery) -> Result<(), HandlerError> {
-        let ev: OrderConfirmed = serde_json::from_slice(&d.payload).map_err(|e| {
+        let ev: OrderConfirmed = order_from(&d.payload).map_err(|e| {
             HandlerError::Permanent(format!(
                 "{}/{}@{}: payload is not an order.confirmed event ({e})",
                 d.topic, d.partition, d.offset

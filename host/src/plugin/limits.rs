@@ -51,6 +51,11 @@ pub struct MemoryCap {
 const MAX_TABLE_ELEMENTS: usize = 1 << 20;
 
 impl MemoryCap {
+    /// Bytes the instance's memories hold now.
+    pub fn used(&self) -> u64 {
+        self.used
+    }
+
     pub fn new(cap_bytes: u64) -> Self {
         Self {
             cap_bytes,

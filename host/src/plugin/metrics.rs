@@ -7,12 +7,27 @@ use serde::Serialize;
 
 use super::error::ErrorKind;
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct PluginMetrics {
     calls: AtomicU64,
     errors: [AtomicU64; ErrorKind::ALL.len()],
     nanos: AtomicU64,
     instantiations: AtomicU64,
+    latency: crate::metrics::Histogram,
+    memory_high_water: AtomicU64,
+}
+
+impl Default for PluginMetrics {
+    fn default() -> Self {
+        Self {
+            calls: AtomicU64::new(0),
+            errors: std::array::from_fn(|_| AtomicU64::new(0)),
+            nanos: AtomicU64::new(0),
+            instantiations: AtomicU64::new(0),
+            latency: crate::metrics::Histogram::with_buckets(&crate::metrics::CALL_BUCKETS),
+            memory_high_water: AtomicU64::new(0),
+        }
+    }
 }
 
 /// A point-in-time copy of [`PluginMetrics`].
@@ -37,12 +52,26 @@ impl MetricsSnapshot {
 impl PluginMetrics {
     pub(crate) fn record(&self, elapsed: Duration, error: Option<ErrorKind>) {
         self.calls.fetch_add(1, Ordering::Relaxed);
+        self.latency.observe(elapsed.as_secs_f64());
         self.nanos
             .fetch_add(elapsed.as_nanos() as u64, Ordering::Relaxed);
         if let Some(kind) = error {
             let i = ErrorKind::ALL.iter().position(|k| *k == kind).unwrap_or(0);
             self.errors[i].fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Remembers the memory an instance holds, keeping the largest.
+    pub(crate) fn memory_used(&self, bytes: u64) {
+        self.memory_high_water.fetch_max(bytes, Ordering::Relaxed);
+    }
+
+    pub fn memory_high_water(&self) -> u64 {
+        self.memory_high_water.load(Ordering::Relaxed)
+    }
+
+    pub fn latency(&self) -> &crate::metrics::Histogram {
+        &self.latency
     }
 
     pub(crate) fn instantiated(&self) {

@@ -225,6 +225,7 @@ impl TransformerPlugin {
         slot.store
             .set_epoch_deadline(self.deadline_ticks(self.limits.timeout_ms));
         let result = slot.bindings.call_transform(&mut slot.store, event).await;
+        self.metrics.memory_used(slot.store.data().memory.used());
         self.drain_logs(&slot.store);
         let outcome = match result {
             Ok(Ok(messages)) => self.check_output(messages),
