@@ -136,14 +136,28 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
     pub(super) async fn transform_and_publish(
         &self,
         ev: &OutboxEvent,
-        chain: &Chain,
+        chain: &Arc<Chain>,
     ) -> EventResult {
-        let outputs = match chain.run(guest_event(ev)).await {
-            Ok(outputs) => outputs,
-            Err(e) => {
+        // Plugin calls are CPU work: run each on its own task, so the calls
+        // of one batch spread over every runtime thread instead of taking
+        // turns on the relay's.
+        let task = {
+            let chain = Arc::clone(chain);
+            let event = guest_event(ev);
+            tokio::spawn(async move { chain.run(event).await })
+        };
+        let outputs = match task.await {
+            Ok(Ok(outputs)) => outputs,
+            Ok(Err(e)) => {
                 return EventResult::Failed {
                     permanent: e.error.is_permanent(),
                     error: e.to_string(),
+                };
+            }
+            Err(join) => {
+                return EventResult::Failed {
+                    permanent: false,
+                    error: format!("plugin chain {} stopped: {join}", chain.label()),
                 };
             }
         };
