@@ -11,6 +11,8 @@
 //! - [`limits`], [`host`], [`log`]: the sandbox — memory cap, locked-down
 //!   WASI, captured and rate-limited guest output.
 //! - [`cache`]: compiled components on disk, keyed by sha256.
+//! - [`registry`]: plugin versions stored in the database (deploy, activate,
+//!   rollback, retire, shadow), shared by every host on that database.
 //! - [`metrics`], [`error`], [`validate`].
 
 pub mod bindings;
@@ -23,6 +25,7 @@ pub mod host;
 pub mod limits;
 pub mod log;
 pub mod metrics;
+pub mod registry;
 pub mod transformer;
 pub mod validate;
 
@@ -34,4 +37,5 @@ pub use engine::{EngineConfig, PluginEngine};
 pub use error::{ErrorKind, PluginError};
 pub use limits::Limits;
 pub use metrics::{MetricsSnapshot, PluginMetrics};
+pub use registry::{Deployed, PluginRecord, Registry, RegistryError};
 pub use transformer::{PluginSpec, TransformerPlugin};
