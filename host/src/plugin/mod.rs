@@ -13,6 +13,7 @@
 //! - [`cache`]: compiled components on disk, keyed by sha256.
 //! - [`registry`]: plugin versions stored in the database (deploy, activate,
 //!   rollback, retire, shadow), shared by every host on that database.
+//! - [`shadow`]: compares a candidate's outputs with the active version's.
 //! - [`metrics`], [`error`], [`validate`].
 
 pub mod bindings;
@@ -26,6 +27,7 @@ pub mod limits;
 pub mod log;
 pub mod metrics;
 pub mod registry;
+pub mod shadow;
 pub mod transformer;
 pub mod validate;
 
@@ -38,4 +40,4 @@ pub use error::{ErrorKind, PluginError};
 pub use limits::Limits;
 pub use metrics::{MetricsSnapshot, PluginMetrics};
 pub use registry::{Deployed, PluginRecord, Registry, RegistryError};
-pub use transformer::{PluginSpec, TransformerPlugin};
+pub use transformer::{PluginSource, PluginSpec, TransformerPlugin};

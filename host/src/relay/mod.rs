@@ -23,7 +23,7 @@ use crate::store::{BatchOutcome, ClaimedBatch, FailedEvent, OutboxStore, StoreEr
 
 pub use backoff::Backoff;
 pub use route::{Route, Router};
-pub use transform::{Chains, build_chains};
+pub use transform::{ChainTable, Chains, RouteChain, Shadow, build_chains};
 
 /// `last_error` is cut to this many characters (seed 000).
 pub const MAX_ERROR_CHARS: usize = 500;
@@ -240,8 +240,9 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
     }
 
     async fn handle_event(&self, ev: &OutboxEvent) -> EventResult {
-        if let Some(chain) = self.chains.for_event(&self.router, &ev.event_type) {
-            return self.transform_and_publish(ev, chain).await;
+        // Read once: this event runs entirely on the versions of this snapshot.
+        if let Some(route) = self.chains.for_event(&self.router, &ev.event_type) {
+            return self.transform_and_publish(ev, &route).await;
         }
         match self.publish(self.message_for(ev)).await {
             Ok(()) => EventResult::Published(None),
