@@ -11,6 +11,7 @@
 //! - [`limits`], [`host`], [`log`]: the sandbox — memory cap, locked-down
 //!   WASI, captured and rate-limited guest output.
 //! - [`cache`]: compiled components on disk, keyed by sha256.
+//! - [`dev_dir`]: a directory whose files are deployed and activated (dev).
 //! - [`registry`]: plugin versions stored in the database (deploy, activate,
 //!   rollback, retire, shadow), shared by every host on that database.
 //! - [`shadow`]: compares a candidate's outputs with the active version's.
@@ -19,6 +20,7 @@
 pub mod bindings;
 pub mod cache;
 pub mod chain;
+pub mod dev_dir;
 pub mod engine;
 pub mod error;
 pub mod harness;

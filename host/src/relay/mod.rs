@@ -6,6 +6,7 @@
 //! ([`transform`]); the others take the plain path, untouched.
 
 pub mod backoff;
+pub mod rollout;
 pub mod route;
 pub mod transform;
 pub mod worker;
@@ -22,6 +23,7 @@ use crate::fault::{FaultPoint, Faults, InjectedFault};
 use crate::store::{BatchOutcome, ClaimedBatch, FailedEvent, OutboxStore, StoreError};
 
 pub use backoff::Backoff;
+pub use rollout::{Refreshed, Rollout};
 pub use route::{Route, Router};
 pub use transform::{ChainTable, Chains, RouteChain, Shadow, build_chains};
 
