@@ -28,7 +28,15 @@ pub fn router(state: AdminState) -> Router {
         .route("/api/dead/{seq}", get(show_dead))
         .route("/api/dead/{seq}/redrive", post(redrive_one))
         .route("/api/dead/{seq}/discard", post(discard_one))
-        .route("/api/plugins", get(plugins))
+        .route("/api/plugins", get(super::plugins::list))
+        .route(
+            "/api/plugins/{name}/activate/{version}",
+            post(super::plugins::activate),
+        )
+        .route(
+            "/api/plugins/{name}/rollback",
+            post(super::plugins::rollback),
+        )
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .route("/", get(|| async { Html(DASHBOARD) }))
@@ -203,9 +211,4 @@ async fn discard_one(
             .into_response(),
         Err(e) => internal(e),
     }
-}
-
-/// Plugins are not part of this build yet: an honest empty list.
-async fn plugins() -> Response {
-    Json(json!([])).into_response()
 }

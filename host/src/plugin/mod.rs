@@ -29,6 +29,7 @@ pub mod limits;
 pub mod log;
 pub mod metrics;
 pub mod registry;
+pub mod registry_cli;
 pub mod shadow;
 pub mod transformer;
 pub mod validate;
