@@ -87,27 +87,38 @@ impl Deployed {
     }
 }
 
-/// What a route needs from the registry: each plugin's active version and
-/// its shadow candidate, if any.
+/// One version a host may run, as [`Registry::desired`] reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DesiredRow {
+    pub name: String,
+    pub version: i64,
+    /// `active` or `candidate`; retired versions are left out.
+    pub state: String,
+    pub shadow: bool,
+    pub auto_promote_after: Option<i64>,
+}
+
+/// What hosts should run: each plugin's active version and shadow
+/// candidate, plus the other candidates, which hosts compile ahead so that
+/// activating one is only a swap.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Desired {
-    /// (name, version, shadow, auto_promote_after), ordered by name.
-    pub rows: Vec<(String, i64, bool, Option<i64>)>,
+    pub rows: Vec<DesiredRow>,
 }
 
 impl Desired {
     pub fn active(&self, name: &str) -> Option<i64> {
         self.rows
             .iter()
-            .find(|(n, _, shadow, _)| n == name && !shadow)
-            .map(|r| r.1)
+            .find(|r| r.name == name && r.state == "active")
+            .map(|r| r.version)
     }
 
     pub fn shadow(&self, name: &str) -> Option<(i64, Option<i64>)> {
         self.rows
             .iter()
-            .find(|(n, _, shadow, _)| n == name && *shadow)
-            .map(|r| (r.1, r.3))
+            .find(|r| r.name == name && r.shadow)
+            .map(|r| (r.version, r.auto_promote_after))
     }
 }
 
@@ -409,16 +420,22 @@ impl Registry {
         self.get(name, version).await
     }
 
-    /// The active and shadow versions: what a host should be running. Cheap
-    /// enough to poll every second.
+    /// Every version that is not retired, without bytes: what a host should
+    /// be running or ready to run. Cheap enough to poll every second.
     pub async fn desired(&self) -> Result<Desired, RegistryError> {
-        let sql = "SELECT name, CAST(version AS BIGINT), shadow, auto_promote_after FROM plugins WHERE state = 'active' OR shadow ORDER BY name, version";
+        let sql = "SELECT name, CAST(version AS BIGINT), state, shadow, auto_promote_after FROM plugins WHERE state <> 'retired' ORDER BY name, version";
         let rows = on_pool!(&self.db, |p| {
             sqlx::query(sql)
                 .fetch_all(p)
                 .await?
                 .iter()
-                .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+                .map(|r| DesiredRow {
+                    name: r.get(0),
+                    version: r.get(1),
+                    state: r.get(2),
+                    shadow: r.get(3),
+                    auto_promote_after: r.get(4),
+                })
                 .collect()
         });
         Ok(Desired { rows })

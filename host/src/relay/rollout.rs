@@ -91,19 +91,38 @@ impl Rollout {
         if self.applied.lock().ok().and_then(|a| a.clone()).as_ref() == Some(&desired) {
             return Ok(Refreshed::Unchanged);
         }
-        for (name, version, _, _) in &desired.rows {
-            self.load(name, *version).await?;
-        }
-        self.chains.replace(self.table(&desired));
-        let labels = desired
+        let used = |name: &str| {
+            self.routes
+                .iter()
+                .any(|r| r.transformers.iter().any(|t| t == name))
+        };
+        let (needed, ahead): (Vec<_>, Vec<_>) = desired
             .rows
             .iter()
-            .filter(|r| !r.2)
-            .map(|(n, v, _, _)| format!("{n}@{v}"))
+            .filter(|r| used(&r.name) && !self.files.contains_key(&r.name))
+            .partition(|r| r.state == "active" || r.shadow);
+        for r in &needed {
+            self.load(&r.name, r.version).await?;
+        }
+        let table = self.table(&desired);
+        let before = self.chains.snapshot();
+        self.chains.replace(table);
+        let labels: Vec<String> = needed
+            .iter()
+            .filter(|r| r.state == "active")
+            .map(|r| format!("{}@{}", r.name, r.version))
             .collect();
-        tracing::info!(?labels, "registry plugins swapped in");
+        if labels_of(&before) != labels_of(&self.chains.snapshot()) {
+            tracing::info!(?labels, "registry plugins swapped in");
+        }
         if let Ok(mut a) = self.applied.lock() {
-            *a = Some(desired);
+            *a = Some(desired.clone());
+        }
+        // Compile the other candidates now, so activating one is a swap.
+        for r in ahead {
+            if let Err(e) = self.load(&r.name, r.version).await {
+                tracing::warn!(error = %e, "candidate cannot be prepared; activating it will fail");
+            }
         }
         Ok(Refreshed::Swapped(labels))
     }
@@ -281,6 +300,16 @@ impl Rollout {
             }
         }
     }
+}
+
+/// The chain labels of a table, for logging real swaps only.
+fn labels_of(table: &ChainTable) -> Vec<String> {
+    table
+        .by_route
+        .iter()
+        .flatten()
+        .map(|rc| rc.active.label())
+        .collect()
 }
 
 /// Ticks on every registry notification; `None` when LISTEN fails (polling
