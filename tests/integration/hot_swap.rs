@@ -631,3 +631,65 @@ async fn a_clean_shadow_is_promoted_after_n_events(t: TestDb) {
     );
 }
 on_both!(a_clean_shadow_is_promoted_after_n_events);
+
+// ---- in flight ------------------------------------------------------------
+
+async fn an_event_in_flight_finishes_on_the_version_it_started_with(t: TestDb) {
+    let reg = Registry::new(t.db.clone());
+    let slow = deploy(&reg, "hostile-spin").await;
+    let next = deploy(&reg, "redact-pii").await;
+    reg.activate("t", slow, "test").await.expect("activate");
+    let host = rollout(&t.db, vec![registry_spec("t")], routes());
+    host.refresh().await.expect("refresh");
+    let slow_plugin = host.chains().snapshot().by_route[0]
+        .as_ref()
+        .expect("chain")
+        .active
+        .plugins()[0]
+        .clone();
+    let relay = relay(&t, ScriptedPublisher::new(), &host, routes());
+    let first = put(&t.db, "o1", json!({"spin_ms": 1000})).await;
+    let started = Instant::now();
+    let in_flight = tokio::spawn(async move {
+        let outcome = relay.step().await.expect("step");
+        (relay, outcome, started.elapsed())
+    });
+    // The call has begun once its Store is being instantiated. It spins for
+    // a second (blocking one runtime thread, as a busy plugin does), which
+    // leaves the swap ample time to finish first.
+    while slow_plugin.metrics().snapshot().instantiations == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the call never started"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let swap = Instant::now();
+    reg.activate("t", next, "test").await.expect("activate");
+    host.refresh().await.expect("refresh");
+    let swap_took = swap.elapsed();
+    assert_eq!(active_label(&host), format!("t@{next}"));
+    // A plugin call holds its runtime thread (the deadline traps, it does
+    // not yield), which can delay this task's I/O until the call ends; the
+    // versions below are checked either way, the overlap is reported.
+    let overlapped = !in_flight.is_finished();
+    let (relay, outcome, call_took) = in_flight.await.expect("in flight");
+    assert!(matches!(outcome, StepOutcome::Published(r) if r.published == 1));
+    let second = put(&t.db, "o2", json!({"spin_ms": 0})).await;
+    relay.step().await.expect("step");
+    let by = transformed_by(&t.db).await;
+    assert_eq!(
+        by[&first.to_string()],
+        Some(format!("t@{slow}")),
+        "in flight: old version"
+    );
+    assert_eq!(
+        by[&second.to_string()],
+        Some(format!("t@{next}")),
+        "next event: new version"
+    );
+    println!(
+        "in flight: activate + swap took {swap_took:?} (done while the call ran: {overlapped}); the 1000 ms call finished on t@{slow} after {call_took:?}"
+    );
+}
+on_both!(an_event_in_flight_finishes_on_the_version_it_started_with);
