@@ -175,6 +175,8 @@ enum PluginCommand {
         #[arg(long)]
         json: bool,
     },
+    #[command(flatten)]
+    Registry(crate::plugin::registry_cli::RegistryCommand),
 }
 
 pub fn main() -> ExitCode {
@@ -261,7 +263,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         });
         return crate::demo::run(args.clone()).await;
     }
-    if let Command::Plugin(cmd) = &cli.command {
+    if let Command::Plugin(cmd) = &cli.command
+        && !matches!(cmd, PluginCommand::Registry(_))
+    {
         init_logging(LogFormat::Human);
         return plugin_command(cmd).await;
     }
@@ -378,6 +382,13 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Plugin(PluginCommand::Registry(cmd)) => {
+            let db = connect(&config).await?;
+            if config.database.migrate_on_start {
+                migrate(&db).await?;
+            }
+            crate::plugin::registry_cli::run(&config, db, &cmd).await
+        }
         Command::Demo(_) | Command::Bench(_) | Command::Plugin(_) => unreachable!("handled above"),
         Command::Cleanup => {
             let db = connect(&config).await?;
@@ -465,6 +476,9 @@ async fn plugin_command(cmd: &PluginCommand) -> anyhow::Result<ExitCode> {
                     Ok(ExitCode::FAILURE)
                 }
             }
+        }
+        PluginCommand::Registry(_) => {
+            unreachable!("needs the database; dispatched with the config")
         }
         PluginCommand::Validate { wasm, json } => {
             let bytes =

@@ -209,6 +209,20 @@ pub struct PluginRuntimeSection {
     /// Use wasmtime's pooling instance allocator.
     #[serde(default)]
     pub pooling: bool,
+    /// How often registry plugins are re-read when no Postgres notification
+    /// arrives (SQLite relies on this alone). Default 1000.
+    #[serde(default)]
+    pub registry_poll_ms: Option<u64>,
+    /// Development mode: every `NAME.wasm` dropped in this directory is
+    /// deployed to the registry as plugin NAME and activated.
+    #[serde(default)]
+    pub watch_dir: Option<std::path::PathBuf>,
+}
+
+impl PluginRuntimeSection {
+    pub fn registry_poll(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.registry_poll_ms.unwrap_or(1000).max(10))
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -447,6 +461,22 @@ impl Config {
                     &format!("plugins[{i}].name"),
                     format!("`{}` is used by an earlier [[plugins]] entry", p.name),
                 );
+            }
+            let path_set = !p.path.as_os_str().is_empty();
+            match p.source {
+                crate::plugin::PluginSource::File if !path_set => {
+                    return bad(
+                        &format!("plugins[{i}].path"),
+                        "is required for a file plugin; or set source = \"registry\" to run the registry's active version".into(),
+                    );
+                }
+                crate::plugin::PluginSource::Registry if path_set => {
+                    return bad(
+                        &format!("plugins[{i}].path"),
+                        "a registry plugin takes its component from `outboxd plugin deploy`; remove path".into(),
+                    );
+                }
+                _ => {}
             }
             let l = p.limits;
             if l.timeout_ms == 0 || l.timeout_ms > 60_000 {

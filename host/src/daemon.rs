@@ -92,7 +92,10 @@ pub async fn spawn_pipeline(
     let mut set = JoinSet::new();
     let mut handles = PipelineHandles::default();
     let metrics = handles.metrics.clone();
-    let chains = load_chains(config)?;
+    let chains = match start_rollout(config, db, &mut set, &shutdown).await? {
+        Some(chains) => chains,
+        None => load_chains(config)?,
+    };
     metrics.register_plugins(chains.plugins());
     let mut broker_check: Option<crate::admin::BrokerCheck> = None;
     match config.transport.kind {
@@ -228,6 +231,66 @@ fn load_chains(config: &Config) -> Result<Chains, DaemonError> {
     let engine = crate::plugin::PluginEngine::new(config.plugin_engine_config())
         .map_err(|e| DaemonError::Plugin(e.to_string()))?;
     build_chains(&engine, &config.plugins, &config.routes).map_err(DaemonError::Plugin)
+}
+
+/// When a route names a `source = "registry"` plugin (or `watch_dir` is
+/// set), loads the registry's active versions and keeps them current;
+/// `None` leaves the static file chains to [`load_chains`].
+async fn start_rollout(
+    config: &Config,
+    db: &Db,
+    set: &mut JoinSet<Result<(), String>>,
+    shutdown: &watch::Receiver<bool>,
+) -> Result<Option<Chains>, DaemonError> {
+    use crate::plugin::{PluginSource, Registry};
+    let runtime = &config.plugin_runtime;
+    let uses_registry = config.plugins.iter().any(|p| {
+        p.source == PluginSource::Registry
+            && config
+                .routes
+                .iter()
+                .any(|r| r.transformers.contains(&p.name))
+    });
+    if !uses_registry && runtime.watch_dir.is_none() {
+        return Ok(None);
+    }
+    let engine = crate::plugin::PluginEngine::new(config.plugin_engine_config())
+        .map_err(|e| DaemonError::Plugin(e.to_string()))?;
+    let registry = Registry::new(db.clone());
+    if let Some(dir) = runtime.watch_dir.clone() {
+        let mut seen = Default::default();
+        crate::plugin::dev_dir::scan(&engine, &registry, &config.plugins, &dir, &mut seen).await;
+        let watch = crate::plugin::dev_dir::run(
+            engine.clone(),
+            registry.clone(),
+            config.plugins.clone(),
+            dir,
+            runtime.registry_poll(),
+            shutdown.clone(),
+        );
+        set.spawn(async move {
+            watch.await;
+            Ok(())
+        });
+    }
+    let rollout = crate::relay::Rollout::new(
+        engine,
+        registry,
+        config.plugins.clone(),
+        config.routes.clone(),
+    )
+    .map_err(DaemonError::Plugin)?;
+    rollout
+        .refresh()
+        .await
+        .map_err(|e| DaemonError::Plugin(e.to_string()))?;
+    let chains = rollout.chains();
+    let (poll, stop) = (runtime.registry_poll(), shutdown.clone());
+    set.spawn(async move {
+        rollout.run(poll, stop).await;
+        Ok(())
+    });
+    Ok(Some(chains))
 }
 
 /// Spawns the relay workers over the store that matches `db`.

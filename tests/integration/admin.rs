@@ -382,7 +382,7 @@ async fn plugin_metrics_and_list_are_served() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let (_, list) = http(addr, "GET", "/api/plugins", Some(TOKEN), None).await;
+    let (_, list) = http(addr, "GET", "/api/plugins/loaded", Some(TOKEN), None).await;
     let list: Vec<serde_json::Value> = serde_json::from_str(&list).expect("json");
     assert_eq!(list.len(), 1);
     assert_eq!(

@@ -9,6 +9,7 @@ mod backoff;
 mod config;
 mod dead_letters;
 mod embedded;
+mod hot_swap;
 mod idempotency;
 mod kafka;
 mod matrix;

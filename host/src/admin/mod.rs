@@ -4,6 +4,7 @@
 
 mod auth;
 mod history;
+mod plugins;
 mod routes;
 
 use std::net::SocketAddr;

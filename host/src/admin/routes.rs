@@ -28,7 +28,16 @@ pub fn router(state: AdminState) -> Router {
         .route("/api/dead/{seq}", get(show_dead))
         .route("/api/dead/{seq}/redrive", post(redrive_one))
         .route("/api/dead/{seq}/discard", post(discard_one))
-        .route("/api/plugins", get(plugins))
+        .route("/api/plugins", get(super::plugins::list))
+        .route("/api/plugins/loaded", get(loaded_plugins))
+        .route(
+            "/api/plugins/{name}/activate/{version}",
+            post(super::plugins::activate),
+        )
+        .route(
+            "/api/plugins/{name}/rollback",
+            post(super::plugins::rollback),
+        )
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .route("/", get(|| async { Html(DASHBOARD) }))
@@ -205,8 +214,9 @@ async fn discard_one(
     }
 }
 
-/// The transformer plugins this process has loaded, with their counters.
-async fn plugins(State(s): State<AdminState>) -> Response {
+/// The transformer plugins this process has loaded (from files or the
+/// registry), with their counters.
+async fn loaded_plugins(State(s): State<AdminState>) -> Response {
     let list: Vec<serde_json::Value> = s
         .metrics
         .plugins()
@@ -216,7 +226,7 @@ async fn plugins(State(s): State<AdminState>) -> Response {
             json!({
                 "name": p.name(),
                 "version": p.version(),
-                "state": "active",
+                "state": "loaded",
                 "calls": m.calls,
                 "errors": m.errors.iter().map(|(k, n)| (k.to_string(), *n)).collect::<std::collections::BTreeMap<_, _>>(),
                 "total_time_ms": m.total_time.as_secs_f64() * 1000.0,

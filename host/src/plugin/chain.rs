@@ -19,11 +19,34 @@ pub struct ChainError {
 #[derive(Debug, Clone)]
 pub struct Chain {
     plugins: Vec<Arc<TransformerPlugin>>,
+    /// Set when a registry plugin of the chain has no active version: every
+    /// event fails with this (retryable) reason until one is activated.
+    unavailable: Option<ChainError>,
 }
 
 impl Chain {
     pub fn new(plugins: Vec<Arc<TransformerPlugin>>) -> Self {
-        Self { plugins }
+        Self {
+            plugins,
+            unavailable: None,
+        }
+    }
+
+    /// A chain that cannot run yet: `plugin` (a registry name) has no
+    /// active version.
+    pub fn unavailable(plugin: &str) -> Self {
+        Self {
+            plugins: Vec::new(),
+            unavailable: Some(ChainError {
+                plugin: plugin.to_string(),
+                error: PluginError::Guest {
+                    retryable: true,
+                    message:
+                        "no version is active in the plugin registry; run `outboxd plugin activate`"
+                            .into(),
+                },
+            }),
+        }
     }
 
     pub fn plugins(&self) -> &[Arc<TransformerPlugin>] {
@@ -43,6 +66,9 @@ impl Chain {
     /// filtered. The fan-out cap of the last plugin also caps the chain's
     /// total, so two splitting plugins cannot multiply past it.
     pub async fn run(&self, event: GuestEvent) -> Result<Vec<GuestMessage>, ChainError> {
+        if let Some(e) = &self.unavailable {
+            return Err(e.clone());
+        }
         let mut current: Vec<(GuestEvent, Option<String>)> = vec![(event, None)];
         for plugin in &self.plugins {
             let mut next = Vec::with_capacity(current.len());

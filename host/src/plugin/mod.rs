@@ -11,11 +11,16 @@
 //! - [`limits`], [`host`], [`log`]: the sandbox — memory cap, locked-down
 //!   WASI, captured and rate-limited guest output.
 //! - [`cache`]: compiled components on disk, keyed by sha256.
+//! - [`dev_dir`]: a directory whose files are deployed and activated (dev).
+//! - [`registry`]: plugin versions stored in the database (deploy, activate,
+//!   rollback, retire, shadow), shared by every host on that database.
+//! - [`shadow`]: compares a candidate's outputs with the active version's.
 //! - [`metrics`], [`error`], [`validate`].
 
 pub mod bindings;
 pub mod cache;
 pub mod chain;
+pub mod dev_dir;
 pub mod engine;
 pub mod error;
 pub mod harness;
@@ -23,6 +28,9 @@ pub mod host;
 pub mod limits;
 pub mod log;
 pub mod metrics;
+pub mod registry;
+pub mod registry_cli;
+pub mod shadow;
 pub mod transformer;
 pub mod validate;
 
@@ -34,4 +42,5 @@ pub use engine::{EngineConfig, PluginEngine};
 pub use error::{ErrorKind, PluginError};
 pub use limits::Limits;
 pub use metrics::{MetricsSnapshot, PluginMetrics};
-pub use transformer::{PluginSpec, TransformerPlugin};
+pub use registry::{Deployed, PluginRecord, Registry, RegistryError};
+pub use transformer::{PluginSource, PluginSpec, TransformerPlugin};

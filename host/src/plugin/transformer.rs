@@ -22,13 +22,29 @@ use super::log::{LineBudget, drain};
 use super::metrics::PluginMetrics;
 use super::{cache, validate};
 
+/// Where a plugin's component comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PluginSource {
+    /// The `path` file, loaded once at start.
+    #[default]
+    File,
+    /// The active version in the database's plugin registry, swapped while
+    /// running (`outboxd plugin deploy|activate|rollback`).
+    Registry,
+}
+
 /// A `[[plugins]]` entry of the config file.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PluginSpec {
-    /// The name routes use in `transformers = [...]`.
+    /// The name routes use in `transformers = [...]`; for a registry plugin
+    /// also its name in the registry.
     pub name: String,
-    /// The component file (`.wasm`).
+    #[serde(default)]
+    pub source: PluginSource,
+    /// The component file (`.wasm`); empty for a registry plugin.
+    #[serde(default)]
     pub path: PathBuf,
     /// Recorded with every event the plugin touches; defaults to
     /// `sha256:<first 12 hex digits of the file>`.
@@ -45,6 +61,7 @@ impl PluginSpec {
     pub fn new(name: impl Into<String>, path: impl Into<PathBuf>) -> Self {
         Self {
             name: name.into(),
+            source: PluginSource::File,
             path: path.into(),
             version: None,
             limits: Limits::default(),

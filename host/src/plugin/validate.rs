@@ -78,7 +78,7 @@ fn verdict(import: &str) -> Verdict {
 pub fn validate(engine: &PluginEngine, wasm: &[u8]) -> Result<Validation, PluginError> {
     check_is_component(wasm).map_err(PluginError::Invalid)?;
     let component = Component::new(engine.engine(), wasm)
-        .map_err(|e| PluginError::Invalid(format!("does not compile: {e}")))?;
+        .map_err(|e| PluginError::Invalid(format!("does not compile: {e:#}")))?;
     let ty = component.component_type();
     let imports: Vec<(String, Verdict)> = ty
         .imports(engine.engine())

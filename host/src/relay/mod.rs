@@ -6,6 +6,7 @@
 //! ([`transform`]); the others take the plain path, untouched.
 
 pub mod backoff;
+pub mod rollout;
 pub mod route;
 pub mod transform;
 pub mod worker;
@@ -22,8 +23,9 @@ use crate::fault::{FaultPoint, Faults, InjectedFault};
 use crate::store::{BatchOutcome, ClaimedBatch, FailedEvent, OutboxStore, StoreError};
 
 pub use backoff::Backoff;
+pub use rollout::{Refreshed, Rollout};
 pub use route::{Route, Router};
-pub use transform::{Chains, build_chains};
+pub use transform::{ChainTable, Chains, RouteChain, Shadow, build_chains};
 
 /// `last_error` is cut to this many characters (seed 000).
 pub const MAX_ERROR_CHARS: usize = 500;
@@ -240,8 +242,9 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
     }
 
     async fn handle_event(&self, ev: &OutboxEvent) -> EventResult {
-        if let Some(chain) = self.chains.for_event(&self.router, &ev.event_type) {
-            return self.transform_and_publish(ev, chain).await;
+        // Read once: this event runs entirely on the versions of this snapshot.
+        if let Some(route) = self.chains.for_event(&self.router, &ev.event_type) {
+            return self.transform_and_publish(ev, &route).await;
         }
         match self.publish(self.message_for(ev)).await {
             Ok(()) => EventResult::Published(None),

@@ -4,7 +4,8 @@
 //! a crash produces the same ids and consumers still deduplicate.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
 
 use futures_util::future::join_all;
 use uuid::Uuid;
@@ -12,33 +13,82 @@ use uuid::Uuid;
 use super::{EventResult, Relay, Route, Router};
 use crate::broker::{OutgoingMessage, Publisher, headers};
 use crate::event::OutboxEvent;
+use crate::plugin::shadow::{self, ShadowStats};
 use crate::plugin::{Chain, GuestEvent, GuestMessage, PluginEngine, PluginSpec, TransformerPlugin};
 use crate::store::OutboxStore;
 
 /// Split outputs carry the outbox id they came from in this header.
 pub const SOURCE_ID_HEADER: &str = "source-message-id";
 
+/// What one route runs: its chain and, while a candidate is in shadow, the
+/// same chain with the candidate in place of the active version.
+#[derive(Debug, Clone)]
+pub struct RouteChain {
+    pub active: Arc<Chain>,
+    pub shadow: Option<Shadow>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Shadow {
+    pub chain: Arc<Chain>,
+    pub stats: Arc<ShadowStats>,
+}
+
 /// The chain of each route, by route index; empty when no route has one,
 /// which keeps the plain path to one `is_empty` check.
 #[derive(Debug, Clone, Default)]
+pub struct ChainTable {
+    pub by_route: Vec<Option<RouteChain>>,
+}
+
+/// The chains every relay worker of a host shares. A registry rollout
+/// replaces the whole table at once; a worker reads it once per event, so
+/// each event runs entirely on one version and calls in flight finish on
+/// the version they started with.
+#[derive(Debug, Clone, Default)]
 pub struct Chains {
-    by_route: Vec<Option<Arc<Chain>>>,
+    table: Arc<RwLock<Arc<ChainTable>>>,
 }
 
 impl Chains {
-    pub fn for_event(&self, router: &Router, event_type: &str) -> Option<&Arc<Chain>> {
-        if self.by_route.is_empty() {
+    pub fn new(table: ChainTable) -> Self {
+        Self {
+            table: Arc::new(RwLock::new(Arc::new(table))),
+        }
+    }
+
+    /// The current table; hold it for one event.
+    pub fn snapshot(&self) -> Arc<ChainTable> {
+        match self.table.read() {
+            Ok(t) => t.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Swaps in a new table for every worker sharing these chains.
+    pub fn replace(&self, table: ChainTable) {
+        let table = Arc::new(table);
+        match self.table.write() {
+            Ok(mut t) => *t = table,
+            Err(poisoned) => *poisoned.into_inner() = table,
+        }
+    }
+
+    pub fn for_event(&self, router: &Router, event_type: &str) -> Option<RouteChain> {
+        let table = self.snapshot();
+        if table.by_route.is_empty() {
             return None;
         }
         let i = router.route_index(event_type)?;
-        self.by_route.get(i)?.as_ref()
+        table.by_route.get(i)?.clone()
     }
 
     /// Every plugin loaded for these chains, once each.
     pub fn plugins(&self) -> Vec<Arc<TransformerPlugin>> {
+        let table = self.snapshot();
         let mut seen: Vec<Arc<TransformerPlugin>> = Vec::new();
-        for chain in self.by_route.iter().flatten() {
-            for p in chain.plugins() {
+        for rc in table.by_route.iter().flatten() {
+            for p in rc.active.plugins() {
                 if !seen.iter().any(|s| Arc::ptr_eq(s, p)) {
                     seen.push(p.clone());
                 }
@@ -90,9 +140,12 @@ pub fn build_chains(
             };
             chain.push(plugin);
         }
-        by_route.push(Some(Arc::new(Chain::new(chain))));
+        by_route.push(Some(RouteChain {
+            active: Arc::new(Chain::new(chain)),
+            shadow: None,
+        }));
     }
-    Ok(Chains { by_route })
+    Ok(Chains::new(ChainTable { by_route }))
 }
 
 /// The event as a guest sees it.
@@ -136,15 +189,21 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
     pub(super) async fn transform_and_publish(
         &self,
         ev: &OutboxEvent,
-        chain: &Arc<Chain>,
+        route: &RouteChain,
     ) -> EventResult {
-        // Plugin calls are CPU work: run each on its own task, so the calls
-        // of one batch spread over every runtime thread instead of taking
-        // turns on the relay's.
+        let chain = &route.active;
+        // Plugin calls are CPU work: run each event's chain on its own task,
+        // so the calls of one batch spread over every runtime thread instead
+        // of taking turns on the relay's.
         let task = {
-            let chain = Arc::clone(chain);
-            let event = guest_event(ev);
-            tokio::spawn(async move { chain.run(event).await })
+            let route = route.clone();
+            let ev = ev.clone();
+            tokio::spawn(async move {
+                match &route.shadow {
+                    None => route.active.run(guest_event(&ev)).await,
+                    Some(shadow) => run_with_shadow(&ev, &route.active, shadow).await,
+                }
+            })
         };
         let outputs = match task.await {
             Ok(Ok(outputs)) => outputs,
@@ -188,6 +247,31 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         }
         failure.unwrap_or_else(|| EventResult::Published(Some(chain.label())))
     }
+}
+
+/// Runs the active and the shadow chain side by side on the same event and
+/// counts how they compared; only the active result is returned.
+async fn run_with_shadow(
+    ev: &OutboxEvent,
+    chain: &Chain,
+    shadow: &Shadow,
+) -> Result<Vec<GuestMessage>, crate::plugin::ChainError> {
+    let timed = |c: &Chain| {
+        let event = guest_event(ev);
+        let c = c.clone();
+        async move {
+            let start = Instant::now();
+            let r = c.run(event).await;
+            (r, start.elapsed())
+        }
+    };
+    let ((active, active_time), (candidate, shadow_time)) =
+        tokio::join!(timed(chain), timed(&shadow.chain));
+    let comparison = shadow::compare(&active, &candidate);
+    shadow
+        .stats
+        .record(&ev.id.0.to_string(), &comparison, active_time, shadow_time);
+    active
 }
 
 fn plugin_message(

@@ -41,6 +41,11 @@ const POSTGRES: &[Migration] = &[
         name: "plugins",
         sql: include_str!("../../../migrations/postgres/0005_plugins.sql"),
     },
+    Migration {
+        version: 6,
+        name: "plugin_registry",
+        sql: include_str!("../../../migrations/postgres/0006_plugin_registry.sql"),
+    },
 ];
 
 const SQLITE: &[Migration] = &[
@@ -68,6 +73,11 @@ const SQLITE: &[Migration] = &[
         version: 5,
         name: "plugins",
         sql: include_str!("../../../migrations/sqlite/0005_plugins.sql"),
+    },
+    Migration {
+        version: 6,
+        name: "plugin_registry",
+        sql: include_str!("../../../migrations/sqlite/0006_plugin_registry.sql"),
     },
 ];
 

@@ -1,0 +1,344 @@
+//! Registry rollout on one host: keeps the relay's chains on the registry's
+//! active (and shadow) versions. [`Rollout::refresh`] is one step — read
+//! what should run, load what is new, swap the table — and [`Rollout::run`]
+//! drives it on every Postgres notification and on a polling interval.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use super::route::Route;
+use super::transform::{ChainTable, Chains, RouteChain, Shadow};
+use crate::plugin::registry::{Desired, NOTIFY_CHANNEL, Registry, RegistryError};
+use crate::plugin::shadow::ShadowStats;
+use crate::plugin::{Chain, PluginEngine, PluginSource, PluginSpec, TransformerPlugin};
+use crate::store::Db;
+
+/// What a refresh changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refreshed {
+    Unchanged,
+    /// The table was swapped; the labels now active, e.g. `["pii@3"]`.
+    Swapped(Vec<String>),
+}
+
+pub struct Rollout {
+    registry: Registry,
+    engine: PluginEngine,
+    specs: Vec<PluginSpec>,
+    routes: Vec<Route>,
+    files: BTreeMap<String, Arc<TransformerPlugin>>,
+    /// Registry versions loaded so far, by (name, version); versions are
+    /// immutable, so a reactivation reuses the compiled plugin.
+    loaded: Mutex<BTreeMap<(String, i64), Arc<TransformerPlugin>>>,
+    stats: Mutex<BTreeMap<(String, i64), Arc<ShadowStats>>>,
+    applied: Mutex<Option<Desired>>,
+    chains: Chains,
+    host: String,
+}
+
+impl Rollout {
+    /// Loads the file plugins the routes use; registry plugins start
+    /// unavailable until the first [`refresh`](Self::refresh).
+    pub fn new(
+        engine: PluginEngine,
+        registry: Registry,
+        specs: Vec<PluginSpec>,
+        routes: Vec<Route>,
+    ) -> Result<Self, String> {
+        let mut files = BTreeMap::new();
+        for (i, spec) in specs.iter().enumerate() {
+            let used = routes.iter().any(|r| r.transformers.contains(&spec.name));
+            if spec.source == PluginSource::File && used {
+                let p = TransformerPlugin::load(&engine, spec)
+                    .map_err(|e| format!("config key `plugins[{i}]`: {e}"))?;
+                files.insert(spec.name.clone(), Arc::new(p));
+            }
+        }
+        let rollout = Self {
+            registry,
+            engine,
+            specs,
+            routes,
+            files,
+            loaded: Mutex::default(),
+            stats: Mutex::default(),
+            applied: Mutex::default(),
+            chains: Chains::default(),
+            host: format!("host-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]),
+        };
+        rollout.chains.replace(rollout.table(&Desired::default()));
+        Ok(rollout)
+    }
+
+    /// The chains to give every relay worker of this host.
+    pub fn chains(&self) -> Chains {
+        self.chains.clone()
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// Reads the registry and, when it changed, loads the new versions and
+    /// swaps the chains. A version that fails to load leaves the previous
+    /// table in place.
+    pub async fn refresh(&self) -> Result<Refreshed, RegistryError> {
+        self.save_stats_and_promote().await?;
+        let desired = self.registry.desired().await?;
+        if self.applied.lock().ok().and_then(|a| a.clone()).as_ref() == Some(&desired) {
+            return Ok(Refreshed::Unchanged);
+        }
+        let used = |name: &str| {
+            self.routes
+                .iter()
+                .any(|r| r.transformers.iter().any(|t| t == name))
+        };
+        let (needed, ahead): (Vec<_>, Vec<_>) = desired
+            .rows
+            .iter()
+            .filter(|r| used(&r.name) && !self.files.contains_key(&r.name))
+            .partition(|r| r.state == "active" || r.shadow);
+        for r in &needed {
+            self.load(&r.name, r.version).await?;
+        }
+        let table = self.table(&desired);
+        let before = self.chains.snapshot();
+        self.chains.replace(table);
+        let labels: Vec<String> = needed
+            .iter()
+            .filter(|r| r.state == "active")
+            .map(|r| format!("{}@{}", r.name, r.version))
+            .collect();
+        if labels_of(&before) != labels_of(&self.chains.snapshot()) {
+            tracing::info!(?labels, "registry plugins swapped in");
+        }
+        if let Ok(mut a) = self.applied.lock() {
+            *a = Some(desired.clone());
+        }
+        // Compile the other candidates now, so activating one is a swap.
+        for r in ahead {
+            if let Err(e) = self.load(&r.name, r.version).await {
+                tracing::warn!(error = %e, "candidate cannot be prepared; activating it will fail");
+            }
+        }
+        Ok(Refreshed::Swapped(labels))
+    }
+
+    /// Loads one registry version unless it is loaded already.
+    async fn load(&self, name: &str, version: i64) -> Result<(), RegistryError> {
+        let key = (name.to_string(), version);
+        if self
+            .loaded
+            .lock()
+            .map(|l| l.contains_key(&key))
+            .unwrap_or(false)
+        {
+            return Ok(());
+        }
+        let wasm = self.registry.component(name, version).await?;
+        let mut spec = self
+            .specs
+            .iter()
+            .find(|s| s.name == name)
+            .cloned()
+            .unwrap_or_else(|| PluginSpec::new(name, ""));
+        spec.version = Some(version.to_string());
+        spec.path = format!("registry:{name}@{version}").into();
+        let engine = self.engine.clone();
+        // Compiling is CPU work: keep it off the relay's async threads.
+        let plugin = tokio::task::spawn_blocking(move || {
+            TransformerPlugin::from_bytes(&engine, &spec, &wasm)
+        })
+        .await
+        .map_err(|e| RegistryError::Conflict {
+            name: name.into(),
+            reason: format!("loading version {version} panicked: {e}"),
+        })?
+        .map_err(|e| RegistryError::Refused {
+            name: name.into(),
+            reason: e.to_string(),
+        })?;
+        if let Ok(mut l) = self.loaded.lock() {
+            l.insert(key, Arc::new(plugin));
+        }
+        Ok(())
+    }
+
+    fn loaded(&self, name: &str, version: i64) -> Option<Arc<TransformerPlugin>> {
+        self.loaded
+            .lock()
+            .ok()?
+            .get(&(name.to_string(), version))
+            .cloned()
+    }
+
+    fn stats_for(&self, name: &str, version: i64) -> Arc<ShadowStats> {
+        match self.stats.lock() {
+            Ok(mut s) => s.entry((name.to_string(), version)).or_default().clone(),
+            Err(_) => Arc::default(),
+        }
+    }
+
+    /// Builds every route's chain from the file plugins and `desired`.
+    fn table(&self, desired: &Desired) -> ChainTable {
+        let mut by_route = Vec::with_capacity(self.routes.len());
+        for route in &self.routes {
+            if route.transformers.is_empty() {
+                by_route.push(None);
+                continue;
+            }
+            let mut active = Vec::new();
+            let mut missing = None;
+            // At most one plugin of a chain runs in shadow at a time.
+            let mut shadow: Option<(Vec<Arc<TransformerPlugin>>, String, i64)> = None;
+            for name in &route.transformers {
+                let plugin = match self.files.get(name) {
+                    Some(p) => Some(p.clone()),
+                    None => desired.active(name).and_then(|v| self.loaded(name, v)),
+                };
+                let Some(plugin) = plugin else {
+                    missing.get_or_insert(name.clone());
+                    continue;
+                };
+                let candidate = desired
+                    .shadow(name)
+                    .and_then(|(v, _)| self.loaded(name, v).map(|p| (p, v)));
+                match (&mut shadow, candidate) {
+                    (None, Some((c, v))) => {
+                        let mut plugins = active.clone();
+                        plugins.push(c);
+                        shadow = Some((plugins, name.clone(), v));
+                    }
+                    (Some((plugins, _, _)), _) => plugins.push(plugin.clone()),
+                    (None, None) => {}
+                }
+                active.push(plugin);
+            }
+            let route_chain = match missing {
+                Some(name) => RouteChain {
+                    active: Arc::new(Chain::unavailable(&name)),
+                    shadow: None,
+                },
+                None => RouteChain {
+                    active: Arc::new(Chain::new(active)),
+                    shadow: shadow.map(|(plugins, name, v)| Shadow {
+                        chain: Arc::new(Chain::new(plugins)),
+                        stats: self.stats_for(&name, v),
+                    }),
+                },
+            };
+            by_route.push(Some(route_chain));
+        }
+        ChainTable { by_route }
+    }
+
+    /// Stores this host's shadow counters and promotes a candidate whose
+    /// `auto_promote_after` clean events have run.
+    pub async fn save_stats_and_promote(&self) -> Result<(), RegistryError> {
+        let stats: Vec<_> = match self.stats.lock() {
+            Ok(s) => s.iter().map(|(k, v)| (k.clone(), v.totals())).collect(),
+            Err(_) => Vec::new(),
+        };
+        let applied = self.applied.lock().ok().and_then(|a| a.clone());
+        for ((name, version), totals) in stats {
+            if totals == Default::default() {
+                continue;
+            }
+            self.registry
+                .save_shadow_stats(&self.host, &name, version, &totals)
+                .await?;
+            let threshold = applied
+                .as_ref()
+                .and_then(|d| d.shadow(&name))
+                .filter(|(v, _)| *v == version)
+                .and_then(|(_, n)| n);
+            if let Some(n) = threshold {
+                let all = self.registry.get(&name, version).await?.shadow_stats;
+                if all.matches >= n && all.mismatches == 0 && all.errors == 0 {
+                    tracing::info!(plugin = %name, version, matches = all.matches, "shadow clean: promoting");
+                    self.registry
+                        .activate(&name, version, "auto-promote")
+                        .await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Refreshes on every notification (Postgres) and every `poll`, until
+    /// `shutdown` turns true. Errors are logged; the host keeps running the
+    /// versions it has.
+    pub async fn run(&self, poll: Duration, mut shutdown: watch::Receiver<bool>) {
+        let mut notified = match self.registry.db() {
+            Db::Postgres(pool) => listen(pool).await,
+            Db::Sqlite(_) => None,
+        };
+        loop {
+            if let Err(e) = self.refresh().await {
+                tracing::warn!(error = %e, "plugin registry refresh failed; keeping the running versions");
+            }
+            let wait_notify = async {
+                match notified.as_mut() {
+                    Some(rx) => {
+                        if rx.changed().await.is_err() {
+                            std::future::pending::<()>().await
+                        }
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(poll) => {}
+                _ = wait_notify => {}
+                _ = shutdown.changed() => {}
+            }
+            if *shutdown.borrow() {
+                return;
+            }
+        }
+    }
+}
+
+/// The chain labels of a table, for logging real swaps only.
+fn labels_of(table: &ChainTable) -> Vec<String> {
+    table
+        .by_route
+        .iter()
+        .flatten()
+        .map(|rc| rc.active.label())
+        .collect()
+}
+
+/// Ticks on every registry notification; `None` when LISTEN fails (polling
+/// still finds every change).
+async fn listen(pool: &sqlx::PgPool) -> Option<watch::Receiver<u64>> {
+    let mut listener = match sqlx::postgres::PgListener::connect_with(pool).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot LISTEN for plugin changes; polling only");
+            return None;
+        }
+    };
+    if let Err(e) = listener.listen(NOTIFY_CHANNEL).await {
+        tracing::warn!(error = %e, "cannot LISTEN for plugin changes; polling only");
+        return None;
+    }
+    let (tx, rx) = watch::channel(0u64);
+    tokio::spawn(async move {
+        loop {
+            let result = tokio::select! {
+                r = listener.recv() => r,
+                _ = tx.closed() => return,
+            };
+            if let Err(e) = result {
+                tracing::warn!(error = %e, "plugin LISTEN connection failed; polling until it is back");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            tx.send_modify(|v| *v = v.wrapping_add(1));
+        }
+    });
+    Some(rx)
+}
