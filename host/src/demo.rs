@@ -108,13 +108,11 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         .await
         .map_err(|e| anyhow::anyhow!("--kafka {bootstrap}: {e}"))?;
     }
-    config.consumers = vec![ConsumerSection {
-        name: consumer,
-        topics: vec![topic],
-        handler: "builtin:billing".into(),
-        batch_in_transaction: 1,
-        max_attempts: 5,
-    }];
+    config.consumers = vec![ConsumerSection::new(
+        consumer,
+        vec![topic],
+        "builtin:billing",
+    )];
     let (stop_tx, stop_rx) = watch::channel(false);
     let (set, handles) =
         spawn_pipeline(&config, &db, crate::fault::Faults::none(), stop_rx).await?;

@@ -8,6 +8,9 @@
 //! - [`transformer`]: one plugin version, prepared once (`Component` plus
 //!   `InstancePre`), called per event in a reused, sandboxed Store.
 //! - [`chain`]: runs a route's chain of transformers over one event.
+//! - [`consumer`]: one consumer plugin version, called per message with a
+//!   borrowed [`transaction`] whose SQL values are converted by
+//!   [`sql_values`].
 //! - [`limits`], [`host`], [`log`]: the sandbox — memory cap, locked-down
 //!   WASI, captured and rate-limited guest output.
 //! - [`cache`]: compiled components on disk, keyed by sha256.
@@ -16,6 +19,7 @@
 pub mod bindings;
 pub mod cache;
 pub mod chain;
+pub mod consumer;
 pub mod engine;
 pub mod error;
 pub mod harness;
@@ -23,6 +27,8 @@ pub mod host;
 pub mod limits;
 pub mod log;
 pub mod metrics;
+pub mod sql_values;
+pub mod transaction;
 pub mod transformer;
 pub mod validate;
 
@@ -30,8 +36,10 @@ pub use bindings::transformer::outbox::plugin::types::{
     Event as GuestEvent, OutgoingMessage as GuestMessage,
 };
 pub use chain::{Chain, ChainError};
+pub use consumer::ConsumerPlugin;
 pub use engine::{EngineConfig, PluginEngine};
 pub use error::{ErrorKind, PluginError};
 pub use limits::Limits;
 pub use metrics::{MetricsSnapshot, PluginMetrics};
+pub use transaction::TxnPolicy;
 pub use transformer::{PluginSpec, TransformerPlugin};
