@@ -1,6 +1,6 @@
 //! Hostile: writes an invoice, then tries to escape the host's transaction
 //! with the statement named by config `attack` (`commit`, `ddl`,
-//! `set_role`, `multi`), ignores the refusal and returns `ok`. The host
+//! `set_role`, `multi`, or `read_outbox` for the role check), ignores the refusal and returns `ok`. The host
 //! must refuse the statement and roll back the message anyway.
 
 use outboxd_guest::{Consumer, Delivery, Result, Transaction, config};
@@ -18,6 +18,8 @@ impl Consumer for Escape {
             Some("ddl") => "DROP TABLE invoices",
             Some("set_role") => "SET ROLE postgres",
             Some("multi") => "DELETE FROM inbox; DELETE FROM invoices",
+            // Passes the guard; the database's role check must stop it.
+            Some("read_outbox") => "SELECT * FROM outbox",
             _ => "COMMIT",
         };
         let _ignored = tx.execute(sql, &[]);

@@ -1,6 +1,6 @@
-//! Hostile: writes an invoice and then traps. Config `trap_until_attempt`
-//! is not needed: a message whose payload has `"trap": false` is handled
-//! normally, so a test can redeliver the same message id and see it succeed.
+//! Hostile: writes an invoice and then traps, unless config `trap` is
+//! `"false"`: a test redelivers the same message to a fixed version of the
+//! plugin and sees it succeed once.
 
 use outboxd_guest::{Consumer, Delivery, Result, Transaction};
 
@@ -13,8 +13,7 @@ impl Consumer for TrapAfterWrite {
              VALUES ('trap', 'trap', 1, $1, 0)",
             &[message.id.as_str().into()],
         )?;
-        let input: serde_json::Value = message.json()?;
-        if input.get("trap") != Some(&serde_json::Value::Bool(false)) {
+        if outboxd_guest::config::get("trap").as_deref() != Some("false") {
             panic!("trapping after a write");
         }
         Ok(())
