@@ -110,6 +110,8 @@ enum BenchCommand {
     Claim(crate::bench::ClaimBenchArgs),
     /// Relay throughput over batch sizes and workers, against seed 000's design.
     Relay(crate::bench::RelayBenchArgs),
+    /// Consumer throughput: per message against batched, native against plugin.
+    Consumer(crate::bench::ConsumerBenchArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -248,6 +250,11 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             r.fill_seconds
         );
         println!("{}", serde_json::to_string(&r)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let Command::Bench(BenchCommand::Consumer(args)) = &cli.command {
+        init_logging(LogFormat::Human);
+        crate::bench::consumer(args).await?;
         return Ok(ExitCode::SUCCESS);
     }
     if let Command::Bench(BenchCommand::Relay(args)) = &cli.command {

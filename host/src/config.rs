@@ -181,7 +181,8 @@ pub struct ConsumerSection {
     /// The consumer's name in the inbox and its consumer group.
     pub name: String,
     pub topics: Vec<String>,
-    /// `builtin:billing` for now.
+    /// `builtin:billing`, or `plugin:NAME` for a consumer plugin of the
+    /// `[[plugins]]` section.
     pub handler: String,
     /// Messages of one partition per transaction, each in a savepoint.
     #[serde(default = "one")]
@@ -189,6 +190,71 @@ pub struct ConsumerSection {
     /// Failed attempts before a message is dead-lettered.
     #[serde(default = "five")]
     pub max_attempts: u32,
+    /// Postgres, plugin handlers: the role the plugin's statements run as
+    /// (`SET LOCAL ROLE`); unset keeps the host's role.
+    #[serde(default)]
+    pub db_role: Option<String>,
+    /// Postgres, plugin handlers: `SET LOCAL statement_timeout`.
+    #[serde(default = "default_statement_timeout_ms")]
+    pub statement_timeout_ms: u64,
+    /// Plugin handlers: statements one message may run.
+    #[serde(default = "default_max_statements")]
+    pub max_statements: u32,
+    /// Plugin handlers: rows queries may return for one message.
+    #[serde(default = "default_max_rows")]
+    pub max_rows: u64,
+}
+
+impl ConsumerSection {
+    /// A consumer with every optional key at its default.
+    pub fn new(name: impl Into<String>, topics: Vec<String>, handler: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            topics,
+            handler: handler.into(),
+            batch_in_transaction: one(),
+            max_attempts: five(),
+            db_role: None,
+            statement_timeout_ms: default_statement_timeout_ms(),
+            max_statements: default_max_statements(),
+            max_rows: default_max_rows(),
+        }
+    }
+
+    /// The `[[plugins]]` name when the handler is `plugin:NAME`.
+    pub fn plugin_name(&self) -> Option<&str> {
+        self.handler.strip_prefix("plugin:")
+    }
+
+    pub fn txn_policy(&self) -> crate::plugin::TxnPolicy {
+        crate::plugin::TxnPolicy {
+            db_role: self.db_role.clone(),
+            statement_timeout_ms: self.statement_timeout_ms,
+            max_statements: self.max_statements,
+            max_rows: self.max_rows,
+        }
+    }
+}
+
+fn default_statement_timeout_ms() -> u64 {
+    crate::plugin::TxnPolicy::default().statement_timeout_ms
+}
+fn default_max_statements() -> u32 {
+    crate::plugin::TxnPolicy::default().max_statements
+}
+fn default_max_rows() -> u64 {
+    crate::plugin::TxnPolicy::default().max_rows
+}
+
+/// A role name is spliced into `SET LOCAL ROLE "…"`, so only plain
+/// identifiers are accepted.
+fn is_plain_identifier(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && s.len() <= 63
 }
 
 fn one() -> usize {
@@ -515,13 +581,43 @@ impl Config {
             }
         }
         for (i, c) in self.consumers.iter().enumerate() {
-            if c.handler != "builtin:billing" {
+            match c.plugin_name() {
+                Some(name) if !self.plugins.iter().any(|p| p.name == name) => {
+                    return bad(
+                        &format!("consumers[{i}].handler"),
+                        format!("no [[plugins]] entry is named `{name}`"),
+                    );
+                }
+                Some(_) => {}
+                None if c.handler != "builtin:billing" => {
+                    return bad(
+                        &format!("consumers[{i}].handler"),
+                        format!(
+                            "unknown handler `{}`; use builtin:billing or plugin:NAME",
+                            c.handler
+                        ),
+                    );
+                }
+                None => {}
+            }
+            if let Some(role) = &c.db_role
+                && !is_plain_identifier(role)
+            {
                 return bad(
-                    &format!("consumers[{i}].handler"),
-                    format!(
-                        "unknown handler `{}`; available: builtin:billing",
-                        c.handler
-                    ),
+                    &format!("consumers[{i}].db_role"),
+                    format!("`{role}` is not a plain identifier (lower-case letters, digits, _)"),
+                );
+            }
+            if c.statement_timeout_ms == 0 || c.statement_timeout_ms > 600_000 {
+                return bad(
+                    &format!("consumers[{i}].statement_timeout_ms"),
+                    "use 1 to 600000 (default 5000)".into(),
+                );
+            }
+            if c.max_statements == 0 || c.max_rows == 0 {
+                return bad(
+                    &format!("consumers[{i}]"),
+                    "max_statements and max_rows must be at least 1".into(),
                 );
             }
             if c.batch_in_transaction == 0 || c.batch_in_transaction > 10_000 {

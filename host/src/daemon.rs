@@ -9,13 +9,16 @@ use tokio::task::JoinSet;
 
 use crate::broker::embedded::{EmbeddedConsumer, EmbeddedConsumerConfig, EmbeddedPublisher};
 use crate::broker::kafka::{KafkaConsumer, KafkaConsumerConfig, KafkaPublisher, KafkaSetupError};
-use crate::broker::{MessageSource, Publisher};
+use crate::broker::{Delivery, Publisher};
 use crate::clock::SystemClock;
-use crate::config::{Config, TransportKind};
-use crate::consumer::{Consumer, ConsumerConfig, ConsumerStats};
+use crate::config::{Config, ConsumerSection, TransportKind};
+use crate::consumer::{
+    Consumer, ConsumerConfig, ConsumerStats, Handler, HandlerError, InboxTx, PluginHandler,
+};
 use crate::domain::billing::{self, BillingHandler};
 use crate::fault::Faults;
 use crate::metrics::Metrics;
+use crate::plugin::{ConsumerPlugin, PluginEngine};
 use crate::relay::worker::{self, WorkerConfig};
 use crate::relay::{Chains, Relay, Router, build_chains};
 use crate::store::postgres::{PgStore, listen_for_events};
@@ -157,10 +160,15 @@ pub async fn spawn_pipeline(
             Ok(())
         });
     }
+    let mut consumer_engine = None;
     for c in &config.consumers {
         billing::create_schema(db).await?;
+        let handler = Arc::new(consumer_handler(config, c, &mut consumer_engine)?);
         let consumer_cfg = ConsumerConfig {
             name: c.name.clone(),
+            handler_id: handler.id(),
+            batch_in_transaction: c.batch_in_transaction,
+            max_attempts: c.max_attempts,
             ..ConsumerConfig::default()
         };
         let consumer_metrics = handles.metrics.consumer(&c.name);
@@ -175,7 +183,8 @@ pub async fn spawn_pipeline(
                         lease: Duration::from_millis(config.transport.consumer_lease_ms),
                     },
                 );
-                let mut consumer = billing_consumer(db, source, consumer_cfg, &faults)
+                let mut consumer = Consumer::new(db.clone(), source, handler, consumer_cfg)
+                    .with_faults(faults.clone())
                     .with_metrics(consumer_metrics);
                 handles
                     .consumer_stats
@@ -197,7 +206,8 @@ pub async fn spawn_pipeline(
                     &config.transport.kafka,
                     Duration::from_secs(10),
                 )?);
-                let mut consumer = billing_consumer(db, source, consumer_cfg, &faults)
+                let mut consumer = Consumer::new(db.clone(), source, handler, consumer_cfg)
+                    .with_faults(faults.clone())
                     .with_metrics(consumer_metrics)
                     .with_dead_letter_topic(Arc::new(move |m| {
                         let dlq = dlq.clone();
@@ -214,13 +224,58 @@ pub async fn spawn_pipeline(
     Ok((set, handles))
 }
 
-fn billing_consumer<S: MessageSource>(
-    db: &Db,
-    source: S,
-    config: ConsumerConfig,
-    faults: &Faults,
-) -> Consumer<S, BillingHandler> {
-    Consumer::new(db.clone(), source, Arc::new(BillingHandler), config).with_faults(faults.clone())
+/// A consumer's configured handler: built in, or a consumer plugin.
+pub enum ConsumerHandler {
+    Billing(BillingHandler),
+    Plugin(PluginHandler),
+}
+
+impl ConsumerHandler {
+    /// What dead letters record as the handler.
+    pub fn id(&self) -> String {
+        match self {
+            ConsumerHandler::Billing(_) => "builtin:billing".into(),
+            ConsumerHandler::Plugin(p) => p.handler_id(),
+        }
+    }
+}
+
+impl Handler for ConsumerHandler {
+    async fn handle(&self, tx: &mut InboxTx, d: &Delivery) -> Result<(), HandlerError> {
+        match self {
+            ConsumerHandler::Billing(h) => h.handle(tx, d).await,
+            ConsumerHandler::Plugin(h) => h.handle(tx, d).await,
+        }
+    }
+}
+
+/// Loads `consumers[].handler`; the plugin engine is created on first use.
+fn consumer_handler(
+    config: &Config,
+    c: &ConsumerSection,
+    engine: &mut Option<PluginEngine>,
+) -> Result<ConsumerHandler, DaemonError> {
+    let Some(name) = c.plugin_name() else {
+        return Ok(ConsumerHandler::Billing(BillingHandler));
+    };
+    let spec = config
+        .plugins
+        .iter()
+        .find(|p| p.name == name)
+        .ok_or_else(|| DaemonError::Plugin(format!("no [[plugins]] entry is named `{name}`")))?;
+    let engine = match engine {
+        Some(e) => e,
+        None => engine.insert(
+            PluginEngine::new(config.plugin_engine_config())
+                .map_err(|e| DaemonError::Plugin(e.to_string()))?,
+        ),
+    };
+    let plugin =
+        ConsumerPlugin::load(engine, spec).map_err(|e| DaemonError::Plugin(e.to_string()))?;
+    Ok(ConsumerHandler::Plugin(PluginHandler::new(
+        Arc::new(plugin),
+        c.txn_policy(),
+    )))
 }
 
 /// Builds every route's transformer chain; no engine when no route has one.

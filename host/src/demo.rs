@@ -48,19 +48,20 @@ pub struct DemoArgs {
     /// CloudEvents envelope by default; built from plugins/ when missing).
     #[arg(long, value_name = "WASM")]
     pub transformer: Option<PathBuf>,
-    /// Publish events as they are, without a transformer plugin.
+    /// Run without plugins: events published as they are, and the built-in
+    /// billing handler instead of the billing consumer plugin.
     #[arg(long, conflicts_with = "transformer")]
     pub no_plugin: bool,
 }
 
-/// The cloudevents plugin, built from this checkout's plugins/ when missing.
-fn default_transformer() -> anyhow::Result<PathBuf> {
+/// A plugin of this checkout's plugins/, built when missing.
+fn built_plugin(name: &str) -> anyhow::Result<PathBuf> {
     let plugins = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../plugins");
-    let wasm = plugins.join("dist/cloudevents.wasm");
+    let wasm = plugins.join(format!("dist/{name}.wasm"));
     if wasm.exists() {
         return Ok(wasm);
     }
-    println!("  building the cloudevents plugin (cargo, wasm32-wasip2) ...");
+    println!("  building the {name} plugin (cargo, wasm32-wasip2) ...");
     let status = std::process::Command::new("cargo")
         .args([
             "build",
@@ -68,21 +69,22 @@ fn default_transformer() -> anyhow::Result<PathBuf> {
             "--target",
             "wasm32-wasip2",
             "-p",
-            "cloudevents",
+            name,
         ])
         .current_dir(&plugins)
         .env("CARGO_TARGET_DIR", plugins.join("target"))
         .status()
-        .context("running cargo to build plugins/cloudevents")?;
+        .with_context(|| format!("running cargo to build plugins/{name}"))?;
     anyhow::ensure!(
         status.success(),
-        "building plugins/cloudevents failed; try `bash plugins/build.sh`, or pass --no-plugin"
+        "building plugins/{name} failed; try `bash plugins/build.sh`, or pass --no-plugin"
     );
     std::fs::create_dir_all(plugins.join("dist"))?;
-    std::fs::copy(
-        plugins.join("target/wasm32-wasip2/release/cloudevents.wasm"),
-        &wasm,
-    )?;
+    let built = plugins.join(format!(
+        "target/wasm32-wasip2/release/{}.wasm",
+        name.replace('-', "_")
+    ));
+    std::fs::copy(built, &wasm)?;
     Ok(wasm)
 }
 
@@ -151,7 +153,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     if !args.no_plugin {
         let wasm = match &args.transformer {
             Some(p) => p.clone(),
-            None => default_transformer()?,
+            None => built_plugin("cloudevents")?,
         };
         println!(
             "  the relay runs the transformer plugin {} on every event",
@@ -167,13 +169,17 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
             r.transformers = vec!["cloudevents".into()];
         }
     }
-    config.consumers = vec![ConsumerSection {
-        name: consumer,
-        topics: vec![topic],
-        handler: "builtin:billing".into(),
-        batch_in_transaction: 1,
-        max_attempts: 5,
-    }];
+    let handler = if args.no_plugin {
+        "builtin:billing".to_string()
+    } else {
+        let billing = built_plugin("billing")?;
+        println!("  billing is the consumer plugin {}", billing.display());
+        config
+            .plugins
+            .push(crate::plugin::PluginSpec::new("billing", billing));
+        "plugin:billing".to_string()
+    };
+    config.consumers = vec![ConsumerSection::new(consumer, vec![topic], handler)];
     let (stop_tx, stop_rx) = watch::channel(false);
     let (set, handles) =
         spawn_pipeline(&config, &db, crate::fault::Faults::none(), stop_rx).await?;

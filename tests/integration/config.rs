@@ -122,3 +122,44 @@ fn secrets_are_masked() {
         "postgres://u:***@h/db"
     );
 }
+
+#[test]
+fn consumer_plugin_handler_keys_are_named() {
+    let base = "[[plugins]]\nname = \"billing\"\npath = \"billing.wasm\"\n";
+    let ok = Config::from_toml(
+        "t.toml",
+        &format!(
+            "{base}[[consumers]]\nname = \"b\"\ntopics = [\"t\"]\nhandler = \"plugin:billing\"\ndb_role = \"billing_plugin\"\nmax_rows = 50\n"
+        ),
+        env(&[]),
+    )
+    .expect("a plugin handler");
+    let c = &ok.consumers[0];
+    assert_eq!(c.plugin_name(), Some("billing"));
+    assert_eq!(c.txn_policy().max_rows, 50);
+    let (key, msg) = key_error(Config::from_toml(
+        "t.toml",
+        &format!(
+            "{base}[[consumers]]\nname = \"b\"\ntopics = [\"t\"]\nhandler = \"plugin:nope\"\n"
+        ),
+        env(&[]),
+    ));
+    assert_eq!(key, "consumers[0].handler");
+    assert!(msg.contains("nope"), "{msg}");
+    let (key, _) = key_error(Config::from_toml(
+        "t.toml",
+        &format!(
+            "{base}[[consumers]]\nname = \"b\"\ntopics = [\"t\"]\nhandler = \"plugin:billing\"\ndb_role = \"x; DROP\"\n"
+        ),
+        env(&[]),
+    ));
+    assert_eq!(key, "consumers[0].db_role");
+    let (key, _) = key_error(Config::from_toml(
+        "t.toml",
+        &format!(
+            "{base}[[consumers]]\nname = \"b\"\ntopics = [\"t\"]\nhandler = \"plugin:billing\"\nmax_statement = 3\n"
+        ),
+        env(&[]),
+    ));
+    assert!(key.starts_with("consumers"), "{key}");
+}

@@ -7,6 +7,7 @@ mod admin;
 
 mod backoff;
 mod config;
+mod consumer_plugins;
 mod dead_letters;
 mod embedded;
 mod hot_swap;

@@ -1,14 +1,18 @@
 //! `outboxd bench`: benchmarks that print numbers (never timed tests).
 //!
 //! - `claim`: the claim query on a table with millions of published rows.
+//! - `consumer`: inbox throughput, per-message against savepoint batches,
+//!   native billing against the billing plugin.
 //! - `relay`: relay throughput over a grid of batch sizes and workers, next
 //!   to seed 000's sequential design in the same harness, with a check that
 //!   every event was published exactly once and in per-aggregate order.
 
 mod claim;
+mod consumer;
 mod relay;
 
 pub use claim::{ClaimBenchArgs, ClaimBenchReport, claim};
+pub use consumer::{ConsumerBenchArgs, consumer};
 pub use relay::{RelayBenchArgs, relay};
 
 #[derive(Debug, thiserror::Error)]

@@ -8,8 +8,10 @@
 
 pub mod dead_letter;
 pub mod inbox;
+pub mod plugin_handler;
 pub mod runner;
 pub mod sql_guard;
 
 pub use inbox::{Handler, HandlerError, InboxTx, Processed, process};
+pub use plugin_handler::PluginHandler;
 pub use runner::{Consumer, ConsumerConfig, ConsumerStats};

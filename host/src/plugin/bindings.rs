@@ -11,16 +11,18 @@ pub mod transformer {
     });
 }
 
-/// The `consumer` world (issue 5). Generated now so a WIT change that breaks
-/// it fails the host build; nothing links it yet.
+/// The `consumer` world (issue 5). The transaction calls are async on the
+/// host (they run SQL); the guest still sees blocking calls.
 pub mod consumer {
     wasmtime::component::bindgen!({
         path: "../wit",
         world: "consumer",
         exports: { default: async },
+        imports: { "outbox:plugin/transaction": async | trappable },
         with: {
             "outbox:plugin/types": super::transformer::outbox::plugin::types,
             "outbox:plugin/config": super::transformer::outbox::plugin::config,
+            "outbox:plugin/transaction.transaction": crate::plugin::transaction::ActiveTransaction,
         },
     });
 }

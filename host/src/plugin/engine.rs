@@ -70,6 +70,13 @@ impl PluginEngine {
             .map_err(|e| PluginError::Invalid(format!("cannot link WASI: {e}")))?;
         Transformer::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
             .map_err(|e| PluginError::Invalid(format!("cannot link outbox:plugin: {e}")))?;
+        // Consumers also import the transaction interface; `config` and
+        // `types` are shared with the transformer world and already linked.
+        super::bindings::consumer::outbox::plugin::transaction::add_to_linker::<
+            HostState,
+            HasSelf<HostState>,
+        >(&mut linker, |s| s)
+        .map_err(|e| PluginError::Invalid(format!("cannot link outbox:plugin/transaction: {e}")))?;
         spawn_ticker(&engine);
         Ok(Self {
             engine,

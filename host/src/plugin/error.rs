@@ -22,6 +22,10 @@ pub enum PluginError {
     /// The guest refused the event.
     #[error("{}: {message}", if *.retryable { "retryable" } else { "permanent" })]
     Guest { retryable: bool, message: String },
+    /// A consumer's transaction call failed (a refused statement, a spent
+    /// budget, a database error); the message's effects are rolled back.
+    #[error("transaction: {0}")]
+    Transaction(String),
     /// The file is not a usable transformer component.
     #[error("invalid plugin: {0}")]
     Invalid(String),
@@ -58,6 +62,7 @@ impl PluginError {
             PluginError::Guest {
                 retryable: false, ..
             } => ErrorKind::GuestPermanent,
+            PluginError::Transaction(_) => ErrorKind::Transaction,
             PluginError::Invalid(_) | PluginError::Instantiate(_) => ErrorKind::Instantiate,
         }
     }
@@ -74,10 +79,11 @@ pub enum ErrorKind {
     GuestRetryable,
     GuestPermanent,
     Instantiate,
+    Transaction,
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 8] = [
+    pub const ALL: [ErrorKind; 9] = [
         ErrorKind::Trap,
         ErrorKind::Timeout,
         ErrorKind::OutOfMemory,
@@ -86,6 +92,7 @@ impl ErrorKind {
         ErrorKind::GuestRetryable,
         ErrorKind::GuestPermanent,
         ErrorKind::Instantiate,
+        ErrorKind::Transaction,
     ];
 
     pub fn name(self) -> &'static str {
@@ -98,6 +105,7 @@ impl ErrorKind {
             ErrorKind::GuestRetryable => "guest_retryable",
             ErrorKind::GuestPermanent => "guest_permanent",
             ErrorKind::Instantiate => "instantiate",
+            ErrorKind::Transaction => "transaction",
         }
     }
 }

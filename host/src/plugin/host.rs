@@ -14,11 +14,14 @@ use super::log::GuestLog;
 /// Everything a plugin's Store owns. One per Store, never shared.
 pub struct HostState {
     wasi: WasiCtx,
-    table: ResourceTable,
+    pub(crate) table: ResourceTable,
     pub(crate) memory: MemoryCap,
     config: Arc<BTreeMap<String, String>>,
     pub(crate) stdout: GuestLog,
     pub(crate) stderr: GuestLog,
+    /// The link to the host's transaction, set only while a consumer's
+    /// `handle` call runs.
+    pub(crate) txn: Option<super::transaction::TxnLink>,
 }
 
 impl HostState {
@@ -43,6 +46,7 @@ impl HostState {
             config,
             stdout,
             stderr,
+            txn: None,
         }
     }
 }

@@ -8,6 +8,9 @@
 //! - [`transformer`]: one plugin version, prepared once (`Component` plus
 //!   `InstancePre`), called per event in a reused, sandboxed Store.
 //! - [`chain`]: runs a route's chain of transformers over one event.
+//! - [`consumer`]: one consumer plugin version, called per message with a
+//!   borrowed [`transaction`] whose SQL values are converted by
+//!   [`sql_values`].
 //! - [`limits`], [`host`], [`log`]: the sandbox — memory cap, locked-down
 //!   WASI, captured and rate-limited guest output.
 //! - [`cache`]: compiled components on disk, keyed by sha256.
@@ -20,6 +23,7 @@
 pub mod bindings;
 pub mod cache;
 pub mod chain;
+pub mod consumer;
 pub mod dev_dir;
 pub mod engine;
 pub mod error;
@@ -31,6 +35,8 @@ pub mod metrics;
 pub mod registry;
 pub mod registry_cli;
 pub mod shadow;
+pub mod sql_values;
+pub mod transaction;
 pub mod transformer;
 pub mod validate;
 
@@ -38,9 +44,11 @@ pub use bindings::transformer::outbox::plugin::types::{
     Event as GuestEvent, OutgoingMessage as GuestMessage,
 };
 pub use chain::{Chain, ChainError};
+pub use consumer::ConsumerPlugin;
 pub use engine::{EngineConfig, PluginEngine};
 pub use error::{ErrorKind, PluginError};
 pub use limits::Limits;
 pub use metrics::{MetricsSnapshot, PluginMetrics};
 pub use registry::{Deployed, PluginRecord, Registry, RegistryError};
+pub use transaction::TxnPolicy;
 pub use transformer::{PluginSource, PluginSpec, TransformerPlugin};

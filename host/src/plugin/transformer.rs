@@ -309,7 +309,7 @@ pub fn message_bytes(m: &OutgoingMessage) -> usize {
 
 /// Turns a wasmtime error from a call or an instantiation into a
 /// [`PluginError`].
-fn classify(e: wasmtime::Error, memory_hit: bool, limits: &Limits) -> PluginError {
+pub(crate) fn classify(e: wasmtime::Error, memory_hit: bool, limits: &Limits) -> PluginError {
     if let Some(wasmtime::Trap::Interrupt) = e.downcast_ref::<wasmtime::Trap>() {
         return PluginError::Timeout(limits.timeout_ms);
     }

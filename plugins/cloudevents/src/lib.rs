@@ -47,12 +47,10 @@ impl Transformer for CloudEvents {
             data,
         };
         let payload = serde_json::to_vec(&envelope)?;
-        Ok(vec![
-            event
-                .forward()
-                .with_payload(payload)
-                .with_header("content-type", "application/cloudevents+json"),
-        ])
+        Ok(vec![event.forward().with_payload(payload).with_header(
+            "content-type",
+            "application/cloudevents+json",
+        )])
     }
 }
 

@@ -31,7 +31,10 @@ fn rules() -> &'static Rules {
 }
 
 /// The object holding the last segment of `path`, and that segment.
-fn parent<'a>(root: &'a mut Value, path: &'a [String]) -> Option<(&'a mut serde_json::Map<String, Value>, &'a str)> {
+fn parent<'a>(
+    root: &'a mut Value,
+    path: &'a [String],
+) -> Option<(&'a mut serde_json::Map<String, Value>, &'a str)> {
     let (last, init) = path.split_last()?;
     let mut cur = root;
     for seg in init {

@@ -46,14 +46,15 @@ impl Transformer for RouteByAmount {
             .iter()
             .enumerate()
             .map(|(index, item)| {
-                let msg = event
-                    .forward()
-                    .with_key(item.sku.as_bytes())
-                    .with_json(&ItemMessage {
-                        order_id: &order.order_id,
-                        index,
-                        item,
-                    })?;
+                let msg =
+                    event
+                        .forward()
+                        .with_key(item.sku.as_bytes())
+                        .with_json(&ItemMessage {
+                            order_id: &order.order_id,
+                            index,
+                            item,
+                        })?;
                 Ok(if item.amount >= threshold {
                     msg.with_topic(large_topic.clone())
                 } else {

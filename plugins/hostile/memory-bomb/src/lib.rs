@@ -19,7 +19,11 @@ impl Transformer for MemoryBomb {
             hoard.push(vec![0xA5; 1 << 20]);
         }
         let total: usize = std::hint::black_box(&hoard).iter().map(Vec::len).sum();
-        Ok(vec![event.forward().with_header("allocated-bytes", total.to_string())])
+        Ok(vec![
+            event
+                .forward()
+                .with_header("allocated-bytes", total.to_string()),
+        ])
     }
 }
 

@@ -1,0 +1,180 @@
+//! `outboxd bench consumer`: inbox throughput on Postgres, one transaction
+//! per message against savepoint batches, and the native `BillingHandler`
+//! against the billing plugin. Messages are handed to `process` /
+//! `process_batch` directly, so the numbers are the consumer's own cost
+//! (inbox mark, handler, commit) without a broker.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::BenchError;
+use crate::broker::{Delivery, headers};
+use crate::consumer::inbox::{Handler, process, process_batch};
+use crate::consumer::{PluginHandler, Processed};
+use crate::domain::billing::{self, BillingHandler};
+use crate::plugin::{ConsumerPlugin, EngineConfig, PluginEngine, PluginSpec, TxnPolicy};
+use crate::store::{Db, migrate};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct ConsumerBenchArgs {
+    /// A Postgres URL of a database the benchmark may write `invoices` and
+    /// `inbox` rows to.
+    #[arg(long)]
+    pub url: String,
+    /// The billing plugin component (`plugins/dist/billing.wasm`).
+    #[arg(long, default_value = "plugins/dist/billing.wasm")]
+    pub plugin: PathBuf,
+    /// Messages per run.
+    #[arg(long, default_value_t = 2_000)]
+    pub messages: usize,
+    /// Messages per transaction in the batched runs.
+    #[arg(long, default_value_t = 50)]
+    pub batch: usize,
+    /// Concurrent partitions (each handled in order by one task).
+    #[arg(long, default_value_t = 4)]
+    pub partitions: usize,
+}
+
+fn deliveries(run: &str, n: usize, partition: i32) -> Vec<Delivery> {
+    (0..n)
+        .map(|i| Delivery {
+            topic: "order.confirmed".into(),
+            partition,
+            offset: i as i64,
+            key: None,
+            payload: format!(
+                r#"{{"order_id":"{run}-{partition}-{i}","customer_id":"c","total_cents":{i}}}"#
+            )
+            .into_bytes(),
+            headers: vec![(
+                headers::MESSAGE_ID.into(),
+                uuid::Uuid::new_v4().to_string().into_bytes(),
+            )],
+        })
+        .collect()
+}
+
+async fn run<H: Handler>(
+    db: &Db,
+    name: &str,
+    handler: Arc<H>,
+    args: &ConsumerBenchArgs,
+    batch: usize,
+) -> Result<f64, BenchError> {
+    let per_partition = args.messages / args.partitions.max(1);
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for p in 0..args.partitions.max(1) {
+        let msgs = deliveries(name, per_partition, p as i32);
+        let (db, handler, name) = (db.clone(), handler.clone(), name.to_string());
+        tasks.spawn(async move {
+            for chunk in msgs.chunks(batch) {
+                if batch == 1 {
+                    let r = process(&db, &name, &chunk[0], handler.as_ref()).await;
+                    if !matches!(r, Ok(Processed::Handled)) {
+                        return Err(format!("{r:?}"));
+                    }
+                } else {
+                    let results = process_batch(&db, &name, chunk, handler.as_ref())
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    if results.len() != chunk.len()
+                        || results.iter().any(|r| !matches!(r, Ok(Processed::Handled)))
+                    {
+                        return Err(format!("{results:?}"));
+                    }
+                }
+            }
+            Ok(())
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r.map_err(|e| BenchError::Incorrect(e.to_string()))?
+            .map_err(BenchError::Incorrect)?;
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let total = per_partition * args.partitions.max(1);
+    let Db::Postgres(pool) = db else {
+        unreachable!("checked by the caller")
+    };
+    let invoices: i64 = sqlx::query_scalar("SELECT count(*) FROM invoices WHERE order_id LIKE $1")
+        .bind(format!("{name}-%"))
+        .fetch_one(pool)
+        .await?;
+    if invoices != total as i64 {
+        return Err(BenchError::Incorrect(format!(
+            "{name}: {invoices} invoices for {total} messages"
+        )));
+    }
+    Ok(total as f64 / seconds)
+}
+
+pub async fn consumer(args: &ConsumerBenchArgs) -> Result<(), BenchError> {
+    let db = Db::connect(&args.url, (args.partitions as u32).max(1) + 2).await?;
+    if !matches!(db, Db::Postgres(_)) {
+        return Err(BenchError::Refused(
+            "the consumer benchmark needs a postgres:// URL".into(),
+        ));
+    }
+    migrate(&db).await?;
+    billing::create_schema(&db).await?;
+    let engine = PluginEngine::new(EngineConfig::default())
+        .map_err(|e| BenchError::Refused(e.to_string()))?;
+    let mut spec = PluginSpec::new("billing", &args.plugin);
+    spec.limits.timeout_ms = 5_000;
+    let plugin =
+        ConsumerPlugin::load(&engine, &spec).map_err(|e| BenchError::Refused(e.to_string()))?;
+    let plugin = Arc::new(PluginHandler::new(Arc::new(plugin), TxnPolicy::default()));
+    let native = Arc::new(BillingHandler);
+    let tag = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
+    // A warm-up run fills the plugin's Store pool and the connection pool.
+    run(
+        &db,
+        &format!("warm-{tag}"),
+        plugin.clone(),
+        args,
+        args.batch,
+    )
+    .await?;
+    let mut rows = Vec::new();
+    for (label, batch) in [("per message", 1), ("batched", args.batch)] {
+        let n = run(
+            &db,
+            &format!("native-{batch}-{tag}"),
+            native.clone(),
+            args,
+            batch,
+        )
+        .await?;
+        let p = run(
+            &db,
+            &format!("plugin-{batch}-{tag}"),
+            plugin.clone(),
+            args,
+            batch,
+        )
+        .await?;
+        rows.push((label, batch, n, p));
+    }
+    println!(
+        "consumer throughput, {} messages over {} partitions (messages/s):",
+        args.messages, args.partitions
+    );
+    println!("| mode | batch | native BillingHandler | billing plugin | plugin/native |");
+    println!("|---|---|---|---|---|");
+    for (label, batch, n, p) in &rows {
+        println!(
+            "| {label} | {batch} | {n:.0} | {p:.0} | {:.0}% |",
+            100.0 * p / n
+        );
+    }
+    let (_, _, n1, p1) = rows[0];
+    let (_, _, nb, pb) = rows[1];
+    println!(
+        "batching speed-up: native {:.1}x, plugin {:.1}x",
+        nb / n1,
+        pb / p1
+    );
+    Ok(())
+}

@@ -1,0 +1,169 @@
+//! Typed SQL values across the plugin boundary: WIT `value`s bound as
+//! parameters, and result cells read back into `value`s, for Postgres and
+//! SQLite.
+
+use sqlx::postgres::{PgArgumentBuffer, PgArguments, PgRow, PgTypeInfo};
+use sqlx::sqlite::{SqliteArguments, SqliteRow};
+use sqlx::{Postgres, Row, Sqlite, TypeInfo, ValueRef};
+
+use super::bindings::consumer::outbox::plugin::transaction::{DbError, Value};
+
+type PgQuery<'q> = sqlx::query::Query<'q, Postgres, PgArguments>;
+type SqliteQuery<'q> = sqlx::query::Query<'q, Sqlite, SqliteArguments<'q>>;
+
+/// A Postgres NULL of unspecified type, so the server infers the type from
+/// the context (`INSERT INTO t (n) VALUES ($1)` works for any column type).
+struct UntypedNull;
+
+impl sqlx::Type<Postgres> for UntypedNull {
+    fn type_info() -> PgTypeInfo {
+        PgTypeInfo::with_oid(sqlx::postgres::types::Oid(0))
+    }
+}
+
+impl sqlx::Encode<'_, Postgres> for UntypedNull {
+    fn encode_by_ref(
+        &self,
+        _buf: &mut PgArgumentBuffer,
+    ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+        Ok(sqlx::encode::IsNull::Yes)
+    }
+}
+
+fn bad_param(i: usize, what: &str, e: impl std::fmt::Display) -> DbError {
+    DbError::Refused(format!("parameter ${}: {what} ({e})", i + 1))
+}
+
+fn timestamp(i: usize, text: &str) -> Result<chrono::DateTime<chrono::Utc>, DbError> {
+    chrono::DateTime::parse_from_rfc3339(text)
+        .map(|t| t.with_timezone(&chrono::Utc))
+        .map_err(|e| bad_param(i, "timestamp is not RFC 3339", e))
+}
+
+fn uuid(i: usize, text: &str) -> Result<uuid::Uuid, DbError> {
+    uuid::Uuid::parse_str(text).map_err(|e| bad_param(i, "not a uuid", e))
+}
+
+pub(crate) fn bind_pg<'q>(mut q: PgQuery<'q>, params: Vec<Value>) -> Result<PgQuery<'q>, DbError> {
+    for (i, p) in params.into_iter().enumerate() {
+        q = match p {
+            Value::Null => q.bind(UntypedNull),
+            Value::Boolean(b) => q.bind(b),
+            Value::Int(n) => q.bind(n),
+            Value::Float(f) => q.bind(f),
+            Value::Text(s) => q.bind(s),
+            Value::Bytes(b) => q.bind(b),
+            Value::Json(s) => {
+                let v: serde_json::Value =
+                    serde_json::from_str(&s).map_err(|e| bad_param(i, "invalid JSON", e))?;
+                q.bind(sqlx::types::Json(v))
+            }
+            Value::Timestamp(s) => q.bind(timestamp(i, &s)?),
+            Value::Uuid(s) => q.bind(uuid(i, &s)?),
+        };
+    }
+    Ok(q)
+}
+
+/// SQLite has no JSON, timestamp or uuid storage classes: they are bound as
+/// text (a uuid in its lower-case hyphenated form, as the inbox stores it).
+pub(crate) fn bind_sqlite<'q>(
+    mut q: SqliteQuery<'q>,
+    params: Vec<Value>,
+) -> Result<SqliteQuery<'q>, DbError> {
+    for (i, p) in params.into_iter().enumerate() {
+        q = match p {
+            Value::Null => q.bind(None::<String>),
+            Value::Boolean(b) => q.bind(b),
+            Value::Int(n) => q.bind(n),
+            Value::Float(f) => q.bind(f),
+            Value::Text(s) => q.bind(s),
+            Value::Bytes(b) => q.bind(b),
+            Value::Json(s) => {
+                serde_json::from_str::<serde::de::IgnoredAny>(&s)
+                    .map_err(|e| bad_param(i, "invalid JSON", e))?;
+                q.bind(s)
+            }
+            Value::Timestamp(s) => q.bind(timestamp(i, &s)?.to_rfc3339()),
+            Value::Uuid(s) => q.bind(uuid(i, &s)?.to_string()),
+        };
+    }
+    Ok(q)
+}
+
+fn cell_error(i: usize, e: impl std::fmt::Display) -> DbError {
+    DbError::Database((None, format!("column {i}: {e}")))
+}
+
+pub(crate) fn pg_row(row: &PgRow) -> Result<Vec<Value>, DbError> {
+    use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
+    let mut out = Vec::with_capacity(row.len());
+    for i in 0..row.len() {
+        let raw = row.try_get_raw(i).map_err(|e| cell_error(i, e))?;
+        if raw.is_null() {
+            out.push(Value::Null);
+            continue;
+        }
+        let type_name = raw.type_info().name().to_string();
+        let e = |e| cell_error(i, e);
+        let v = match type_name.as_str() {
+            "BOOL" => Value::Boolean(row.try_get(i).map_err(e)?),
+            "INT2" => Value::Int(row.try_get::<i16, _>(i).map_err(e)?.into()),
+            "INT4" => Value::Int(row.try_get::<i32, _>(i).map_err(e)?.into()),
+            "INT8" => Value::Int(row.try_get(i).map_err(e)?),
+            "FLOAT4" => Value::Float(row.try_get::<f32, _>(i).map_err(e)?.into()),
+            "FLOAT8" => Value::Float(row.try_get(i).map_err(e)?),
+            "TEXT" | "VARCHAR" | "BPCHAR" | "NAME" | "CHAR" => {
+                Value::Text(row.try_get(i).map_err(e)?)
+            }
+            "BYTEA" => Value::Bytes(row.try_get(i).map_err(e)?),
+            "JSON" | "JSONB" => Value::Json(
+                row.try_get::<serde_json::Value, _>(i)
+                    .map_err(e)?
+                    .to_string(),
+            ),
+            "TIMESTAMPTZ" => Value::Timestamp(
+                row.try_get::<DateTime<Utc>, _>(i)
+                    .map_err(e)?
+                    .to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
+            ),
+            "TIMESTAMP" => Value::Timestamp(
+                row.try_get::<NaiveDateTime, _>(i)
+                    .map_err(e)?
+                    .and_utc()
+                    .to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
+            ),
+            "DATE" => Value::Text(row.try_get::<NaiveDate, _>(i).map_err(e)?.to_string()),
+            "UUID" => Value::Uuid(row.try_get::<uuid::Uuid, _>(i).map_err(e)?.to_string()),
+            other => {
+                return Err(DbError::Refused(format!(
+                    "column {i} has type {other}, which plugin rows do not carry; cast it in the query (for example `::text` or `::float8`)"
+                )));
+            }
+        };
+        out.push(v);
+    }
+    Ok(out)
+}
+
+/// SQLite cells are typed by their storage class.
+pub(crate) fn sqlite_row(row: &SqliteRow) -> Result<Vec<Value>, DbError> {
+    let mut out = Vec::with_capacity(row.len());
+    for i in 0..row.len() {
+        let raw = row.try_get_raw(i).map_err(|e| cell_error(i, e))?;
+        if raw.is_null() {
+            out.push(Value::Null);
+            continue;
+        }
+        let type_name = raw.type_info().name().to_string();
+        let e = |e| cell_error(i, e);
+        let v = match type_name.as_str() {
+            "INTEGER" | "BOOLEAN" => Value::Int(row.try_get_unchecked(i).map_err(e)?),
+            "REAL" => Value::Float(row.try_get_unchecked(i).map_err(e)?),
+            "BLOB" => Value::Bytes(row.try_get_unchecked(i).map_err(e)?),
+            _ => Value::Text(row.try_get_unchecked(i).map_err(e)?),
+        };
+        out.push(v);
+    }
+    Ok(out)
+}

@@ -1,0 +1,290 @@
+//! Consumer plugins in the inbox: the billing plugin's exactly-once effect,
+//! rollback of everything a failed plugin wrote (including emitted events),
+//! the statement guard, budgets and deadlines, and the Postgres role.
+//!
+//! The components come from `bash plugins/build.sh`.
+
+use std::sync::Arc;
+
+use outboxd::broker::{Delivery, headers};
+use outboxd::consumer::inbox::process_batch;
+use outboxd::consumer::{HandlerError, PluginHandler, Processed, process};
+use outboxd::domain::billing;
+use outboxd::plugin::{ConsumerPlugin, PluginSpec, TxnPolicy};
+
+use crate::on_both;
+use crate::plugins::{engine, plugin_path};
+use crate::support::TestDb;
+
+fn handler(name: &str, config: &[(&str, &str)], policy: TxnPolicy) -> PluginHandler {
+    let mut spec = PluginSpec::new(name, plugin_path(name));
+    spec.version = Some("test-1".into());
+    // Database round trips count against the deadline; a busy CI machine
+    // needs room.
+    spec.limits.timeout_ms = 2_000;
+    for (k, v) in config {
+        spec.config.insert((*k).into(), (*v).into());
+    }
+    let plugin = ConsumerPlugin::load(engine(), &spec).expect("load consumer plugin");
+    PluginHandler::new(Arc::new(plugin), policy)
+}
+
+fn billing_plugin() -> PluginHandler {
+    handler("billing", &[], TxnPolicy::default())
+}
+
+fn order(offset: i64, order_id: &str) -> Delivery {
+    Delivery {
+        topic: "order.confirmed".into(),
+        partition: 0,
+        offset,
+        key: Some(order_id.as_bytes().to_vec()),
+        payload: format!(r#"{{"order_id":"{order_id}","customer_id":"c1","total_cents":500}}"#)
+            .into_bytes(),
+        headers: vec![(
+            headers::MESSAGE_ID.into(),
+            uuid::Uuid::new_v4().to_string().into_bytes(),
+        )],
+    }
+}
+
+async fn counts(t: &TestDb) -> (i64, i64, i64) {
+    (
+        t.count("SELECT count(*) FROM invoices").await,
+        t.count("SELECT count(*) FROM inbox").await,
+        t.count("SELECT count(*) FROM outbox").await,
+    )
+}
+
+async fn duplicate_delivery_is_discarded_with_the_billing_plugin(t: TestDb) {
+    billing::create_schema(&t.db).await.expect("billing schema");
+    let h = billing_plugin();
+    let d = order(1, "p1");
+    let first = process(&t.db, "billing", &d, &h).await.expect("first");
+    let second = process(&t.db, "billing", &d, &h).await.expect("second");
+    assert_eq!((first, second), (Processed::Handled, Processed::Duplicate));
+    assert_eq!(counts(&t).await, (1, 1, 0));
+    let message_id = d.message_id().expect("id").to_string();
+    assert_eq!(
+        t.count(&format!(
+            "SELECT count(*) FROM invoices WHERE message_id = '{message_id}' AND order_id = 'p1' AND amount_cents = 500"
+        ))
+        .await,
+        1,
+        "the invoice carries the message id (the external idempotency key)"
+    );
+}
+on_both!(duplicate_delivery_is_discarded_with_the_billing_plugin);
+
+async fn billing_plugin_reads_a_cloudevents_envelope(t: TestDb) {
+    billing::create_schema(&t.db).await.expect("billing schema");
+    let mut d = order(1, "p1");
+    d.payload = br#"{"specversion":"1.0","id":"x","source":"/orders","type":"order.confirmed","data":{"order_id":"ce-1","customer_id":"c9","total_cents":700}}"#.to_vec();
+    process(&t.db, "billing", &d, &billing_plugin())
+        .await
+        .expect("handled");
+    assert_eq!(
+        t.count("SELECT count(*) FROM invoices WHERE order_id = 'ce-1' AND amount_cents = 700")
+            .await,
+        1
+    );
+}
+on_both!(billing_plugin_reads_a_cloudevents_envelope);
+
+async fn trap_after_write_leaves_no_effect_and_redelivery_succeeds_once(t: TestDb) {
+    billing::create_schema(&t.db).await.expect("billing schema");
+    let broken = handler("hostile-consumer-trap", &[], TxnPolicy::default());
+    let fixed = handler(
+        "hostile-consumer-trap",
+        &[("trap", "false")],
+        TxnPolicy::default(),
+    );
+    let d = order(1, "p1");
+    let err = process(&t.db, "billing", &d, &broken)
+        .await
+        .expect_err("the plugin traps");
+    let HandlerError::Retryable(text) = err else {
+        panic!("a trap is retryable, got {err:?}")
+    };
+    assert!(
+        text.starts_with("plugin hostile-consumer-trap@test-1: trapped"),
+        "{text}"
+    );
+    assert_eq!(counts(&t).await, (0, 0, 0), "no effect and no inbox mark");
+    assert_eq!(
+        process(&t.db, "billing", &d, &fixed)
+            .await
+            .expect("redelivery"),
+        Processed::Handled
+    );
+    assert_eq!(
+        process(&t.db, "billing", &d, &fixed).await.expect("again"),
+        Processed::Duplicate
+    );
+    assert_eq!(counts(&t).await, (1, 1, 0));
+}
+on_both!(trap_after_write_leaves_no_effect_and_redelivery_succeeds_once);
+
+async fn emit_is_atomic_with_the_effect(t: TestDb) {
+    billing::create_schema(&t.db).await.expect("billing schema");
+    let failing = handler(
+        "invoicing",
+        &[("fail_after_emit", "true")],
+        TxnPolicy::default(),
+    );
+    let d = order(1, "p1");
+    let err = process(&t.db, "billing", &d, &failing)
+        .await
+        .expect_err("the handler fails after emitting");
+    assert!(matches!(err, HandlerError::Retryable(_)), "{err:?}");
+    assert_eq!(counts(&t).await, (0, 0, 0), "no invoice, mark or event");
+    let ok = handler("invoicing", &[], TxnPolicy::default());
+    process(&t.db, "billing", &d, &ok).await.expect("handled");
+    process(&t.db, "billing", &d, &ok).await.expect("duplicate");
+    assert_eq!(counts(&t).await, (1, 1, 1));
+    assert_eq!(
+        t.count(
+            "SELECT count(*) FROM outbox WHERE event_type = 'invoice.issued' AND aggregate_id = 'p1'"
+        )
+        .await,
+        1
+    );
+}
+on_both!(emit_is_atomic_with_the_effect);
+
+async fn hostile_statements_are_refused_and_leave_nothing(t: TestDb) {
+    billing::create_schema(&t.db).await.expect("billing schema");
+    let d = order(1, "p1");
+    for attack in ["commit", "ddl", "set_role", "multi"] {
+        let h = handler(
+            "hostile-consumer-sql",
+            &[("attack", attack)],
+            TxnPolicy::default(),
+        );
+        let err = process(&t.db, "billing", &d, &h).await.expect_err(attack);
+        let HandlerError::Retryable(text) = err else {
+            panic!("{attack}: {err:?}")
+        };
+        assert!(text.contains("statement refused"), "{attack}: {text}");
+        assert_eq!(counts(&t).await, (0, 0, 0), "{attack}");
+    }
+    // The host keeps working: the same message is then handled once.
+    process(&t.db, "billing", &d, &billing_plugin())
+        .await
+        .expect("handled");
+    assert_eq!(counts(&t).await, (1, 1, 0));
+}
+on_both!(hostile_statements_are_refused_and_leave_nothing);
+
+async fn a_plugin_looping_over_host_calls_is_stopped(t: TestDb) {
+    billing::create_schema(&t.db).await.expect("billing schema");
+    let mut spec = PluginSpec::new(
+        "hostile-consumer-loop",
+        plugin_path("hostile-consumer-loop"),
+    );
+    spec.version = Some("test-1".into());
+    spec.limits.timeout_ms = 200;
+    let plugin = Arc::new(ConsumerPlugin::load(engine(), &spec).expect("load"));
+    let h = PluginHandler::new(plugin, TxnPolicy::default());
+    let d = order(1, "p1");
+    let start = std::time::Instant::now();
+    let err = process(&t.db, "billing", &d, &h)
+        .await
+        .expect_err("the deadline stops it");
+    let HandlerError::Retryable(text) = err else {
+        panic!("{err:?}")
+    };
+    assert!(text.contains("timed out"), "{text}");
+    assert!(start.elapsed() < std::time::Duration::from_secs(5));
+    assert_eq!(counts(&t).await, (0, 0, 0));
+    process(&t.db, "billing", &d, &billing_plugin())
+        .await
+        .expect("the host keeps running");
+    assert_eq!(counts(&t).await, (1, 1, 0));
+}
+on_both!(a_plugin_looping_over_host_calls_is_stopped);
+
+async fn statement_budget_obeyed_and_violated(t: TestDb) {
+    billing::create_schema(&t.db).await.expect("billing schema");
+    let tight = TxnPolicy {
+        max_statements: 1,
+        ..TxnPolicy::default()
+    };
+    // invoicing runs two statements (the insert and the emit).
+    let d = order(1, "p1");
+    let err = process(
+        &t.db,
+        "billing",
+        &d,
+        &handler("invoicing", &[], tight.clone()),
+    )
+    .await
+    .expect_err("over budget");
+    assert!(format!("{err}").contains("budget exceeded"), "{err}");
+    assert_eq!(counts(&t).await, (0, 0, 0));
+    // billing runs one.
+    process(&t.db, "billing", &d, &handler("billing", &[], tight))
+        .await
+        .expect("within budget");
+    assert_eq!(counts(&t).await, (1, 1, 0));
+}
+on_both!(statement_budget_obeyed_and_violated);
+
+async fn batched_savepoints_roll_back_only_the_failed_message(t: TestDb) {
+    billing::create_schema(&t.db).await.expect("billing schema");
+    let batch = [order(1, "a"), order(2, "b")];
+    let results = process_batch(&t.db, "billing", &batch, &billing_plugin())
+        .await
+        .expect("batch");
+    assert!(results.iter().all(|r| matches!(r, Ok(Processed::Handled))));
+    let hostile = handler("hostile-consumer-trap", &[], TxnPolicy::default());
+    let next = [order(3, "c"), order(4, "d")];
+    let results = process_batch(&t.db, "billing", &next, &hostile)
+        .await
+        .expect("batch");
+    assert_eq!(results.len(), 1, "the batch stops at the failure");
+    assert!(results[0].is_err());
+    assert_eq!(counts(&t).await, (2, 2, 0));
+}
+on_both!(batched_savepoints_roll_back_only_the_failed_message);
+
+/// The database, not only the guard, limits the plugin: under a role with
+/// rights on `invoices` alone, reading `outbox` is a database error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_role_limits_what_a_plugin_can_touch() {
+    let t = TestDb::postgres().await;
+    billing::create_schema(&t.db).await.expect("billing schema");
+    let role = format!("billing_{}", uuid::Uuid::new_v4().simple());
+    t.exec(&format!("CREATE ROLE {role} NOLOGIN")).await;
+    t.exec(&format!("GRANT SELECT, INSERT ON invoices TO {role}"))
+        .await;
+    let policy = TxnPolicy {
+        db_role: Some(role.clone()),
+        statement_timeout_ms: 2_000,
+        ..TxnPolicy::default()
+    };
+    let d = order(1, "p1");
+    let reader = handler(
+        "hostile-consumer-sql",
+        &[("attack", "read_outbox")],
+        policy.clone(),
+    );
+    let err = process(&t.db, "billing", &d, &reader)
+        .await
+        .expect_err("permission denied");
+    assert!(format!("{err}").contains("42501"), "{err}");
+    assert_eq!(counts(&t).await, (0, 0, 0));
+    // Within its rights the plugin works, and the host gets its own role
+    // back for the next message's inbox mark in the same transaction.
+    let billing = handler("billing", &[], policy);
+    let results = process_batch(&t.db, "billing", &[d, order(2, "p2")], &billing)
+        .await
+        .expect("batch");
+    assert!(
+        results.iter().all(|r| matches!(r, Ok(Processed::Handled))),
+        "{results:?}"
+    );
+    assert_eq!(counts(&t).await, (2, 2, 0));
+    t.exec(&format!("DROP OWNED BY {role}")).await;
+    t.exec(&format!("DROP ROLE {role}")).await;
+}
