@@ -58,8 +58,19 @@ impl Validation {
 
 fn verdict(import: &str) -> Verdict {
     let (name, _version) = import.split_once('@').unwrap_or((import, ""));
+    if !import.contains(':') {
+        // A component-level type import (the guest SDK imports the
+        // `transaction` resource type); the type-checked link below is what
+        // decides whether it fits.
+        return Verdict::Allowed;
+    }
     if import.starts_with("outbox:plugin/") {
-        return if import == "outbox:plugin/config@0.1.0" || import == "outbox:plugin/types@0.1.0" {
+        // `transaction` is linked for every plugin; outside a consumer's
+        // `handle` call every use of it returns a db-error.
+        return if import == "outbox:plugin/config@0.1.0"
+            || import == "outbox:plugin/types@0.1.0"
+            || import == "outbox:plugin/transaction@0.1.0"
+        {
             Verdict::Allowed
         } else {
             Verdict::Missing
@@ -116,8 +127,20 @@ pub fn validate(engine: &PluginEngine, wasm: &[u8]) -> Result<Validation, Plugin
                 problems.push(e.to_string());
             }
         }
-        Some("consumer") => {
-            problems.push("consumer plugins are not supported by this outboxd yet (issue 5)".into())
+        Some("consumer") if problems.is_empty() => {
+            // The same type-checked link the consumer runner does.
+            let linked = engine
+                .linker
+                .instantiate_pre(&component)
+                .map_err(|e| e.to_string())
+                .and_then(|pre| {
+                    super::bindings::consumer::ConsumerPre::new(pre)
+                        .map(|_| ())
+                        .map_err(|e| e.to_string())
+                });
+            if let Err(e) = linked {
+                problems.push(format!("does not link as an outbox:plugin consumer: {e}"));
+            }
         }
         None => problems.push(format!(
             "exports neither `transform` nor `handle`: not a {WIT_PACKAGE} transformer or consumer"
