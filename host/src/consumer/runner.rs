@@ -166,27 +166,9 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
         let mut count = 0;
         for d in msgs {
             match process(&self.db, &self.config.name, &d, self.handler.as_ref()).await {
-                Ok(Processed::Handled) => {
-                    self.stats.handled.fetch_add(1, Ordering::Relaxed);
-                    let lag = self.record_latency(&d);
-                    if let Some(m) = &self.metrics {
-                        m.processed.fetch_add(1, Ordering::Relaxed);
-                        if let Some(ms) = lag {
-                            m.lag.observe(ms / 1000.0);
-                        }
-                    }
-                }
-                Ok(Processed::Duplicate) => {
-                    self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
-                    if let Some(m) = &self.metrics {
-                        m.duplicates.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
+                Ok(outcome) => self.count_processed(&d, outcome),
                 Err(err) => {
-                    self.stats.failed.fetch_add(1, Ordering::Relaxed);
-                    if let Some(m) = &self.metrics {
-                        m.failed.fetch_add(1, Ordering::Relaxed);
-                    }
+                    self.count_failed();
                     if !self.give_up(&d, &err).await {
                         tracing::warn!(topic = %d.topic, partition = d.partition, offset = d.offset, error = %err, "handler failed; will redeliver");
                         return (last_ok, count, true);
@@ -230,27 +212,9 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
             let settled = results.len();
             for (d, r) in chunk.iter().zip(results) {
                 match r {
-                    Ok(Processed::Handled) => {
-                        self.stats.handled.fetch_add(1, Ordering::Relaxed);
-                        let lag = self.record_latency(d);
-                        if let Some(m) = &self.metrics {
-                            m.processed.fetch_add(1, Ordering::Relaxed);
-                            if let Some(ms) = lag {
-                                m.lag.observe(ms / 1000.0);
-                            }
-                        }
-                    }
-                    Ok(Processed::Duplicate) => {
-                        self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
-                        if let Some(m) = &self.metrics {
-                            m.duplicates.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
+                    Ok(outcome) => self.count_processed(d, outcome),
                     Err(err) => {
-                        self.stats.failed.fetch_add(1, Ordering::Relaxed);
-                        if let Some(m) = &self.metrics {
-                            m.failed.fetch_add(1, Ordering::Relaxed);
-                        }
+                        self.count_failed();
                         if !self.give_up(d, &err).await {
                             return (last_ok, count, true);
                         }
@@ -263,6 +227,34 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
             start += settled.max(1);
         }
         (last_ok, count, false)
+    }
+
+    fn count_processed(&self, d: &Delivery, outcome: Processed) {
+        match outcome {
+            Processed::Handled => {
+                self.stats.handled.fetch_add(1, Ordering::Relaxed);
+                let lag = self.record_latency(d);
+                if let Some(m) = &self.metrics {
+                    m.processed.fetch_add(1, Ordering::Relaxed);
+                    if let Some(ms) = lag {
+                        m.lag.observe(ms / 1000.0);
+                    }
+                }
+            }
+            Processed::Duplicate => {
+                self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
+                if let Some(m) = &self.metrics {
+                    m.duplicates.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    fn count_failed(&self) {
+        self.stats.failed.fetch_add(1, Ordering::Relaxed);
+        if let Some(m) = &self.metrics {
+            m.failed.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Counts a failed attempt; when the failure is permanent or attempts
