@@ -4,6 +4,9 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod dead;
+mod plugin;
+
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tokio::sync::watch;
@@ -274,7 +277,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         && !matches!(cmd, PluginCommand::Registry(_))
     {
         init_logging(LogFormat::Human);
-        return plugin_command(cmd).await;
+        return plugin::plugin_command(cmd).await;
     }
     let config = load_config(&cli)?;
     init_logging(config.log.format);
@@ -423,175 +426,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 ExitCode::from(3)
             })
         }
-        Command::Dead(cmd) => dead_command(&config, cmd).await,
+        Command::Dead(cmd) => dead::dead_command(&config, cmd).await,
     }
-}
-
-async fn plugin_command(cmd: &PluginCommand) -> anyhow::Result<ExitCode> {
-    use crate::plugin::{EngineConfig, Limits, PluginEngine, harness, validate};
-    let engine = PluginEngine::new(EngineConfig::default())?;
-    match cmd {
-        PluginCommand::Test {
-            wasm,
-            event,
-            settings,
-            timeout_ms,
-            memory_mib,
-        } => {
-            let text = std::fs::read_to_string(event)
-                .with_context(|| format!("cannot read --event {}", event.display()))?;
-            let sample = harness::SampleEvent::parse(&event.display().to_string(), &text)
-                .map_err(anyhow::Error::msg)?;
-            let mut config = std::collections::BTreeMap::new();
-            for kv in settings {
-                let (k, v) = kv
-                    .split_once('=')
-                    .with_context(|| format!("--set `{kv}` must look like KEY=VALUE"))?;
-                config.insert(k.to_string(), v.to_string());
-            }
-            let limits = Limits {
-                timeout_ms: *timeout_ms,
-                memory_mib: *memory_mib,
-                ..Limits::default()
-            };
-            match harness::run_once(&engine, wasm, &sample, limits, config).await {
-                Ok(messages) if messages.is_empty() => {
-                    println!("filtered: the plugin returned no messages");
-                    Ok(ExitCode::SUCCESS)
-                }
-                Ok(messages) => {
-                    for (i, m) in messages.iter().enumerate() {
-                        let payload = String::from_utf8_lossy(&m.payload);
-                        let pretty = serde_json::from_slice::<serde_json::Value>(&m.payload)
-                            .and_then(|v| serde_json::to_string_pretty(&v))
-                            .unwrap_or_else(|_| payload.into_owned());
-                        println!("message {i}:");
-                        println!(
-                            "  topic:   {}",
-                            m.topic.as_deref().unwrap_or("(the route's topic)")
-                        );
-                        println!("  key:     {}", String::from_utf8_lossy(&m.key));
-                        for (k, v) in &m.headers {
-                            println!("  header:  {k}: {v}");
-                        }
-                        println!("  payload: {}", pretty.replace('\n', "\n           "));
-                    }
-                    Ok(ExitCode::SUCCESS)
-                }
-                Err(e) => {
-                    println!("error ({}): {e}", e.kind().name());
-                    Ok(ExitCode::FAILURE)
-                }
-            }
-        }
-        PluginCommand::Registry(_) => {
-            unreachable!("needs the database; dispatched with the config")
-        }
-        PluginCommand::Validate { wasm, json } => {
-            let bytes =
-                std::fs::read(wasm).with_context(|| format!("cannot read {}", wasm.display()))?;
-            let v = validate::validate(&engine, &bytes)?;
-            if *json {
-                println!("{}", serde_json::to_string_pretty(&v)?);
-            } else {
-                println!("file:        {} (a component)", wasm.display());
-                println!("world:       {}", v.world.unwrap_or("(none recognised)"));
-                println!(
-                    "wit version: {}",
-                    v.wit_version.as_deref().unwrap_or(
-                        "(no outbox:plugin import; the export type-checks against 0.1.0 if no problem is listed)"
-                    )
-                );
-                println!("imports:");
-                for (name, verdict) in &v.imports {
-                    let verdict = match verdict {
-                        validate::Verdict::Allowed => "allowed".to_string(),
-                        validate::Verdict::Denied(why) => format!("linked, denied: {why}"),
-                        validate::Verdict::Missing => "NOT PROVIDED".to_string(),
-                    };
-                    println!("  {name:<45} {verdict}");
-                }
-                if v.is_ok() {
-                    println!("ok: runs in this outboxd ({})", validate::WIT_PACKAGE);
-                } else {
-                    for p in &v.problems {
-                        println!("problem: {p}");
-                    }
-                }
-            }
-            Ok(if v.is_ok() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            })
-        }
-    }
-}
-
-async fn dead_command(config: &Config, cmd: DeadCommand) -> anyhow::Result<ExitCode> {
-    use crate::ops::dead::{self, DeadFilter};
-    let db = connect(config).await?;
-    match cmd {
-        DeadCommand::List {
-            event_type,
-            aggregate,
-            limit,
-        } => {
-            let filter = DeadFilter {
-                seq: None,
-                event_type,
-                aggregate_id: aggregate,
-            };
-            let events = dead::list(&db, &filter, limit).await?;
-            if events.is_empty() {
-                println!("no dead events");
-            }
-            for e in events {
-                println!(
-                    "{:>8}  {}  {:<24} {:<20} attempts {:<3} blocking {:<4} {}",
-                    e.seq,
-                    e.dead_at.format("%Y-%m-%d %H:%M:%S"),
-                    e.event_type,
-                    e.aggregate_id,
-                    e.attempts,
-                    e.blocking,
-                    e.dead_reason
-                );
-            }
-        }
-        DeadCommand::Show { seq } => match dead::get(&db, seq).await? {
-            Some(e) => println!("{}", serde_json::to_string_pretty(&e)?),
-            None => anyhow::bail!("outbox row {seq} is not a dead event (see `outboxd dead list`)"),
-        },
-        DeadCommand::Redrive {
-            seq,
-            event_type,
-            aggregate,
-            all,
-        } => {
-            if seq.is_none() && event_type.is_none() && aggregate.is_none() && !all {
-                anyhow::bail!(
-                    "say which dead events to redrive: --seq N, --type T, --aggregate A, or --all"
-                );
-            }
-            let n = dead::redrive(
-                &db,
-                &DeadFilter {
-                    seq,
-                    event_type,
-                    aggregate_id: aggregate,
-                },
-                chrono::Utc::now(),
-            )
-            .await?;
-            println!("redrove {n} dead event(s); the relay will publish them now");
-        }
-        DeadCommand::Discard { seq, reason } => {
-            dead::discard(&db, seq, &reason, chrono::Utc::now()).await?;
-            println!("discarded outbox row {seq}: {reason}");
-        }
-    }
-    Ok(ExitCode::SUCCESS)
 }
 
 async fn connect(config: &Config) -> anyhow::Result<Db> {

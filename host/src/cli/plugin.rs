@@ -1,0 +1,109 @@
+//! `outboxd plugin test|validate`: a component run or checked without a
+//! database or a broker.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+
+use super::PluginCommand;
+
+pub(super) async fn plugin_command(cmd: &PluginCommand) -> anyhow::Result<ExitCode> {
+    use crate::plugin::{EngineConfig, Limits, PluginEngine, harness, validate};
+    let engine = PluginEngine::new(EngineConfig::default())?;
+    match cmd {
+        PluginCommand::Test {
+            wasm,
+            event,
+            settings,
+            timeout_ms,
+            memory_mib,
+        } => {
+            let text = std::fs::read_to_string(event)
+                .with_context(|| format!("cannot read --event {}", event.display()))?;
+            let sample = harness::SampleEvent::parse(&event.display().to_string(), &text)
+                .map_err(anyhow::Error::msg)?;
+            let mut config = std::collections::BTreeMap::new();
+            for kv in settings {
+                let (k, v) = kv
+                    .split_once('=')
+                    .with_context(|| format!("--set `{kv}` must look like KEY=VALUE"))?;
+                config.insert(k.to_string(), v.to_string());
+            }
+            let limits = Limits {
+                timeout_ms: *timeout_ms,
+                memory_mib: *memory_mib,
+                ..Limits::default()
+            };
+            match harness::run_once(&engine, wasm, &sample, limits, config).await {
+                Ok(messages) if messages.is_empty() => {
+                    println!("filtered: the plugin returned no messages");
+                    Ok(ExitCode::SUCCESS)
+                }
+                Ok(messages) => {
+                    for (i, m) in messages.iter().enumerate() {
+                        let payload = String::from_utf8_lossy(&m.payload);
+                        let pretty = serde_json::from_slice::<serde_json::Value>(&m.payload)
+                            .and_then(|v| serde_json::to_string_pretty(&v))
+                            .unwrap_or_else(|_| payload.into_owned());
+                        println!("message {i}:");
+                        println!(
+                            "  topic:   {}",
+                            m.topic.as_deref().unwrap_or("(the route's topic)")
+                        );
+                        println!("  key:     {}", String::from_utf8_lossy(&m.key));
+                        for (k, v) in &m.headers {
+                            println!("  header:  {k}: {v}");
+                        }
+                        println!("  payload: {}", pretty.replace('\n', "\n           "));
+                    }
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(e) => {
+                    println!("error ({}): {e}", e.kind().name());
+                    Ok(ExitCode::FAILURE)
+                }
+            }
+        }
+        PluginCommand::Registry(_) => {
+            unreachable!("needs the database; dispatched with the config")
+        }
+        PluginCommand::Validate { wasm, json } => {
+            let bytes =
+                std::fs::read(wasm).with_context(|| format!("cannot read {}", wasm.display()))?;
+            let v = validate::validate(&engine, &bytes)?;
+            if *json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                println!("file:        {} (a component)", wasm.display());
+                println!("world:       {}", v.world.unwrap_or("(none recognised)"));
+                println!(
+                    "wit version: {}",
+                    v.wit_version.as_deref().unwrap_or(
+                        "(no outbox:plugin import; the export type-checks against 0.1.0 if no problem is listed)"
+                    )
+                );
+                println!("imports:");
+                for (name, verdict) in &v.imports {
+                    let verdict = match verdict {
+                        validate::Verdict::Allowed => "allowed".to_string(),
+                        validate::Verdict::Denied(why) => format!("linked, denied: {why}"),
+                        validate::Verdict::Missing => "NOT PROVIDED".to_string(),
+                    };
+                    println!("  {name:<45} {verdict}");
+                }
+                if v.is_ok() {
+                    println!("ok: runs in this outboxd ({})", validate::WIT_PACKAGE);
+                } else {
+                    for p in &v.problems {
+                        println!("problem: {p}");
+                    }
+                }
+            }
+            Ok(if v.is_ok() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+    }
+}
