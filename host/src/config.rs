@@ -159,6 +159,10 @@ pub struct RelaySection {
     pub lease_ms: u64,
     #[serde(default)]
     pub backoff: Backoff,
+    /// Claim and send the next batch while the previous one is marked:
+    /// faster, but a crash republishes up to two batches instead of one.
+    #[serde(default)]
+    pub pipeline: bool,
 }
 
 impl Default for RelaySection {
@@ -171,6 +175,7 @@ impl Default for RelaySection {
             workers: default_workers(),
             lease_ms: default_lease_ms(),
             backoff: Backoff::default(),
+            pipeline: false,
         }
     }
 }

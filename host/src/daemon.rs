@@ -472,6 +472,7 @@ fn spawn_relays<S: OutboxStore, P: Publisher + Clone>(
     let router = Router::new(config.routes.clone());
     let worker_cfg = WorkerConfig {
         poll_interval: Duration::from_millis(config.relay.poll_interval_ms),
+        pipeline: config.relay.pipeline,
         ..WorkerConfig::default()
     };
     for _ in 0..config.relay.workers {

@@ -35,6 +35,7 @@ fn billing_plugin() -> PluginHandler {
 
 fn order(offset: i64, order_id: &str) -> Delivery {
     Delivery {
+        attempt: 0,
         topic: "order.confirmed".into(),
         partition: 0,
         offset,

@@ -159,6 +159,7 @@ async fn crash_after_publish_before_mark_republishes_and_the_receiver_deduplicat
         .iter()
         .enumerate()
         .map(|(i, m)| outboxd::broker::Delivery {
+            attempt: 0,
             topic: m.topic.clone(),
             partition: 0,
             offset: i as i64,

@@ -54,6 +54,18 @@ async fn write_one(db: &Db, agg: usize) {
 }
 
 async fn four_relays_keep_commit_order_over_1000_aggregates(t: TestDb) {
+    keep_commit_order(t, false).await;
+}
+on_both!(four_relays_keep_commit_order_over_1000_aggregates);
+
+/// The same with `relay.pipeline`: each relay claims and sends its next
+/// batch while the previous one is being marked.
+async fn four_pipelined_relays_keep_commit_order_over_1000_aggregates(t: TestDb) {
+    keep_commit_order(t, true).await;
+}
+on_both!(four_pipelined_relays_keep_commit_order_over_1000_aggregates);
+
+async fn keep_commit_order(t: TestDb, pipeline: bool) {
     t.exec("CREATE TABLE counters (id text PRIMARY KEY, n bigint NOT NULL DEFAULT 0)")
         .await;
     let values: Vec<String> = (0..AGGREGATES).map(|a| format!("('agg-{a:04}')")).collect();
@@ -72,6 +84,7 @@ async fn four_relays_keep_commit_order_over_1000_aggregates(t: TestDb) {
         relays.spawn(async move {
             let cfg = WorkerConfig {
                 poll_interval: Duration::from_millis(5),
+                pipeline,
                 ..WorkerConfig::default()
             };
             worker::run(&relay, &cfg, None, stop)
@@ -133,7 +146,6 @@ async fn four_relays_keep_commit_order_over_1000_aggregates(t: TestDb) {
         *last = n;
     }
 }
-on_both!(four_relays_keep_commit_order_over_1000_aggregates);
 
 /// Postgres: an identity value is drawn at insert time, not at commit. The
 /// per-aggregate advisory lock makes the second writer wait, so its seq is

@@ -108,6 +108,7 @@ async fn duplicate_delivery_is_discarded_by_the_inbox(t: TestDb) {
     use outboxd::domain::billing::{self, BillingHandler};
     billing::create_schema(&t.db).await.expect("billing schema");
     let d = Delivery {
+        attempt: 0,
         topic: "order.confirmed".into(),
         partition: 0,
         offset: 1,

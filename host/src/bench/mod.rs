@@ -3,16 +3,23 @@
 //! - `claim`: the claim query on a table with millions of published rows.
 //! - `consumer`: inbox throughput, per-message against savepoint batches,
 //!   native billing against the billing plugin.
+//! - `latency`: commit-to-effect latency at fixed arrival rates, with
+//!   LISTEN/NOTIFY and with polling only.
+//! - `memory`: peak RSS of `outboxd run` draining backlogs of several sizes.
 //! - `relay`: relay throughput over a grid of batch sizes and workers, next
 //!   to seed 000's sequential design in the same harness, with a check that
 //!   every event was published exactly once and in per-aggregate order.
 
 mod claim;
 mod consumer;
+mod latency;
+mod memory;
 mod relay;
 
 pub use claim::{ClaimBenchArgs, ClaimBenchReport, claim};
 pub use consumer::{ConsumerBenchArgs, consumer};
+pub use latency::{LatencyBenchArgs, LatencyRow, latency};
+pub use memory::{MemoryBenchArgs, MemoryRow, memory};
 pub use relay::{RelayBenchArgs, relay};
 
 #[derive(Debug, thiserror::Error)]

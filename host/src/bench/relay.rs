@@ -11,10 +11,12 @@ use sqlx::{PgPool, Row};
 
 use super::BenchError;
 use crate::broker::embedded::EmbeddedPublisher;
+use crate::broker::kafka::KafkaPublisher;
 use crate::broker::{OutgoingMessage, PublishError, Publisher};
 use crate::clock::SystemClock;
+use crate::plugin::{EngineConfig, PluginEngine, PluginSpec};
 use crate::relay::worker::{self, WorkerConfig};
-use crate::relay::{Relay, RelayConfig, Router};
+use crate::relay::{Chains, Relay, RelayConfig, Route, Router, build_chains};
 use crate::store::postgres::PgStore;
 use crate::store::{Db, migrate};
 
@@ -32,9 +34,26 @@ pub struct RelayBenchArgs {
     #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
     pub workers: Vec<usize>,
     /// Where messages go: `null` (acknowledged in memory, the relay's own
-    /// cost) or `embedded` (the durable SQL transport in the same database).
+    /// cost), `embedded` (the durable SQL transport in the same database) or
+    /// `kafka` (the idempotent `acks=all` producer, to `--brokers`).
     #[arg(long, default_value = "null")]
     pub sink: String,
+    /// Kafka bootstrap servers for `--sink kafka`.
+    #[arg(long, default_value = "127.0.0.1:9092")]
+    pub brokers: String,
+    /// A transformer component (e.g. plugins/dist/cloudevents.wasm): every
+    /// grid point then runs twice, without and with it as the route's
+    /// chain, and the ratio is printed.
+    #[arg(long)]
+    pub plugin: Option<std::path::PathBuf>,
+    /// Relay pipelining (`relay.pipeline`) for each grid point: `false`,
+    /// `true`, or both (`false,true`).
+    #[arg(long, value_delimiter = ',', default_value = "true")]
+    pub pipeline: Vec<bool>,
+    /// Runs of each grid point, the variants interleaved; the best run of
+    /// each is kept (shared, noisy machines).
+    #[arg(long, default_value_t = 1)]
+    pub repeat: usize,
     /// Events for the seed-design run (it is slow; default = --events / 10).
     #[arg(long)]
     pub seed_events: Option<i64>,
@@ -47,11 +66,34 @@ pub struct RelayBenchArgs {
 pub struct RelayBenchRow {
     pub design: String,
     pub sink: String,
+    /// `none` or the transformer plugin's name.
+    pub transformer: String,
     pub batch: usize,
     pub workers: usize,
+    pub pipeline: bool,
     pub events: i64,
     pub seconds: f64,
     pub events_per_second: f64,
+}
+
+/// Topic of every benchmark event (one route, `bench.*`).
+const TOPIC: &str = "outboxd.bench";
+
+/// Where the benchmark's messages go.
+enum Sink {
+    Null,
+    Embedded(EmbeddedPublisher),
+    Kafka(Arc<KafkaPublisher>),
+}
+
+impl Publisher for Sink {
+    async fn publish(&self, msg: OutgoingMessage) -> Result<(), PublishError> {
+        match self {
+            Sink::Null => Ok(()),
+            Sink::Embedded(p) => p.publish(msg).await,
+            Sink::Kafka(p) => p.publish(msg).await,
+        }
+    }
 }
 
 /// Acknowledges through an inner sink and checks, per key, that payload
@@ -81,7 +123,7 @@ impl<P: Publisher> Publisher for Verifying<P> {
         }
         let n = serde_json::from_slice::<serde_json::Value>(&msg.payload)
             .ok()
-            .and_then(|v| v["n"].as_i64())
+            .and_then(|v| v["n"].as_i64().or_else(|| v["data"]["n"].as_i64()))
             .unwrap_or(-1);
         if let Ok(mut seen) = self.seen.lock() {
             let last = seen.entry(msg.key.clone()).or_insert(0);
@@ -139,9 +181,11 @@ fn check<P>(v: &Verifying<P>, events: i64) -> Result<(), BenchError> {
 async fn run_ours<P: Publisher>(
     pool: &PgPool,
     sink: Arc<Verifying<P>>,
+    chains: &Chains,
     events: i64,
     batch: usize,
     workers: usize,
+    pipeline: bool,
 ) -> Result<f64, BenchError> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut set = tokio::task::JoinSet::new();
@@ -150,17 +194,19 @@ async fn run_ours<P: Publisher>(
         let relay = Relay::new(
             PgStore::new(pool.clone()),
             sink.clone(),
-            Router::default(),
+            router(),
             RelayConfig {
                 batch_size: batch,
                 ..RelayConfig::default()
             },
             Arc::new(SystemClock),
-        );
+        )
+        .with_chains(chains.clone());
         let stop = stop_rx.clone();
         set.spawn(async move {
             let cfg = WorkerConfig {
                 poll_interval: Duration::from_millis(1),
+                pipeline,
                 ..WorkerConfig::default()
             };
             worker::run(&relay, &cfg, None, stop)
@@ -239,53 +285,140 @@ pub async fn relay(args: &RelayBenchArgs) -> Result<Vec<RelayBenchRow>, BenchErr
         ));
     };
     migrate(&db).await?;
-    let embedded = || match args.sink.as_str() {
-        "null" => Ok(None),
-        "embedded" => Ok(Some(EmbeddedPublisher::new(db.clone(), 8))),
+    let kafka = match args.sink.as_str() {
+        "kafka" => {
+            let props = std::collections::BTreeMap::from([
+                ("bootstrap.servers".to_string(), args.brokers.clone()),
+                ("enable.idempotence".to_string(), "true".to_string()),
+                ("acks".to_string(), "all".to_string()),
+                ("linger.ms".to_string(), "1".to_string()),
+            ]);
+            crate::broker::kafka::ensure_topics(&props, &[TOPIC.to_string()], 4)
+                .await
+                .map_err(|e| BenchError::Refused(format!("--brokers {}: {e}", args.brokers)))?;
+            let p = KafkaPublisher::new(&props, Duration::from_secs(8))
+                .map_err(|e| BenchError::Refused(format!("--brokers {}: {e}", args.brokers)))?;
+            Some(Arc::new(p))
+        }
+        _ => None,
+    };
+    let sink = || match args.sink.as_str() {
+        "null" => Ok(Sink::Null),
+        "embedded" => Ok(Sink::Embedded(EmbeddedPublisher::new(db.clone(), 8))),
+        "kafka" => Ok(Sink::Kafka(kafka.clone().expect("created above"))),
         other => Err(BenchError::Refused(format!(
-            "unknown --sink `{other}`; use null or embedded"
+            "unknown --sink `{other}`; use null, embedded or kafka"
         ))),
     };
+    let mut variants = vec![("none".to_string(), Chains::default())];
+    if let Some(path) = &args.plugin {
+        let engine = PluginEngine::new(EngineConfig::default())
+            .map_err(|e| BenchError::Refused(format!("--plugin: {e}")))?;
+        let name = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "plugin".into());
+        let chains = build_chains(
+            &engine,
+            &[PluginSpec::new(name.clone(), path.clone())],
+            &[Route::new("bench.*", TOPIC).with_transformers(&[name.as_str()])],
+        )
+        .map_err(|e| BenchError::Refused(format!("--plugin {}: {e}", path.display())))?;
+        variants.push((name, chains));
+    }
     let mut rows = Vec::new();
     let seed_events = args.seed_events.unwrap_or((args.events / 10).max(1));
     reset_and_fill(pool, seed_events, args.aggregates.min(seed_events)).await?;
-    let sink = Arc::new(Verifying::new(embedded()?));
+    let seed_sink = Arc::new(Verifying::new(Some(sink()?)));
     let router = Relay::new(
         PgStore::new(pool.clone()),
-        sink.clone(),
-        Router::default(),
+        seed_sink.clone(),
+        router(),
         RelayConfig::default(),
         Arc::new(SystemClock),
     );
-    let seconds = run_seed(pool, &sink, &router).await?;
-    check(&sink, seed_events)?;
-    rows.push(row("seed-000", &args.sink, 50, 1, seed_events, seconds));
+    let seconds = run_seed(pool, &seed_sink, &router).await?;
+    check(&seed_sink, seed_events)?;
+    rows.push(row(
+        "seed-000",
+        &args.sink,
+        "none",
+        Cell {
+            batch: 50,
+            workers: 1,
+            pipeline: false,
+        },
+        seed_events,
+        seconds,
+    ));
     print_row(rows.last());
     for &batch in &args.batch {
         for &workers in &args.workers {
-            reset_and_fill(pool, args.events, args.aggregates).await?;
-            let sink = Arc::new(Verifying::new(embedded()?));
-            let seconds = run_ours(pool, sink.clone(), args.events, batch, workers).await?;
-            check(&sink, args.events)?;
-            rows.push(row(
-                "outboxd",
-                &args.sink,
-                batch,
-                workers,
-                args.events,
-                seconds,
-            ));
-            print_row(rows.last());
+            for pipeline in args.pipeline.iter().copied() {
+                let mut best: Vec<Option<f64>> = vec![None; variants.len()];
+                for _ in 0..args.repeat.max(1) {
+                    for (vi, (_, chains)) in variants.iter().enumerate() {
+                        reset_and_fill(pool, args.events, args.aggregates).await?;
+                        let verifying = Arc::new(Verifying::new(Some(sink()?)));
+                        let seconds = run_ours(
+                            pool,
+                            verifying.clone(),
+                            chains,
+                            args.events,
+                            batch,
+                            workers,
+                            pipeline,
+                        )
+                        .await?;
+                        check(&verifying, args.events)?;
+                        best[vi] = Some(best[vi].map_or(seconds, |b: f64| b.min(seconds)));
+                    }
+                }
+                for ((transformer, _), seconds) in variants.iter().zip(best) {
+                    rows.push(row(
+                        "outboxd",
+                        &args.sink,
+                        transformer,
+                        Cell {
+                            batch,
+                            workers,
+                            pipeline,
+                        },
+                        args.events,
+                        seconds.unwrap_or(f64::NAN),
+                    ));
+                    print_row(rows.last());
+                }
+            }
         }
     }
     let seed_rate = rows[0].events_per_second;
     println!("\nratio to seed 000's design (same run): ");
     for r in &rows[1..] {
+        let plain = rows[1..]
+            .iter()
+            .find(|p| {
+                p.transformer == "none"
+                    && p.batch == r.batch
+                    && p.workers == r.workers
+                    && p.pipeline == r.pipeline
+            })
+            .map_or(r.events_per_second, |p| p.events_per_second);
         println!(
-            "  batch {:>4} workers {} : {:>6.1}x",
+            "  batch {:>4} workers {} pipeline {:<5} transformer {:<12}: {:>6.1}x seed{}",
             r.batch,
             r.workers,
-            r.events_per_second / seed_rate
+            r.pipeline,
+            r.transformer,
+            r.events_per_second / seed_rate,
+            if r.transformer == "none" {
+                String::new()
+            } else {
+                format!(
+                    ", {:.1} % of the plugin-free run",
+                    100.0 * r.events_per_second / plain
+                )
+            }
         );
     }
     if let Some(path) = &args.json {
@@ -298,19 +431,39 @@ pub async fn relay(args: &RelayBenchArgs) -> Result<Vec<RelayBenchRow>, BenchErr
     Ok(rows)
 }
 
+/// One route for every benchmark event; a plugin variant's chain hangs
+/// off route 0 ([`build_chains`] with the same route).
+fn router() -> Router {
+    Router::new(vec![Route::new("bench.*", TOPIC)])
+}
+
+/// One grid point's settings.
+#[derive(Debug, Clone, Copy)]
+struct Cell {
+    batch: usize,
+    workers: usize,
+    pipeline: bool,
+}
+
 fn row(
     design: &str,
     sink: &str,
-    batch: usize,
-    workers: usize,
+    transformer: &str,
+    Cell {
+        batch,
+        workers,
+        pipeline,
+    }: Cell,
     events: i64,
     seconds: f64,
 ) -> RelayBenchRow {
     RelayBenchRow {
         design: design.into(),
         sink: sink.into(),
+        transformer: transformer.into(),
         batch,
         workers,
+        pipeline,
         events,
         seconds,
         events_per_second: events as f64 / seconds.max(1e-9),
@@ -320,8 +473,16 @@ fn row(
 fn print_row(r: Option<&RelayBenchRow>) {
     if let Some(r) = r {
         println!(
-            "{:<9} sink {:<8} batch {:>4} workers {} : {:>8} events in {:>7.2} s = {:>9.0} events/s (exactly once, in order)",
-            r.design, r.sink, r.batch, r.workers, r.events, r.seconds, r.events_per_second
+            "{:<9} sink {:<8} transformer {:<12} batch {:>4} workers {} pipeline {:<5} : {:>8} events in {:>7.2} s = {:>9.0} events/s (exactly once, in order)",
+            r.design,
+            r.sink,
+            r.transformer,
+            r.batch,
+            r.workers,
+            r.pipeline,
+            r.events,
+            r.seconds,
+            r.events_per_second
         );
     }
 }

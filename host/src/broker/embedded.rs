@@ -283,6 +283,7 @@ impl MessageSource for EmbeddedConsumer {
                         .await?;
                     for r in rows {
                         out.push(Delivery {
+                            attempt: 0,
                             topic: topic.clone(),
                             partition,
                             offset: r.get(0),
@@ -302,6 +303,7 @@ impl MessageSource for EmbeddedConsumer {
                         .await?;
                     for r in rows {
                         out.push(Delivery {
+                            attempt: 0,
                             topic: topic.clone(),
                             partition,
                             offset: r.get(0),

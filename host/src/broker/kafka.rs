@@ -502,6 +502,7 @@ fn to_delivery(m: &BorrowedMessage<'_>) -> Delivery {
         }
     }
     Delivery {
+        attempt: 0,
         topic: m.topic().to_string(),
         partition: m.partition(),
         offset: m.offset(),

@@ -95,6 +95,9 @@ pub struct Delivery {
     pub key: Option<Vec<u8>>,
     pub payload: Vec<u8>,
     pub headers: Vec<(String, Vec<u8>)>,
+    /// Failed attempts at this message so far in this consumer (0 on the
+    /// first delivery). The runner sets it; sources leave it 0.
+    pub attempt: u32,
 }
 
 impl Delivery {

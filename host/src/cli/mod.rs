@@ -115,6 +115,10 @@ enum BenchCommand {
     Relay(crate::bench::RelayBenchArgs),
     /// Consumer throughput: per message against batched, native against plugin.
     Consumer(crate::bench::ConsumerBenchArgs),
+    /// End-to-end latency at fixed arrival rates, LISTEN/NOTIFY against polling.
+    Latency(crate::bench::LatencyBenchArgs),
+    /// Peak RSS of `outboxd run` draining backlogs of several sizes.
+    Memory(crate::bench::MemoryBenchArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -258,6 +262,16 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     if let Command::Bench(BenchCommand::Consumer(args)) = &cli.command {
         init_logging(LogFormat::Human);
         crate::bench::consumer(args).await?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let Command::Bench(BenchCommand::Memory(args)) = &cli.command {
+        init_logging(LogFormat::Human);
+        crate::bench::memory(args).await?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let Command::Bench(BenchCommand::Latency(args)) = &cli.command {
+        init_logging(LogFormat::Human);
+        crate::bench::latency(args).await?;
         return Ok(ExitCode::SUCCESS);
     }
     if let Command::Bench(BenchCommand::Relay(args)) = &cli.command {

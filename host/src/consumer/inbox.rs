@@ -31,6 +31,13 @@ impl From<sqlx::Error> for HandlerError {
 }
 
 pub trait Handler: Send + Sync + 'static {
+    /// Runs once at the start of each transaction, before the first inbox
+    /// mark: session settings that hold for the whole transaction (a
+    /// consumer plugin's statement timeout). Nothing by default.
+    fn begin(&self, _tx: &mut InboxTx) -> impl Future<Output = Result<(), sqlx::Error>> + Send {
+        async { Ok(()) }
+    }
+
     fn handle(
         &self,
         tx: &mut InboxTx,
@@ -59,6 +66,7 @@ pub async fn process<H: Handler>(
         Db::Postgres(p) => InboxTx::Postgres(p.begin().await?),
         Db::Sqlite(p) => InboxTx::Sqlite(p.begin().await?),
     };
+    handler.begin(&mut tx).await?;
     let sql = "INSERT INTO inbox (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING";
     let inserted = match &mut tx {
         InboxTx::Postgres(t) => sqlx::query(sql)
@@ -121,6 +129,7 @@ pub async fn process_batch<H: Handler>(
         Db::Postgres(p) => InboxTx::Postgres(p.begin().await?),
         Db::Sqlite(p) => InboxTx::Sqlite(p.begin().await?),
     };
+    handler.begin(&mut tx).await?;
     let mut results = Vec::with_capacity(deliveries.len());
     for d in deliveries {
         let message_id = match d.message_id() {

@@ -44,11 +44,15 @@ fn to_message(d: &Delivery, id: String) -> Message {
             .iter()
             .map(|(k, v)| (k.clone(), String::from_utf8_lossy(v).into_owned()))
             .collect(),
-        attempt: 0,
+        attempt: d.attempt,
     }
 }
 
 impl Handler for PluginHandler {
+    async fn begin(&self, tx: &mut InboxTx) -> Result<(), sqlx::Error> {
+        crate::plugin::transaction::begin_session(tx, &self.policy).await
+    }
+
     async fn handle(&self, tx: &mut InboxTx, d: &Delivery) -> Result<(), HandlerError> {
         let id = d.message_id().map_err(HandlerError::Permanent)?.to_string();
         let message = to_message(d, id);

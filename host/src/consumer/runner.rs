@@ -164,7 +164,8 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
         }
         let mut last_ok = None;
         let mut count = 0;
-        for d in msgs {
+        for mut d in msgs {
+            d.attempt = self.failed_attempts(&d);
             match process(&self.db, &self.config.name, &d, self.handler.as_ref()).await {
                 Ok(outcome) => self.count_processed(&d, outcome),
                 Err(err) => {
@@ -185,8 +186,11 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
     /// The batched variant: savepoint per message, one commit per chunk.
     async fn handle_partition_batched(
         &self,
-        msgs: Vec<Delivery>,
+        mut msgs: Vec<Delivery>,
     ) -> (Option<Delivery>, usize, bool) {
+        for d in &mut msgs {
+            d.attempt = self.failed_attempts(d);
+        }
         let mut last_ok = None;
         let mut count = 0;
         let mut start = 0;
@@ -306,6 +310,18 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
             m.dead_lettered.fetch_add(1, Ordering::Relaxed);
         }
         true
+    }
+
+    /// How often `d` has failed here so far; what the handler sees as the
+    /// message's `attempt`.
+    fn failed_attempts(&self, d: &Delivery) -> u32 {
+        match self.attempts.lock() {
+            Ok(map) if !map.is_empty() => map
+                .get(&(d.topic.clone(), d.partition, d.offset))
+                .copied()
+                .unwrap_or(0),
+            _ => 0,
+        }
     }
 
     fn forget_attempts(&self, d: &Delivery) {

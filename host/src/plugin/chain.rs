@@ -19,6 +19,8 @@ pub struct ChainError {
 #[derive(Debug, Clone)]
 pub struct Chain {
     plugins: Vec<Arc<TransformerPlugin>>,
+    /// `a@1,b@2`, computed once: it is recorded with every event.
+    label: String,
     /// Set when a registry plugin of the chain has no active version: every
     /// event fails with this (retryable) reason until one is activated.
     unavailable: Option<ChainError>,
@@ -26,8 +28,14 @@ pub struct Chain {
 
 impl Chain {
     pub fn new(plugins: Vec<Arc<TransformerPlugin>>) -> Self {
+        let label = plugins
+            .iter()
+            .map(|p| p.label())
+            .collect::<Vec<_>>()
+            .join(",");
         Self {
             plugins,
+            label,
             unavailable: None,
         }
     }
@@ -37,6 +45,7 @@ impl Chain {
     pub fn unavailable(plugin: &str) -> Self {
         Self {
             plugins: Vec::new(),
+            label: String::new(),
             unavailable: Some(ChainError {
                 plugin: plugin.to_string(),
                 error: PluginError::Guest {
@@ -55,11 +64,7 @@ impl Chain {
 
     /// `a@1,b@2`: what the outbox records as `transformed_by`.
     pub fn label(&self) -> String {
-        self.plugins
-            .iter()
-            .map(|p| p.label())
-            .collect::<Vec<_>>()
-            .join(",")
+        self.label.clone()
     }
 
     /// Runs every plugin in order. An empty result means the event was

@@ -23,7 +23,7 @@ pub struct ActiveTransaction;
 pub struct TxnPolicy {
     /// Postgres only: `SET LOCAL ROLE` before the plugin's first statement.
     pub db_role: Option<String>,
-    /// Postgres only: `SET LOCAL statement_timeout` before the first statement.
+    /// Postgres only: `SET LOCAL statement_timeout` for each transaction.
     pub statement_timeout_ms: u64,
     /// Statements (`execute`, `query`, `emit`) one message may run.
     pub max_statements: u32,
@@ -131,6 +131,22 @@ impl wit::HostTransaction for HostState {
     }
 }
 
+/// Sets the consumer's `statement_timeout` for the rest of the transaction
+/// (Postgres only), once per transaction rather than once per message: it is
+/// set before any message's savepoint, so rolling a message back keeps it.
+/// The host's own inbox and outbox statements run under it too, which only
+/// bounds them.
+pub(crate) async fn begin_session(tx: &mut InboxTx, policy: &TxnPolicy) -> Result<(), sqlx::Error> {
+    if let InboxTx::Postgres(t) = tx {
+        let sql = format!(
+            "SET LOCAL statement_timeout = {}",
+            policy.statement_timeout_ms
+        );
+        sqlx::Executor::execute(&mut **t, sql.as_str()).await?;
+    }
+    Ok(())
+}
+
 /// Runs one message's plugin statements against the host's transaction.
 pub(crate) struct TxnServer<'a> {
     tx: &'a mut InboxTx,
@@ -189,9 +205,11 @@ impl<'a> TxnServer<'a> {
         }
     }
 
-    /// On Postgres, the plugin's statements run under its role and a
-    /// statement timeout; `SET LOCAL` ends with the transaction (or the
-    /// message's savepoint, see [`TxnServer::finish`]).
+    /// On Postgres, the plugin's statements run under its role:
+    /// `SET LOCAL ROLE` before its first statement of each message (undone
+    /// by [`TxnServer::finish`] or by the message's savepoint rollback). The
+    /// statement timeout is already set for the transaction by
+    /// [`begin_session`].
     async fn prepare_session(&mut self) -> Result<(), DbError> {
         let InboxTx::Postgres(t) = &mut *self.tx else {
             return Ok(());
@@ -199,18 +217,13 @@ impl<'a> TxnServer<'a> {
         if self.session_set {
             return Ok(());
         }
-        let mut sql = format!(
-            "SET LOCAL statement_timeout = {}",
-            self.policy.statement_timeout_ms
-        );
         if let Some(role) = &self.policy.db_role {
             // The role name is checked at startup to be a plain identifier.
-            sql.push_str(&format!("; SET LOCAL ROLE \"{role}\""));
+            let sql = format!("SET LOCAL ROLE \"{role}\"");
+            sqlx::Executor::execute(&mut **t, sql.as_str())
+                .await
+                .map_err(database)?;
         }
-        // No arguments: the simple query protocol, so both run in one round trip.
-        sqlx::Executor::execute(&mut **t, sql.as_str())
-            .await
-            .map_err(database)?;
         self.session_set = true;
         Ok(())
     }

@@ -89,6 +89,22 @@ pub struct Relay<S, P> {
     chains: Chains,
 }
 
+/// A claimed batch whose events were sent, waiting to be marked.
+pub struct Sent<B> {
+    batch: B,
+    results: Vec<EventResult>,
+}
+
+impl<B: ClaimedBatch> Sent<B> {
+    pub fn len(&self) -> usize {
+        self.results.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.results.is_empty()
+    }
+}
+
 /// What became of one claimed event.
 enum EventResult {
     /// Every message acknowledged; `Some(label)` when plugins ran.
@@ -147,12 +163,31 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
     /// this step is interrupted after publishing and before marking, the
     /// claim is released and the events are published again: at least once.
     pub async fn step(&self) -> Result<StepOutcome, RelayError> {
+        match self.send().await? {
+            Some(sent) => self.settle(sent).await.map(StepOutcome::Published),
+            None => Ok(StepOutcome::Idle),
+        }
+    }
+
+    /// The first half of a step: claims a batch and publishes it (through
+    /// the plugin chains), awaiting every acknowledgement, but marks
+    /// nothing. `None` when nothing was due. The claim stays held until
+    /// [`Relay::settle`]; a pipelining worker claims and sends the next
+    /// batch while this one is being marked (see [`worker::run`]).
+    pub async fn send(&self) -> Result<Option<Sent<S::Batch>>, RelayError> {
         let now = self.clock.now();
         let batch = self.store.claim(self.config.batch_size, now).await?;
         if batch.events().is_empty() {
-            return Ok(StepOutcome::Idle);
+            return Ok(None);
         }
         let results = join_all(batch.events().iter().map(|ev| self.handle_event(ev))).await;
+        Ok(Some(Sent { batch, results }))
+    }
+
+    /// The second half of a step: marks what [`Relay::send`] published,
+    /// filtered or failed, in one statement per outcome.
+    pub async fn settle(&self, sent: Sent<S::Batch>) -> Result<StepReport, RelayError> {
+        let Sent { batch, results } = sent;
         self.faults
             .check(FaultPoint::AfterPublishBeforeMark)
             .await?;
@@ -227,7 +262,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             self.record(m, batch_events_lag, &report);
         }
         self.faults.check(FaultPoint::AfterMark).await?;
-        Ok(StepOutcome::Published(report))
+        Ok(report)
     }
 
     fn record(&self, m: &crate::metrics::Metrics, lags: Vec<f64>, report: &StepReport) {

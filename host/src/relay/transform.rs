@@ -195,15 +195,16 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         // Plugin calls are CPU work: run each event's chain on its own task,
         // so the calls of one batch spread over every runtime thread instead
         // of taking turns on the relay's.
-        let task = {
-            let route = route.clone();
-            let ev = ev.clone();
-            tokio::spawn(async move {
-                match &route.shadow {
-                    None => route.active.run(guest_event(&ev)).await,
-                    Some(shadow) => run_with_shadow(&ev, &route.active, shadow).await,
-                }
-            })
+        let task = match &route.shadow {
+            None => {
+                let active = route.active.clone();
+                let event = guest_event(ev);
+                tokio::spawn(async move { active.run(event).await })
+            }
+            Some(shadow) => {
+                let (active, shadow, ev) = (route.active.clone(), shadow.clone(), ev.clone());
+                tokio::spawn(async move { run_with_shadow(&ev, &active, &shadow).await })
+            }
         };
         let outputs = match task.await {
             Ok(Ok(outputs)) => outputs,
