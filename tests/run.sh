@@ -74,8 +74,14 @@ bash tests/dashboard/run.sh
 log "building the Wasm plugins (plugins/build.sh)"
 bash plugins/build.sh >/dev/null
 
+status=0
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --workspace --no-fail-fast "$@"
+  cargo nextest run --workspace --no-fail-fast "$@" || status=$?
 else
-  cargo test --workspace --no-fail-fast "$@"
+  cargo test --workspace --no-fail-fast "$@" || status=$?
 fi
+if [ "$#" -eq 0 ]; then
+  log "benchmarks at smoke size (tests/bench-smoke.sh; numbers only, no timing assertions)"
+  bash tests/bench-smoke.sh || status=$?
+fi
+exit "$status"

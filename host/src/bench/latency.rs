@@ -49,6 +49,9 @@ pub struct LatencyBenchArgs {
     /// The consumer's poll interval on the embedded transport.
     #[arg(long, default_value_t = 5)]
     pub consumer_poll_ms: u64,
+    /// Messages per consumer transaction (`consumers[].batch_in_transaction`).
+    #[arg(long, default_value_t = 20)]
+    pub consumer_batch: usize,
     /// Write the results as JSON here too.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
@@ -98,6 +101,7 @@ async fn produce(db: &Db, rate: u64, seconds: u64, produced: Arc<AtomicU64>) {
     let ticks = seconds * 100;
     let per_tick = rate as f64 / 100.0;
     let mut owed = 0.0;
+    let mut next: u64 = 0;
     let mut interval = tokio::time::interval(tick);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
     for t in 0..ticks {
@@ -107,12 +111,15 @@ async fn produce(db: &Db, rate: u64, seconds: u64, produced: Arc<AtomicU64>) {
         owed -= n as f64;
         let mut set = tokio::task::JoinSet::new();
         for i in 0..n {
+            let seq = next;
+            next += 1;
             let pool = pool.clone();
             let produced = produced.clone();
             set.spawn(async move {
                 let mut tx = pool.begin().await?;
+                // 500 aggregates, in turn: consecutive events never share one.
                 let ev = NewEvent::new(
-                    format!("agg-{}", (t * 1000 + i) % 500),
+                    format!("agg-{}", seq % 500),
                     "latency.event",
                     serde_json::json!({ "t": t, "i": i }),
                 );
@@ -198,6 +205,7 @@ async fn run_one(
         ConsumerConfig {
             name: "latency".into(),
             poll_interval: Duration::from_millis(args.consumer_poll_ms),
+            batch_in_transaction: args.consumer_batch,
             ..ConsumerConfig::default()
         },
     );
@@ -255,8 +263,8 @@ pub async fn latency(args: &LatencyBenchArgs) -> Result<Vec<LatencyRow>, BenchEr
         }
     }
     println!(
-        "end-to-end latency, commit -> consumer effect committed (Postgres, embedded transport, relay poll {} ms, consumer poll {} ms)",
-        args.poll_ms, args.consumer_poll_ms
+        "end-to-end latency, commit -> consumer effect committed (Postgres, embedded transport, relay poll {} ms, consumer poll {} ms, consumer batch {})",
+        args.poll_ms, args.consumer_poll_ms, args.consumer_batch
     );
     println!("| mode   | rate/s | events | p50 ms | p99 ms | max ms |");
     let mut rows = Vec::new();

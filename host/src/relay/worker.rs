@@ -94,6 +94,7 @@ async fn run_pipelined<S: OutboxStore, P: Publisher>(
         if let Some(w) = wake.as_mut() {
             w.borrow_and_update();
         }
+        let overlapped = in_flight.is_some();
         let (settled, sent) = match in_flight.take() {
             None => (Ok(()), relay.send().await),
             Some(previous) => {
@@ -108,6 +109,13 @@ async fn run_pipelined<S: OutboxStore, P: Publisher>(
             (Ok(()), Ok(Some(next))) => {
                 error_streak = 0;
                 in_flight = Some(next);
+                continue;
+            }
+            // Nothing was claimable while the previous batch was unmarked
+            // (its aggregates' next events wait for it): try again now
+            // that it is marked, without the concurrent settle.
+            (Ok(()), Ok(None)) if overlapped => {
+                error_streak = 0;
                 continue;
             }
             (Ok(()), Ok(None)) => {

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Runs every `outboxd bench` scenario at smoke size, so the harness never
+# rots. It prints numbers but asserts no timing: each benchmark fails only
+# on a correctness check (every event published exactly once and in order,
+# every message handled, an invoice per order) or an error.
+#
+#   OUTBOXD_TEST_DATABASE_URL=postgres://… [OUTBOXD_TEST_KAFKA=host:port] tests/bench-smoke.sh
+#
+# The full-size commands are in BENCHMARKS.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+: "${OUTBOXD_TEST_DATABASE_URL:?set OUTBOXD_TEST_DATABASE_URL (tests/run.sh does)}"
+db=outboxd_bench_smoke
+psql "$OUTBOXD_TEST_DATABASE_URL" -qc "DROP DATABASE IF EXISTS $db" >/dev/null
+psql "$OUTBOXD_TEST_DATABASE_URL" -qc "CREATE DATABASE $db" >/dev/null
+url="${OUTBOXD_TEST_DATABASE_URL%/*}/$db"
+trap 'psql "$OUTBOXD_TEST_DATABASE_URL" -qc "DROP DATABASE IF EXISTS $db" >/dev/null 2>&1 || true' EXIT
+
+export OUTBOXD_LOG=error PGOPTIONS="--client-min-messages=warning"
+# OUTBOXD_BIN: an already built binary (e.g. target/release/outboxd).
+bench() {
+  if [ -n "${OUTBOXD_BIN:-}" ]; then "$OUTBOXD_BIN" bench "$@"; else cargo run -q -p outboxd -- bench "$@"; fi
+}
+
+sink=(--sink null)
+if [ -n "${OUTBOXD_TEST_KAFKA:-}" ]; then
+  sink=(--sink kafka --brokers "$OUTBOXD_TEST_KAFKA")
+fi
+# claim needs the empty database; relay and memory empty the outbox first.
+bench claim --url "$url" --published 20000 --pending 1000 --claims 20
+bench relay --url "$url" --events 2000 --seed-events 200 --aggregates 200 \
+  --batch 100 --workers 2 --pipeline false,true \
+  --plugin plugins/dist/cloudevents.wasm "${sink[@]}"
+bench consumer --url "$url" --plugin plugins/dist/billing.wasm \
+  --messages 200 --batch 20 --partitions 2 --repeat 1
+bench latency --url "$url" --rates 100 --seconds 2 --poll-ms 200
+bench memory --url "$url" --backlogs 1000,4000
