@@ -8,6 +8,7 @@ mod admin;
 mod backoff;
 mod config;
 mod consumer_plugins;
+mod consumer_swap;
 mod dead_letters;
 mod embedded;
 mod hot_swap;

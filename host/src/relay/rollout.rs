@@ -265,9 +265,9 @@ impl Rollout {
         let mut changed = false;
         for (name, slot) in &self.consumers {
             let active = desired.active(name).and_then(|v| loaded(name, v));
-            let shadow = desired.shadow(name).and_then(|(v, _)| {
-                loaded(name, v).map(|p| (p, self.stats_for(name, v)))
-            });
+            let shadow = desired
+                .shadow(name)
+                .and_then(|(v, _)| loaded(name, v).map(|p| (p, self.stats_for(name, v))));
             let before = slot.label();
             slot.replace(ConsumerVersions { active, shadow });
             changed |= slot.label() != before;

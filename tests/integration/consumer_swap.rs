@@ -1,0 +1,859 @@
+//! Hot swap of consumer plugins through the registry: twenty swaps (one a
+//! rollback) while the relay and a consumer are both busy, and an
+//! activation made with the CLI reaching two running `outboxd` processes.
+//!
+//! Two behaviourally different versions of one consumer plugin `c` come
+//! from the example components: `billing` (an invoice stamped with the
+//! current time) and `invoicing` (an invoice with `issued_at = 0` plus an
+//! `invoice.issued` event emitted in the same transaction). So every effect
+//! shows which version wrote it, and can be checked against the inbox row's
+//! `handled_by`.
+
+use std::collections::BTreeMap;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use outboxd::broker::Delivery;
+use outboxd::broker::embedded::{EmbeddedConsumer, EmbeddedConsumerConfig, EmbeddedPublisher};
+use outboxd::consumer::{Consumer, ConsumerConfig, Handler, HandlerError, InboxTx, PluginHandler};
+use outboxd::domain::billing;
+use outboxd::event::NewEvent;
+use outboxd::plugin::registry::{Deployed, Registry};
+use outboxd::plugin::{PluginSource, PluginSpec, TxnPolicy};
+use outboxd::relay::{Relay, RelayConfig, Rollout, Route, Router, StepOutcome};
+use outboxd::store::{Db, enqueue};
+use serde_json::json;
+use sqlx::Row;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::sync::{mpsc, watch};
+
+use crate::hot_swap::with_custom_section;
+use crate::on_both;
+use crate::plugins::{engine, plugin_path};
+use crate::support::TestDb;
+
+fn registry_spec(name: &str) -> PluginSpec {
+    let mut s = PluginSpec::new(name, "");
+    s.source = PluginSource::Registry;
+    s.limits.timeout_ms = 5_000;
+    s
+}
+
+async fn deploy(reg: &Registry, name: &str, wasm: Vec<u8>) -> i64 {
+    match reg
+        .deploy(engine(), &registry_spec(name), &wasm, &[], "test")
+        .await
+        .expect("deploy")
+    {
+        Deployed::Created(r) => r.version,
+        Deployed::Unchanged(r) => panic!("{} was already stored", r.label()),
+    }
+}
+
+fn wasm(name: &str) -> Vec<u8> {
+    std::fs::read(plugin_path(name)).expect("read component")
+}
+
+async fn put_order(db: &Db, i: usize) {
+    let ev = NewEvent::new(
+        format!("order-{i}"),
+        "order.confirmed",
+        json!({"order_id": format!("o-{i}"), "customer_id": "c1", "total_cents": i}),
+    );
+    match db {
+        Db::Postgres(p) => {
+            let mut tx = p.begin().await.expect("begin");
+            enqueue(&mut tx, ev).await.expect("enqueue");
+            tx.commit().await.expect("commit");
+        }
+        Db::Sqlite(p) => {
+            let mut tx = p.begin().await.expect("begin");
+            enqueue(&mut tx, ev).await.expect("enqueue");
+            tx.commit().await.expect("commit");
+        }
+    }
+}
+
+/// Rows of two text columns.
+async fn pairs(db: &Db, sql: &str) -> Vec<(String, Option<String>)> {
+    match db {
+        Db::Postgres(p) => sqlx::query(sql)
+            .fetch_all(p)
+            .await
+            .expect(sql)
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect(),
+        Db::Sqlite(p) => sqlx::query(sql)
+            .fetch_all(p)
+            .await
+            .expect(sql)
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect(),
+    }
+}
+
+/// One call of the consumer's handler, as the test saw it from outside.
+struct Call {
+    start: Instant,
+    end: Instant,
+    message_id: String,
+    label: Option<String>,
+    ok: bool,
+}
+
+/// The registry consumer plugin, with every call recorded.
+struct Recording {
+    inner: PluginHandler,
+    calls: Mutex<Vec<Call>>,
+}
+
+impl Handler for Recording {
+    async fn handle(&self, tx: &mut InboxTx, d: &Delivery) -> Result<(), HandlerError> {
+        self.handle_as(tx, d).await.1
+    }
+
+    async fn handle_as(
+        &self,
+        tx: &mut InboxTx,
+        d: &Delivery,
+    ) -> (Option<String>, Result<(), HandlerError>) {
+        let start = Instant::now();
+        let (label, result) = self.inner.handle_as(tx, d).await;
+        let call = Call {
+            start,
+            end: Instant::now(),
+            message_id: d.message_id().map(|u| u.to_string()).unwrap_or_default(),
+            label: label.clone(),
+            ok: result.is_ok(),
+        };
+        self.calls.lock().expect("lock").push(call);
+        (label, result)
+    }
+}
+
+/// When a version was active: from the start of the activation that made
+/// it active to the end of the refresh that swapped it out.
+struct Active {
+    from: Instant,
+    until: Option<Instant>,
+    label: String,
+}
+
+async fn twenty_consumer_swaps_under_load_lose_nothing_and_handle_nothing_twice(t: TestDb) {
+    const EVENTS: usize = 600;
+    const SWAPS: usize = 20;
+    const PARTITIONS: i32 = 4;
+    billing::create_schema(&t.db).await.expect("billing schema");
+    let reg = Registry::new(t.db.clone());
+    let v_billing = deploy(&reg, "c", wasm("billing")).await;
+    let v_invoicing = deploy(&reg, "c", wasm("invoicing")).await;
+    // The route's transformer swaps at the same moments: two builds of
+    // redact-pii (no rules: canonical JSON, which both consumers read).
+    let t1 = deploy(&reg, "t", wasm("redact-pii")).await;
+    let t2 = deploy(
+        &reg,
+        "t",
+        with_custom_section(wasm("redact-pii"), "rebuild-2"),
+    )
+    .await;
+    reg.activate("c", v_billing, "test")
+        .await
+        .expect("activate");
+    reg.activate("t", t1, "test").await.expect("activate");
+    let routes = vec![Route::new("order.*", "orders").with_transformers(&["t"])];
+    let host = Rollout::new(
+        engine().clone(),
+        Registry::new(t.db.clone()),
+        vec![registry_spec("c"), registry_spec("t")],
+        routes.clone(),
+    )
+    .expect("rollout")
+    .with_consumers(["c".to_string()]);
+    let t0 = Instant::now();
+    host.refresh().await.expect("refresh");
+    let mut timeline = vec![Active {
+        from: t0,
+        until: None,
+        label: format!("c@{v_billing}"),
+    }];
+    let slot = host.consumer("c").expect("consumer slot");
+    assert_eq!(slot.label(), Some(format!("c@{v_billing}")));
+
+    let (stop, stopped) = watch::channel(false);
+    let relay = Relay::new(
+        t.store(),
+        Arc::new(EmbeddedPublisher::new(t.db.clone(), PARTITIONS)),
+        Router::new(routes),
+        RelayConfig {
+            batch_size: 25,
+            ..RelayConfig::default()
+        },
+        Arc::new(outboxd::clock::SystemClock),
+    )
+    .with_chains(host.chains());
+    let relaying = {
+        let stopped = stopped.clone();
+        tokio::spawn(async move {
+            while !*stopped.borrow() {
+                if relay.step().await.expect("relay step") == StepOutcome::Idle {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            }
+        })
+    };
+    let handler = Arc::new(Recording {
+        inner: PluginHandler::swappable(slot.clone(), TxnPolicy::default()),
+        calls: Mutex::default(),
+    });
+    let source = EmbeddedConsumer::new(
+        t.db.clone(),
+        EmbeddedConsumerConfig {
+            group: "billing".into(),
+            topics: vec!["orders".into()],
+            partitions: PARTITIONS,
+            lease: Duration::from_secs(30),
+        },
+    );
+    let mut consumer = Consumer::new(
+        t.db.clone(),
+        source,
+        handler.clone(),
+        ConsumerConfig {
+            name: "billing".into(),
+            poll_interval: Duration::from_millis(5),
+            retry_delay: Duration::from_millis(20),
+            // A savepoint per message: each message still pins its version.
+            batch_in_transaction: 4,
+            ..ConsumerConfig::default()
+        },
+    );
+    let stats = consumer.stats();
+    let consuming = {
+        let stopped = stopped.clone();
+        tokio::spawn(async move { consumer.run(stopped).await.expect("consumer") })
+    };
+    let handled = {
+        let stats = stats.clone();
+        move || stats.handled.load(Ordering::SeqCst) as usize
+    };
+    // The producer stays at most 40 events ahead of the consumer, so it
+    // enqueues for the whole run and the relay and the consumer never idle
+    // for long.
+    let producing = Arc::new(AtomicBool::new(true));
+    let producer = {
+        let (db, producing, handled) = (t.db.clone(), producing.clone(), handled.clone());
+        tokio::spawn(async move {
+            for i in 0..EVENTS {
+                while i >= handled() + 40 {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                put_order(&db, i).await;
+            }
+            producing.store(false, Ordering::SeqCst);
+        })
+    };
+
+    let mut rolled_back = false;
+    for i in 0..SWAPS {
+        let target = (i + 1) * EVENTS / (SWAPS + 5);
+        let wait = Instant::now();
+        while handled() < target {
+            assert!(
+                wait.elapsed() < Duration::from_secs(120),
+                "consumer stalled at swap {i}: {} handled",
+                handled()
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        assert!(
+            producing.load(Ordering::SeqCst),
+            "the producer finished before swap {i}: not under load"
+        );
+        let from = Instant::now();
+        let record = if i == SWAPS / 2 {
+            rolled_back = true;
+            reg.rollback("t", "test").await.expect("rollback t");
+            reg.rollback("c", "test").await.expect("rollback c")
+        } else {
+            let (c, tv) = if i % 2 == 0 {
+                (v_invoicing, t2)
+            } else {
+                (v_billing, t1)
+            };
+            reg.activate("t", tv, "test").await.expect("activate t");
+            reg.activate("c", c, "test").await.expect("activate c")
+        };
+        host.refresh().await.expect("refresh");
+        let until = Instant::now();
+        assert_eq!(slot.label(), Some(record.label()));
+        if let Some(last) = timeline.last_mut() {
+            last.until = Some(until);
+        }
+        timeline.push(Active {
+            from,
+            until: None,
+            label: record.label(),
+        });
+    }
+    assert!(rolled_back);
+    producer.await.expect("producer");
+    let wait = Instant::now();
+    while t.count("SELECT count(*) FROM inbox").await < EVENTS as i64 {
+        assert!(
+            wait.elapsed() < Duration::from_secs(120),
+            "not every event was handled: {} of {EVENTS}",
+            t.count("SELECT count(*) FROM inbox").await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = stop.send(true);
+    relaying.await.expect("relay task");
+    consuming.await.expect("consumer task");
+
+    // Nothing lost, nothing twice: one inbox row and one invoice per event.
+    let billing_label = format!("c@{v_billing}");
+    let invoicing_label = format!("c@{v_invoicing}");
+    assert_eq!(t.count("SELECT count(*) FROM inbox").await, EVENTS as i64);
+    assert_eq!(
+        t.count("SELECT count(*) FROM invoices").await,
+        EVENTS as i64
+    );
+    assert_eq!(
+        t.count("SELECT count(DISTINCT message_id) FROM invoices")
+            .await,
+        EVENTS as i64,
+        "an event was handled twice"
+    );
+    assert_eq!(
+        t.count("SELECT count(DISTINCT order_id) FROM invoices")
+            .await,
+        EVENTS as i64
+    );
+    assert_eq!(
+        t.count("SELECT count(*) FROM consumer_dead_letters").await,
+        0
+    );
+    // The effect shows which version ran; the inbox row must name it.
+    let by_inbox: BTreeMap<String, Option<String>> = pairs(
+        &t.db,
+        "SELECT CAST(message_id AS TEXT), handled_by FROM inbox",
+    )
+    .await
+    .into_iter()
+    .collect();
+    let effects = pairs(
+        &t.db,
+        "SELECT message_id, CASE WHEN issued_at = 0 THEN 'invoicing' ELSE 'billing' END FROM invoices",
+    )
+    .await;
+    let mut per_version: BTreeMap<String, usize> = BTreeMap::new();
+    for (message_id, effect) in &effects {
+        let label = by_inbox[message_id].clone().expect("handled_by is set");
+        let want = match effect.as_deref() {
+            Some("invoicing") => &invoicing_label,
+            _ => &billing_label,
+        };
+        assert_eq!(&label, want, "message {message_id}: effect vs handled_by");
+        *per_version.entry(label).or_default() += 1;
+    }
+    // Only invoicing emits, in the handler's transaction.
+    assert_eq!(
+        t.count("SELECT count(*) FROM outbox WHERE event_type = 'invoice.issued'")
+            .await,
+        per_version.get(&invoicing_label).copied().unwrap_or(0) as i64
+    );
+    // Each call ran on a version that was active at some point during it.
+    let calls = std::mem::take(&mut *handler.calls.lock().expect("lock"));
+    for call in calls.iter().filter(|c| c.ok) {
+        let label = call.label.as_deref().expect("an ok call names its version");
+        let allowed: Vec<&str> = timeline
+            .iter()
+            .filter(|a| a.from <= call.end && a.until.is_none_or(|u| u >= call.start))
+            .map(|a| a.label.as_str())
+            .collect();
+        assert!(
+            allowed.contains(&label),
+            "message {} ran on {label}, active then: {allowed:?}",
+            call.message_id
+        );
+    }
+    for (message_id, label) in &by_inbox {
+        assert!(
+            calls
+                .iter()
+                .any(|c| c.ok && &c.message_id == message_id && c.label == *label),
+            "message {message_id}: recorded {label:?} but no such call"
+        );
+    }
+    let t_versions = t
+        .count("SELECT count(DISTINCT transformed_by) FROM outbox WHERE event_type = 'order.confirmed'")
+        .await;
+    println!(
+        "consumer hot swap under load ({}): {EVENTS} events, {SWAPS} swaps of consumer and transformer (one rollback), messages per consumer version: {per_version:?}, handler calls {}, duplicates {}, transformer versions used {t_versions}",
+        if t.is_postgres() {
+            "postgres"
+        } else {
+            "sqlite"
+        },
+        calls.len(),
+        stats.duplicates.load(Ordering::SeqCst),
+    );
+    assert_eq!(per_version.len(), 2, "both versions ran: {per_version:?}");
+    assert!(
+        per_version.values().all(|n| *n >= EVENTS / 10),
+        "each version handled a fair share: {per_version:?}"
+    );
+    assert_eq!(t_versions, 2, "both transformer versions ran");
+}
+on_both!(twenty_consumer_swaps_under_load_lose_nothing_and_handle_nothing_twice);
+
+// ---- deploy checks ---------------------------------------------------------
+
+async fn a_consumer_deploy_records_its_world_and_a_name_keeps_its_world(t: TestDb) {
+    let reg = Registry::new(t.db.clone());
+    let v1 = deploy(&reg, "c", wasm("billing")).await;
+    assert_eq!(reg.get("c", v1).await.expect("c@1").world, "consumer");
+    let refused = |r: Result<Deployed, outboxd::plugin::RegistryError>| match r {
+        Err(outboxd::plugin::RegistryError::Refused { reason, .. }) => reason,
+        other => panic!("not refused: {other:?}"),
+    };
+    let reason = refused(
+        reg.deploy(
+            engine(),
+            &registry_spec("c"),
+            &wasm("cloudevents"),
+            &[],
+            "test",
+        )
+        .await,
+    );
+    assert!(
+        reason.contains(
+            "implements the transformer world, but the stored versions of `c` are consumers"
+        ),
+        "{reason}"
+    );
+    let sample = outboxd::plugin::harness::SampleEvent::parse(
+        "s.json",
+        r#"{"event_type": "order.confirmed", "payload": {}}"#,
+    )
+    .expect("sample");
+    let reason = refused(
+        reg.deploy(
+            engine(),
+            &registry_spec("c2"),
+            &wasm("invoicing"),
+            &[sample],
+            "test",
+        )
+        .await,
+    );
+    assert!(
+        reason.contains("sample events are run for transformers only"),
+        "{reason}"
+    );
+    assert_eq!(
+        reg.list().await.expect("list").len(),
+        1,
+        "nothing refused was stored"
+    );
+    // A consumer slot refuses a transformer version: the previous one stays.
+    let t1 = deploy(&reg, "t", wasm("cloudevents")).await;
+    reg.activate("c", v1, "test").await.expect("activate");
+    reg.activate("t", t1, "test").await.expect("activate");
+    let host = Rollout::new(
+        engine().clone(),
+        Registry::new(t.db.clone()),
+        vec![registry_spec("t")],
+        Vec::new(),
+    )
+    .expect("rollout")
+    .with_consumers(["t".to_string()]);
+    assert!(
+        host.refresh().await.is_err(),
+        "a transformer cannot run as a consumer"
+    );
+    assert_eq!(host.consumer("t").expect("slot").label(), None);
+}
+on_both!(a_consumer_deploy_records_its_world_and_a_name_keeps_its_world);
+
+// ---- dead letters ----------------------------------------------------------
+
+async fn a_dead_letter_names_the_registry_version_that_failed(t: TestDb) {
+    billing::create_schema(&t.db).await.expect("billing schema");
+    let reg = Registry::new(t.db.clone());
+    let v1 = deploy(&reg, "c", wasm("billing")).await;
+    reg.activate("c", v1, "test").await.expect("activate");
+    let host = Rollout::new(
+        engine().clone(),
+        Registry::new(t.db.clone()),
+        vec![registry_spec("c")],
+        Vec::new(),
+    )
+    .expect("rollout")
+    .with_consumers(["c".to_string()]);
+    host.refresh().await.expect("refresh");
+    let handler = Arc::new(PluginHandler::swappable(
+        host.consumer("c").expect("slot"),
+        TxnPolicy::default(),
+    ));
+    let publisher = EmbeddedPublisher::new(t.db.clone(), 1);
+    let topic = "orders";
+    let send = |payload: serde_json::Value| {
+        let publisher = &publisher;
+        async move {
+            use outboxd::broker::{OutgoingMessage, Publisher};
+            let id = uuid::Uuid::new_v4();
+            publisher
+                .publish(OutgoingMessage {
+                    topic: topic.into(),
+                    key: b"k".to_vec(),
+                    payload: payload.to_string().into_bytes(),
+                    headers: vec![(
+                        outboxd::broker::headers::MESSAGE_ID.into(),
+                        id.to_string().into_bytes(),
+                    )],
+                    message_id: id,
+                    created_at: chrono::Utc::now(),
+                })
+                .await
+                .expect("publish");
+            id
+        }
+    };
+    let mut consumer = Consumer::new(
+        t.db.clone(),
+        EmbeddedConsumer::new(
+            t.db.clone(),
+            EmbeddedConsumerConfig {
+                group: "billing".into(),
+                topics: vec![topic.into()],
+                partitions: 1,
+                lease: Duration::from_secs(30),
+            },
+        ),
+        handler,
+        ConsumerConfig {
+            name: "billing".into(),
+            // Before any message the consumer knows only the plugin's name.
+            handler_id: "plugin c@registry".into(),
+            max_attempts: 1,
+            ..ConsumerConfig::default()
+        },
+    );
+    // billing refuses a CloudEvents envelope of an unknown specversion
+    // permanently: a dead letter at once.
+    let poison = json!({"specversion": "9", "data": {"order_id": "x", "customer_id": "c", "total_cents": 1}});
+    send(poison.clone()).await;
+    consumer.step().await.expect("step");
+    // Swap to v2 (the same plugin, rebuilt) and fail again.
+    let v2 = deploy(&reg, "c", with_custom_section(wasm("billing"), "rebuild-2")).await;
+    reg.activate("c", v2, "test").await.expect("activate v2");
+    host.refresh().await.expect("refresh");
+    send(poison).await;
+    let ok = send(json!({"order_id": "o1", "customer_id": "c", "total_cents": 5})).await;
+    consumer.step().await.expect("step");
+    consumer.step().await.expect("step");
+    let handlers = pairs(
+        &t.db,
+        "SELECT handler, CAST(NULL AS TEXT) FROM consumer_dead_letters ORDER BY id",
+    )
+    .await;
+    let handlers: Vec<String> = handlers.into_iter().map(|(h, _)| h).collect();
+    assert_eq!(
+        handlers,
+        vec![format!("plugin c@{v1}"), format!("plugin c@{v2}")]
+    );
+    assert_eq!(
+        pairs(
+            &t.db,
+            &format!(
+                "SELECT CAST(message_id AS TEXT), handled_by FROM inbox WHERE CAST(message_id AS TEXT) = '{ok}'"
+            )
+        )
+        .await,
+        vec![(ok.to_string(), Some(format!("c@{v2}")))]
+    );
+}
+on_both!(a_dead_letter_names_the_registry_version_that_failed);
+
+// ---- consumer shadow ---------------------------------------------------------
+
+async fn a_consumer_shadow_runs_in_a_rolled_back_savepoint_and_counts(t: TestDb) {
+    billing::create_schema(&t.db).await.expect("billing schema");
+    let reg = Registry::new(t.db.clone());
+    let active = deploy(&reg, "c", wasm("billing")).await;
+    // The candidate writes an invoice and emits an event (both must vanish),
+    // and fails on a CloudEvents envelope, which billing accepts.
+    let candidate = deploy(&reg, "c", wasm("invoicing")).await;
+    reg.activate("c", active, "test").await.expect("activate");
+    reg.shadow("c", candidate, true, None)
+        .await
+        .expect("shadow");
+    let host = Rollout::new(
+        engine().clone(),
+        Registry::new(t.db.clone()),
+        vec![registry_spec("c")],
+        Vec::new(),
+    )
+    .expect("rollout")
+    .with_consumers(["c".to_string()]);
+    host.refresh().await.expect("refresh");
+    let handler = PluginHandler::swappable(host.consumer("c").expect("slot"), TxnPolicy::default());
+    for i in 0..6 {
+        let payload = if i % 3 == 0 {
+            json!({"specversion": "1.0", "data": {"order_id": format!("o{i}"), "customer_id": "c", "total_cents": 1}})
+        } else {
+            json!({"order_id": format!("o{i}"), "customer_id": "c", "total_cents": 1})
+        };
+        let d = Delivery {
+            topic: "orders".into(),
+            partition: 0,
+            offset: i,
+            key: None,
+            payload: payload.to_string().into_bytes(),
+            headers: vec![(
+                outboxd::broker::headers::MESSAGE_ID.into(),
+                uuid::Uuid::new_v4().to_string().into_bytes(),
+            )],
+        };
+        outboxd::consumer::process(&t.db, "billing", &d, &handler)
+            .await
+            .expect("the active version handles it");
+    }
+    assert_eq!(t.count("SELECT count(*) FROM invoices").await, 6);
+    assert_eq!(
+        t.count("SELECT count(*) FROM invoices WHERE issued_at = 0")
+            .await,
+        0,
+        "no candidate write survived"
+    );
+    assert_eq!(
+        t.count("SELECT count(*) FROM outbox").await,
+        0,
+        "no candidate event survived"
+    );
+    assert_eq!(
+        t.count(&format!(
+            "SELECT count(*) FROM inbox WHERE handled_by = 'c@{active}'"
+        ))
+        .await,
+        6
+    );
+    host.save_stats_and_promote().await.expect("save stats");
+    let s = reg
+        .get("c", candidate)
+        .await
+        .expect("candidate")
+        .shadow_stats;
+    assert_eq!((s.matches, s.mismatches, s.errors), (4, 0, 2), "{s:?}");
+}
+on_both!(a_consumer_shadow_runs_in_a_rolled_back_savepoint_and_counts);
+
+// ---- two processes -----------------------------------------------------------
+
+/// `outboxd` with the test's config file and JSON logs on stderr.
+fn outboxd(config: &std::path::Path) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_outboxd"));
+    cmd.arg("--config")
+        .arg(config)
+        .arg("--log-json")
+        .env_remove("OUTBOXD_FAULT")
+        .env_remove("OUTBOXD_LOG")
+        .kill_on_drop(true);
+    cmd
+}
+
+async fn cli(config: &std::path::Path, args: &[&str]) {
+    let out = outboxd(config)
+        .args(args)
+        .output()
+        .await
+        .expect("run the outboxd CLI");
+    assert!(
+        out.status.success(),
+        "outboxd {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Sends (time, line) for every `registry plugins swapped in` log line.
+fn swaps_of(child: &mut tokio::process::Child) -> mpsc::UnboundedReceiver<(Instant, String)> {
+    let stderr = child.stderr.take().expect("piped stderr");
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut lines = BufReader::new(stderr).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            if line.contains("registry plugins swapped in") {
+                let _ = tx.send((Instant::now(), line));
+            }
+        }
+    });
+    rx
+}
+
+/// Waits for a swap line naming `label`; returns when it arrived.
+async fn swapped_to(rx: &mut mpsc::UnboundedReceiver<(Instant, String)>, label: &str) -> Instant {
+    let quoted = format!("\\\"{label}\\\"");
+    let found = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some((at, line)) = rx.recv().await {
+            if line.contains(&quoted) {
+                return Some(at);
+            }
+        }
+        None
+    })
+    .await;
+    match found {
+        Ok(Some(at)) => at,
+        other => panic!("no swap to {label} was logged ({other:?})"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cli_activation_reaches_two_running_processes_within_two_seconds_postgres() {
+    let t = TestDb::postgres().await;
+    billing::create_schema(&t.db).await.expect("billing schema");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("outboxd.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[database]
+url = "{url}"
+
+[relay]
+poll_interval_ms = 20
+
+[[routes]]
+event_type = "order.*"
+topic = "orders"
+
+[[plugins]]
+name = "c"
+source = "registry"
+limits = {{ timeout_ms = 2000 }}
+
+[[consumers]]
+name = "billing"
+topics = ["orders"]
+handler = "plugin:c"
+
+[plugin_runtime]
+cache_dir = "{cache}"
+registry_poll_ms = 1000
+"#,
+            url = t.url,
+            cache = dir.path().join("cache").display(),
+        ),
+    )
+    .expect("write config");
+    let billing_wasm = plugin_path("billing").display().to_string();
+    let invoicing_wasm = plugin_path("invoicing").display().to_string();
+    cli(
+        &config,
+        &[
+            "plugin",
+            "deploy",
+            &billing_wasm,
+            "--name",
+            "c",
+            "--activate",
+        ],
+    )
+    .await;
+    cli(
+        &config,
+        &["plugin", "deploy", &invoicing_wasm, "--name", "c"],
+    )
+    .await;
+
+    let mut a = outboxd(&config)
+        .arg("run")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn process A");
+    let mut b = outboxd(&config)
+        .arg("run")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn process B");
+    let mut a_swaps = swaps_of(&mut a);
+    let mut b_swaps = swaps_of(&mut b);
+    swapped_to(&mut a_swaps, "c@1").await;
+    swapped_to(&mut b_swaps, "c@1").await;
+
+    // (what, latency A, latency B, CLI run time). Latencies are measured
+    // from the CLI command's start (its process start, connect and commit
+    // included): an upper bound on commit-to-swap. The NOTIFY can arrive
+    // before the CLI has even exited.
+    let mut results = Vec::new();
+    for (step, label) in [
+        (vec!["plugin", "activate", "c", "2"], "c@2"),
+        (vec!["plugin", "rollback", "c"], "c@1"),
+        (vec!["plugin", "activate", "c", "2"], "c@2"),
+    ] {
+        let spawned = Instant::now();
+        cli(&config, &step).await;
+        let committed = Instant::now();
+        let at_a = swapped_to(&mut a_swaps, label).await;
+        let at_b = swapped_to(&mut b_swaps, label).await;
+        results.push((
+            step.join(" "),
+            at_a.saturating_duration_since(spawned),
+            at_b.saturating_duration_since(spawned),
+            committed - spawned,
+        ));
+    }
+    // The effect agrees: a new order is handled by version 2 in whichever
+    // process owns its partition.
+    put_order(&t.db, 1).await;
+    let wait = Instant::now();
+    while t.count("SELECT count(*) FROM inbox").await < 1 {
+        assert!(
+            wait.elapsed() < Duration::from_secs(30),
+            "the order was never handled"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for child in [&mut a, &mut b] {
+        let pid = child.id().expect("pid").to_string();
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status();
+        let _ = tokio::time::timeout(Duration::from_secs(30), child.wait()).await;
+    }
+    assert_eq!(
+        t.count("SELECT count(*) FROM inbox WHERE handled_by = 'c@2'")
+            .await,
+        1
+    );
+    assert_eq!(
+        t.count("SELECT count(*) FROM invoices WHERE issued_at = 0")
+            .await,
+        1,
+        "the invoice is invoicing's (c@2)"
+    );
+    for (what, a, b, cli_took) in &results {
+        println!(
+            "two processes (postgres LISTEN/NOTIFY + 1 s poll): `outboxd {what}` (the CLI process ran {cli_took:?}); from its start, process A swapped after {a:?}, process B after {b:?}"
+        );
+    }
+    let worst = results
+        .iter()
+        .flat_map(|(_, a, b, _)| [*a, *b])
+        .max()
+        .unwrap_or_default();
+    assert!(
+        worst < Duration::from_secs(2),
+        "a process took {worst:?} to switch"
+    );
+}
