@@ -487,7 +487,6 @@ async fn a_dead_letter_names_the_registry_version_that_failed(t: TestDb) {
     billing::create_schema(&t.db).await.expect("billing schema");
     let reg = Registry::new(t.db.clone());
     let v1 = deploy(&reg, "c", wasm("billing")).await;
-    reg.activate("c", v1, "test").await.expect("activate");
     let host = Rollout::new(
         engine().clone(),
         Registry::new(t.db.clone()),
@@ -546,9 +545,20 @@ async fn a_dead_letter_names_the_registry_version_that_failed(t: TestDb) {
         },
     );
     // billing refuses a CloudEvents envelope of an unknown specversion
-    // permanently: a dead letter at once.
+    // permanently: a dead letter at once, but only once a version runs.
+    // With none active the message waits, whatever max_attempts says.
     let poison = json!({"specversion": "9", "data": {"order_id": "x", "customer_id": "c", "total_cents": 1}});
     send(poison.clone()).await;
+    for _ in 0..3 {
+        assert_eq!(consumer.step().await.expect("step"), (0, true));
+    }
+    assert_eq!(
+        t.count("SELECT count(*) FROM consumer_dead_letters").await,
+        0,
+        "no version was active: nothing may be dead-lettered"
+    );
+    reg.activate("c", v1, "test").await.expect("activate");
+    host.refresh().await.expect("refresh");
     consumer.step().await.expect("step");
     // Swap to v2 (the same plugin, rebuilt) and fail again.
     let v2 = deploy(&reg, "c", with_custom_section(wasm("billing"), "rebuild-2")).await;

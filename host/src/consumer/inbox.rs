@@ -22,6 +22,11 @@ pub enum HandlerError {
     /// Roll back; another attempt cannot succeed.
     #[error("permanent: {0}")]
     Permanent(String),
+    /// Roll back and wait: no handler version can run yet (a registry
+    /// consumer plugin with no active version). Not counted as an attempt,
+    /// so it never dead-letters a message.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
 }
 
 impl From<sqlx::Error> for HandlerError {

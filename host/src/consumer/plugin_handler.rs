@@ -1,8 +1,8 @@
 //! [`PluginHandler`]: a consumer plugin as an inbox [`Handler`]. It maps
 //! what the plugin did onto what the runner does next: a guest `permanent`
 //! dead-letters, everything else (traps, timeouts, budgets, database
-//! errors, guest `retryable`, no active registry version) is rolled back and
-//! retried.
+//! errors, guest `retryable`) is rolled back and retried; with no active
+//! registry version the message waits without using up its attempts.
 //!
 //! The plugin sits in an [`ActiveConsumer`] slot. A file plugin's slot never
 //! changes; a registry plugin's slot is swapped by the rollout. Each message
@@ -188,7 +188,7 @@ impl Handler for PluginHandler {
         let Some(plugin) = versions.active.clone() else {
             return (
                 None,
-                Err(HandlerError::Retryable(format!(
+                Err(HandlerError::Unavailable(format!(
                     "plugin `{}`: no version is active in the registry; `outboxd plugin activate` one",
                     self.plugin.name()
                 ))),

@@ -265,6 +265,10 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
     /// stays (false): it is never dropped. `handled_by` is the version that
     /// failed, when the handler named one (a swappable plugin's).
     async fn give_up(&self, d: &Delivery, err: &HandlerError, handled_by: Option<&str>) -> bool {
+        if let HandlerError::Unavailable(why) = err {
+            tracing::warn!(topic = %d.topic, partition = d.partition, reason = %why, "no handler version can run; the message waits");
+            return false;
+        }
         let key = (d.topic.clone(), d.partition, d.offset);
         let attempts = match self.attempts.lock() {
             Ok(mut map) => {
