@@ -14,7 +14,7 @@ use crate::clock::SystemClock;
 use crate::config::{Config, ConsumerSection, TransportKind};
 use crate::consumer::{
     ActiveConsumer, Consumer, ConsumerConfig, ConsumerStats, Handler, HandlerError, InboxTx,
-    PluginHandler,
+    Pinned, PluginHandler,
 };
 use crate::domain::billing::{self, BillingHandler};
 use crate::fault::Faults;
@@ -254,14 +254,22 @@ impl Handler for ConsumerHandler {
         }
     }
 
-    async fn handle_as(
+    fn pin(&self) -> Pinned {
+        match self {
+            ConsumerHandler::Billing(h) => h.pin(),
+            ConsumerHandler::Plugin(h) => h.pin(),
+        }
+    }
+
+    async fn handle_pinned(
         &self,
+        pinned: &Pinned,
         tx: &mut InboxTx,
         d: &Delivery,
-    ) -> (Option<String>, Result<(), HandlerError>) {
+    ) -> Result<(), HandlerError> {
         match self {
-            ConsumerHandler::Billing(h) => h.handle_as(tx, d).await,
-            ConsumerHandler::Plugin(h) => h.handle_as(tx, d).await,
+            ConsumerHandler::Billing(h) => h.handle_pinned(pinned, tx, d).await,
+            ConsumerHandler::Plugin(h) => h.handle_pinned(pinned, tx, d).await,
         }
     }
 }

@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 
 use outboxd::broker::Delivery;
 use outboxd::broker::embedded::{EmbeddedConsumer, EmbeddedConsumerConfig, EmbeddedPublisher};
-use outboxd::consumer::{Consumer, ConsumerConfig, Handler, HandlerError, InboxTx, PluginHandler};
+use outboxd::consumer::{
+    Consumer, ConsumerConfig, Handler, HandlerError, InboxTx, Pinned, PluginHandler,
+};
 use outboxd::domain::billing;
 use outboxd::event::NewEvent;
 use outboxd::plugin::registry::{Deployed, Registry};
@@ -112,25 +114,29 @@ struct Recording {
 
 impl Handler for Recording {
     async fn handle(&self, tx: &mut InboxTx, d: &Delivery) -> Result<(), HandlerError> {
-        self.handle_as(tx, d).await.1
+        self.handle_pinned(&self.pin(), tx, d).await
     }
 
-    async fn handle_as(
+    fn pin(&self) -> Pinned {
+        self.inner.pin()
+    }
+
+    async fn handle_pinned(
         &self,
+        pinned: &Pinned,
         tx: &mut InboxTx,
         d: &Delivery,
-    ) -> (Option<String>, Result<(), HandlerError>) {
-        let start = Instant::now();
-        let (label, result) = self.inner.handle_as(tx, d).await;
+    ) -> Result<(), HandlerError> {
+        let result = self.inner.handle_pinned(pinned, tx, d).await;
         let call = Call {
-            start,
+            start: pinned.picked_at,
             end: Instant::now(),
             message_id: d.message_id().map(|u| u.to_string()).unwrap_or_default(),
-            label: label.clone(),
+            label: pinned.label.clone(),
             ok: result.is_ok(),
         };
         self.calls.lock().expect("lock").push(call);
-        (label, result)
+        result
     }
 }
 

@@ -1,9 +1,12 @@
 //! One message through the inbox: begin, mark, handle, commit.
 
 use std::future::Future;
+use std::sync::Arc;
+use std::time::Instant;
 
 use sqlx::{Postgres, Sqlite, Transaction};
 
+use super::plugin_handler::ConsumerVersions;
 use crate::broker::Delivery;
 use crate::store::Db;
 
@@ -42,16 +45,45 @@ pub trait Handler: Send + Sync + 'static {
         delivery: &Delivery,
     ) -> impl Future<Output = Result<(), HandlerError>> + Send;
 
-    /// Handles and names the version that did (`name@version`), which the
-    /// inbox row and a dead letter record. A handler whose version can be
-    /// swapped picks it once here, so the whole message runs on it. Built-in
-    /// handlers have no version: `None`.
-    fn handle_as(
+    /// Picks the version that will handle the next message, before its
+    /// inbox mark (which records the label). A handler whose version can be
+    /// swapped reads it once here, so the whole message runs on it.
+    fn pin(&self) -> Pinned {
+        Pinned::unversioned()
+    }
+
+    /// Handles one message on the version [`pin`](Self::pin) picked.
+    fn handle_pinned(
         &self,
+        pinned: &Pinned,
         tx: &mut InboxTx,
         delivery: &Delivery,
-    ) -> impl Future<Output = (Option<String>, Result<(), HandlerError>)> + Send {
-        async move { (None, self.handle(tx, delivery).await) }
+    ) -> impl Future<Output = Result<(), HandlerError>> + Send {
+        let _ = pinned;
+        self.handle(tx, delivery)
+    }
+}
+
+/// The handler version picked for one message.
+#[derive(Debug, Clone)]
+pub struct Pinned {
+    /// `name@version`, recorded in the inbox row's `handled_by` and in a
+    /// dead letter; `None` for a built-in handler (or no active version).
+    pub label: Option<String>,
+    /// A swappable plugin's versions as they were when picked.
+    pub versions: Option<Arc<ConsumerVersions>>,
+    /// When it was picked: the version was current at this instant.
+    pub picked_at: Instant,
+}
+
+impl Pinned {
+    /// A handler without versions.
+    pub fn unversioned() -> Self {
+        Self {
+            label: None,
+            versions: None,
+            picked_at: Instant::now(),
+        }
     }
 }
 
@@ -127,9 +159,9 @@ pub async fn attempt<H: Handler>(
     }
 }
 
-/// Inside `tx`: the inbox mark, then the handler, then (when the handler
-/// names its version) `handled_by`. A duplicate is `Ok(Duplicate)` and the
-/// caller rolls back anything that is not `Ok(Handled)`.
+/// Inside `tx`: pick the version, write the inbox mark naming it, run the
+/// handler on it. A duplicate is `Ok(Duplicate)`, and the caller rolls back
+/// anything that is not `Ok(Handled)`.
 async fn mark_and_handle<H: Handler>(
     tx: &mut InboxTx,
     consumer: &str,
@@ -137,17 +169,20 @@ async fn mark_and_handle<H: Handler>(
     delivery: &Delivery,
     handler: &H,
 ) -> (Option<String>, Result<Processed, HandlerError>) {
-    let sql = "INSERT INTO inbox (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING";
+    let pinned = handler.pin();
+    let sql = "INSERT INTO inbox (consumer, message_id, handled_by) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING";
     let inserted = match tx {
         InboxTx::Postgres(t) => sqlx::query(sql)
             .bind(consumer)
             .bind(message_id)
+            .bind(&pinned.label)
             .execute(&mut **t)
             .await
             .map(|r| r.rows_affected()),
         InboxTx::Sqlite(t) => sqlx::query(sql)
             .bind(consumer)
             .bind(message_id.to_string())
+            .bind(&pinned.label)
             .execute(&mut **t)
             .await
             .map(|r| r.rows_affected()),
@@ -157,33 +192,8 @@ async fn mark_and_handle<H: Handler>(
         Ok(_) => {}
         Err(e) => return (None, Err(e.into())),
     }
-    let (handled_by, result) = handler.handle_as(tx, delivery).await;
-    if let Err(e) = result {
-        return (handled_by, Err(e));
-    }
-    if let Some(label) = &handled_by {
-        let sql = "UPDATE inbox SET handled_by = $3 WHERE consumer = $1 AND message_id = $2";
-        let updated = match tx {
-            InboxTx::Postgres(t) => sqlx::query(sql)
-                .bind(consumer)
-                .bind(message_id)
-                .bind(label)
-                .execute(&mut **t)
-                .await
-                .map(|_| ()),
-            InboxTx::Sqlite(t) => sqlx::query(sql)
-                .bind(consumer)
-                .bind(message_id.to_string())
-                .bind(label)
-                .execute(&mut **t)
-                .await
-                .map(|_| ()),
-        };
-        if let Err(e) = updated {
-            return (handled_by, Err(e.into()));
-        }
-    }
-    (handled_by, Ok(Processed::Handled))
+    let result = handler.handle_pinned(&pinned, tx, delivery).await;
+    (pinned.label, result.map(|()| Processed::Handled))
 }
 
 async fn rollback(tx: InboxTx) -> Result<(), sqlx::Error> {

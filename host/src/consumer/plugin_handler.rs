@@ -13,7 +13,7 @@
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use super::inbox::{Handler, HandlerError, InboxTx, exec};
+use super::inbox::{Handler, HandlerError, InboxTx, Pinned, exec};
 use crate::broker::Delivery;
 use crate::plugin::bindings::transformer::outbox::plugin::types::Message;
 use crate::plugin::shadow::{Comparison, ShadowStats};
@@ -174,37 +174,44 @@ fn compare(active: &Result<(), PluginError>, candidate: &Result<(), PluginError>
 
 impl Handler for PluginHandler {
     async fn handle(&self, tx: &mut InboxTx, d: &Delivery) -> Result<(), HandlerError> {
-        self.handle_as(tx, d).await.1
+        self.handle_pinned(&self.pin(), tx, d).await
     }
 
-    async fn handle_as(
+    /// One read of the slot per message: the message runs entirely on these
+    /// versions, whatever the rollout swaps in meanwhile.
+    fn pin(&self) -> Pinned {
+        let versions = self.plugin.snapshot();
+        Pinned {
+            label: versions.active.as_ref().map(|p| p.label()),
+            versions: Some(versions),
+            picked_at: Instant::now(),
+        }
+    }
+
+    async fn handle_pinned(
         &self,
+        pinned: &Pinned,
         tx: &mut InboxTx,
         d: &Delivery,
-    ) -> (Option<String>, Result<(), HandlerError>) {
-        // One read of the slot per message: this message runs entirely on
-        // these versions, whatever the rollout swaps in meanwhile.
-        let versions = self.plugin.snapshot();
+    ) -> Result<(), HandlerError> {
+        let versions = match &pinned.versions {
+            Some(v) => v.clone(),
+            None => self.plugin.snapshot(),
+        };
         let Some(plugin) = versions.active.clone() else {
-            return (
-                None,
-                Err(HandlerError::Unavailable(format!(
-                    "plugin `{}`: no version is active in the registry; `outboxd plugin activate` one",
-                    self.plugin.name()
-                ))),
-            );
+            return Err(HandlerError::Unavailable(format!(
+                "plugin `{}`: no version is active in the registry; `outboxd plugin activate` one",
+                self.plugin.name()
+            )));
         };
         let label = plugin.label();
-        let id = match d.message_id() {
-            Ok(id) => id.to_string(),
-            Err(e) => return (Some(label), Err(HandlerError::Permanent(e))),
-        };
+        let id = d.message_id().map_err(HandlerError::Permanent)?.to_string();
         let message = to_message(d, id);
         let shadow = match &versions.shadow {
-            Some((candidate, stats)) => match self.run_shadow(tx, &message, candidate).await {
-                Ok((result, took)) => Some((result, took, stats)),
-                Err(e) => return (Some(label), Err(e)),
-            },
+            Some((candidate, stats)) => {
+                let (result, took) = self.run_shadow(tx, &message, candidate).await?;
+                Some((result, took, stats))
+            }
             None => None,
         };
         let start = Instant::now();
@@ -217,15 +224,14 @@ impl Handler for PluginHandler {
                 shadow_took,
             );
         }
-        let result = result.map_err(|e| {
+        result.map_err(|e| {
             let text = format!("plugin {label}: {e}");
             if e.is_permanent() {
                 HandlerError::Permanent(text)
             } else {
                 HandlerError::Retryable(text)
             }
-        });
-        (Some(label), result)
+        })
     }
 }
 
