@@ -145,11 +145,12 @@ async fn a_dead_letter_names_the_registry_version_that_failed(t: TestDb) {
                 lease: Duration::from_secs(30),
             },
         ),
-        handler,
+        handler.clone(),
         ConsumerConfig {
             name: "billing".into(),
-            // Before any message the consumer knows only the plugin's name.
-            handler_id: "plugin c@registry".into(),
+            // The fallback, for a message that fails before a version is
+            // picked; every message below names its own.
+            handler_id: handler.handler_id(),
             max_attempts: 1,
             ..ConsumerConfig::default()
         },
@@ -188,6 +189,7 @@ async fn a_dead_letter_names_the_registry_version_that_failed(t: TestDb) {
         handlers,
         vec![format!("plugin c@{v1}"), format!("plugin c@{v2}")]
     );
+    assert_eq!(handler.handler_id(), "plugin c (registry)");
     assert_eq!(
         pairs(
             &t.db,

@@ -90,6 +90,8 @@ impl ActiveConsumer {
 pub struct PluginHandler {
     plugin: ActiveConsumer,
     policy: TxnPolicy,
+    /// The slot is swapped by a rollout (a registry plugin).
+    swappable: bool,
 }
 
 impl PluginHandler {
@@ -98,6 +100,7 @@ impl PluginHandler {
         Self {
             plugin: ActiveConsumer::fixed(plugin.name().to_string(), plugin),
             policy,
+            swappable: false,
         }
     }
 
@@ -106,15 +109,18 @@ impl PluginHandler {
         Self {
             plugin: slot,
             policy,
+            swappable: true,
         }
     }
 
-    /// `plugin NAME@VERSION`, the dead letters' handler id when no message
-    /// names its own version (`plugin NAME@registry` before the first one).
+    /// The dead letters' handler id when a message names no version of its
+    /// own (it failed before a version was picked): `plugin NAME@VERSION`
+    /// for a file plugin, `plugin NAME (registry)` for a registry plugin,
+    /// whose version at startup would be stale.
     pub fn handler_id(&self) -> String {
         match self.plugin.label() {
-            Some(label) => format!("plugin {label}"),
-            None => format!("plugin {}@registry", self.plugin.name()),
+            Some(label) if !self.swappable => format!("plugin {label}"),
+            _ => format!("plugin {} (registry)", self.plugin.name()),
         }
     }
 
