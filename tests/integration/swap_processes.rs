@@ -1,6 +1,7 @@
-//! Two `outboxd run` processes on one Postgres database switch their
-//! registry consumer plugin when `outboxd plugin activate` (a third
-//! process) commits; the latency is measured and printed.
+//! Two `outboxd run` processes on one database (Postgres: LISTEN/NOTIFY;
+//! SQLite: polling) switch their registry consumer plugin when `outboxd
+//! plugin activate` (a third process) commits; the latency is measured and
+//! printed.
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -10,6 +11,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::mpsc;
 
 use crate::consumer_swap::put_order;
+use crate::on_both;
 use crate::plugins::plugin_path;
 use crate::support::TestDb;
 
@@ -72,9 +74,7 @@ async fn swapped_to(rx: &mut mpsc::UnboundedReceiver<(Instant, String)>, label: 
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cli_activation_reaches_two_running_processes_within_two_seconds_postgres() {
-    let t = TestDb::postgres().await;
+async fn a_cli_activation_reaches_two_running_processes_within_two_seconds(t: TestDb) {
     billing::create_schema(&t.db).await.expect("billing schema");
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("outboxd.toml");
@@ -199,9 +199,14 @@ registry_poll_ms = 1000
         1,
         "the invoice is invoicing's (c@2)"
     );
+    let how = if t.is_postgres() {
+        "postgres LISTEN/NOTIFY + 1 s poll"
+    } else {
+        "sqlite, 1 s poll"
+    };
     for (what, a, b, cli_took) in &results {
         println!(
-            "two processes (postgres LISTEN/NOTIFY + 1 s poll): `outboxd {what}` (the CLI process ran {cli_took:?}); from its start, process A swapped after {a:?}, process B after {b:?}"
+            "two processes ({how}): `outboxd {what}` (the CLI process ran {cli_took:?}); from its start, process A swapped after {a:?}, process B after {b:?}"
         );
     }
     let worst = results
@@ -214,3 +219,4 @@ registry_poll_ms = 1000
         "a process took {worst:?} to switch"
     );
 }
+on_both!(a_cli_activation_reaches_two_running_processes_within_two_seconds);
