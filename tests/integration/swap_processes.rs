@@ -111,6 +111,20 @@ registry_poll_ms = 1000
         ),
     )
     .expect("write config");
+    // The config runs `c` as a consumer: a transformer is refused, even as
+    // its first version.
+    let transformer = plugin_path("cloudevents").display().to_string();
+    let out = outboxd(&config)
+        .args(["plugin", "deploy", &transformer, "--name", "c"])
+        .output()
+        .await
+        .expect("run the outboxd CLI");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a transformer was deployed as `c`");
+    assert!(
+        stderr.contains("implements the transformer world, but the config runs `c` as a consumer"),
+        "{stderr}"
+    );
     let billing_wasm = plugin_path("billing").display().to_string();
     let invoicing_wasm = plugin_path("invoicing").display().to_string();
     cli(

@@ -186,12 +186,33 @@ impl Registry {
         samples: &[SampleEvent],
         deployed_by: &str,
     ) -> Result<Deployed, RegistryError> {
+        self.deploy_as(engine, spec, wasm, samples, deployed_by, None)
+            .await
+    }
+
+    /// [`deploy`](Self::deploy), also refusing a component that does not
+    /// implement `expected_world` (`transformer` or `consumer`: how the
+    /// config runs this name).
+    pub async fn deploy_as(
+        &self,
+        engine: &PluginEngine,
+        spec: &PluginSpec,
+        wasm: &[u8],
+        samples: &[SampleEvent],
+        deployed_by: &str,
+        expected_world: Option<&str>,
+    ) -> Result<Deployed, RegistryError> {
         let name = spec.name.clone();
         let refuse = |reason: String| RegistryError::Refused {
             name: name.clone(),
             reason,
         };
         let (world, wit_version) = check(engine, spec, wasm, samples).await.map_err(refuse)?;
+        if let Some(expected) = expected_world.filter(|w| *w != world) {
+            return Err(refuse(format!(
+                "implements the {world} world, but the config runs `{name}` as a {expected}"
+            )));
+        }
         let sha256 = hex::encode(Sha256::digest(wasm));
         // A name keeps its world: hosts run it as a transformer or as a
         // consumer according to their config, never both.
