@@ -593,6 +593,19 @@ impl Config {
                         format!("no [[plugins]] entry is named `{name}`"),
                     );
                 }
+                Some(name)
+                    if self
+                        .routes
+                        .iter()
+                        .any(|r| r.transformers.iter().any(|t| t == name)) =>
+                {
+                    return bad(
+                        &format!("consumers[{i}].handler"),
+                        format!(
+                            "`{name}` is also a route's transformer; a plugin is a transformer or a consumer, give each its own [[plugins]] entry"
+                        ),
+                    );
+                }
                 Some(_) => {}
                 None if c.handler != "builtin:billing" => {
                     return bad(

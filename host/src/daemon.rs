@@ -13,7 +13,8 @@ use crate::broker::{Delivery, Publisher};
 use crate::clock::SystemClock;
 use crate::config::{Config, ConsumerSection, TransportKind};
 use crate::consumer::{
-    Consumer, ConsumerConfig, ConsumerStats, Handler, HandlerError, InboxTx, PluginHandler,
+    ActiveConsumer, Consumer, ConsumerConfig, ConsumerStats, Handler, HandlerError, InboxTx,
+    Pinned, PluginHandler,
 };
 use crate::domain::billing::{self, BillingHandler};
 use crate::fault::Faults;
@@ -95,9 +96,9 @@ pub async fn spawn_pipeline(
     let mut set = JoinSet::new();
     let mut handles = PipelineHandles::default();
     let metrics = handles.metrics.clone();
-    let chains = match start_rollout(config, db, &mut set, &shutdown).await? {
-        Some(chains) => chains,
-        None => load_chains(config)?,
+    let (chains, registry_consumers) = match start_rollout(config, db, &mut set, &shutdown).await? {
+        Some(started) => started,
+        None => (load_chains(config)?, Vec::new()),
     };
     metrics.register_plugins(chains.plugins());
     let mut broker_check: Option<crate::admin::BrokerCheck> = None;
@@ -163,7 +164,12 @@ pub async fn spawn_pipeline(
     let mut consumer_engine = None;
     for c in &config.consumers {
         billing::create_schema(db).await?;
-        let handler = Arc::new(consumer_handler(config, c, &mut consumer_engine)?);
+        let handler = Arc::new(consumer_handler(
+            config,
+            c,
+            &registry_consumers,
+            &mut consumer_engine,
+        )?);
         let consumer_cfg = ConsumerConfig {
             name: c.name.clone(),
             handler_id: handler.id(),
@@ -247,17 +253,45 @@ impl Handler for ConsumerHandler {
             ConsumerHandler::Plugin(h) => h.handle(tx, d).await,
         }
     }
+
+    fn pin(&self) -> Pinned {
+        match self {
+            ConsumerHandler::Billing(h) => h.pin(),
+            ConsumerHandler::Plugin(h) => h.pin(),
+        }
+    }
+
+    async fn handle_pinned(
+        &self,
+        pinned: &Pinned,
+        tx: &mut InboxTx,
+        d: &Delivery,
+    ) -> Result<(), HandlerError> {
+        match self {
+            ConsumerHandler::Billing(h) => h.handle_pinned(pinned, tx, d).await,
+            ConsumerHandler::Plugin(h) => h.handle_pinned(pinned, tx, d).await,
+        }
+    }
 }
 
-/// Loads `consumers[].handler`; the plugin engine is created on first use.
+/// Loads `consumers[].handler`: a registry plugin gets its rollout slot
+/// (`registry`), a file plugin is loaded here, on an engine created on first
+/// use.
 fn consumer_handler(
     config: &Config,
     c: &ConsumerSection,
+    registry: &[ActiveConsumer],
     engine: &mut Option<PluginEngine>,
 ) -> Result<ConsumerHandler, DaemonError> {
     let Some(name) = c.plugin_name() else {
         return Ok(ConsumerHandler::Billing(BillingHandler));
     };
+    if let Some(slot) = registry.iter().find(|s| s.name() == name) {
+        return Ok(ConsumerHandler::Plugin(PluginHandler::swappable(
+            slot.clone(),
+            c.txn_policy(),
+        )));
+    }
     let spec = config
         .plugins
         .iter()
@@ -288,25 +322,37 @@ fn load_chains(config: &Config) -> Result<Chains, DaemonError> {
     build_chains(&engine, &config.plugins, &config.routes).map_err(DaemonError::Plugin)
 }
 
-/// When a route names a `source = "registry"` plugin (or `watch_dir` is
-/// set), loads the registry's active versions and keeps them current;
+/// When a route or a consumer names a `source = "registry"` plugin (or
+/// `watch_dir` is set), loads the registry's active versions and keeps them
+/// current: the relay's chains and one slot per registry consumer plugin.
 /// `None` leaves the static file chains to [`load_chains`].
 async fn start_rollout(
     config: &Config,
     db: &Db,
     set: &mut JoinSet<Result<(), String>>,
     shutdown: &watch::Receiver<bool>,
-) -> Result<Option<Chains>, DaemonError> {
+) -> Result<Option<(Chains, Vec<ActiveConsumer>)>, DaemonError> {
     use crate::plugin::{PluginSource, Registry};
     let runtime = &config.plugin_runtime;
-    let uses_registry = config.plugins.iter().any(|p| {
-        p.source == PluginSource::Registry
-            && config
-                .routes
-                .iter()
-                .any(|r| r.transformers.contains(&p.name))
-    });
-    if !uses_registry && runtime.watch_dir.is_none() {
+    let registry_plugin = |name: &str| {
+        config
+            .plugins
+            .iter()
+            .any(|p| p.name == name && p.source == PluginSource::Registry)
+    };
+    let in_routes = config
+        .routes
+        .iter()
+        .flat_map(|r| &r.transformers)
+        .any(|t| registry_plugin(t));
+    let consumer_plugins: Vec<String> = config
+        .consumers
+        .iter()
+        .filter_map(|c| c.plugin_name())
+        .filter(|name| registry_plugin(name))
+        .map(String::from)
+        .collect();
+    if !in_routes && consumer_plugins.is_empty() && runtime.watch_dir.is_none() {
         return Ok(None);
     }
     let engine = crate::plugin::PluginEngine::new(config.plugin_engine_config())
@@ -334,18 +380,23 @@ async fn start_rollout(
         config.plugins.clone(),
         config.routes.clone(),
     )
-    .map_err(DaemonError::Plugin)?;
+    .map_err(DaemonError::Plugin)?
+    .with_consumers(consumer_plugins.iter().cloned());
     rollout
         .refresh()
         .await
         .map_err(|e| DaemonError::Plugin(e.to_string()))?;
     let chains = rollout.chains();
+    let slots = consumer_plugins
+        .iter()
+        .filter_map(|name| rollout.consumer(name))
+        .collect();
     let (poll, stop) = (runtime.registry_poll(), shutdown.clone());
     set.spawn(async move {
         rollout.run(poll, stop).await;
         Ok(())
     });
-    Ok(Some(chains))
+    Ok(Some((chains, slots)))
 }
 
 /// Spawns the relay workers over the store that matches `db`.

@@ -162,4 +162,13 @@ fn consumer_plugin_handler_keys_are_named() {
         env(&[]),
     ));
     assert!(key.starts_with("consumers"), "{key}");
+    let (key, msg) = key_error(Config::from_toml(
+        "t.toml",
+        &format!(
+            "{base}[[routes]]\nevent_type = \"order.*\"\ntopic = \"orders\"\ntransformers = [\"billing\"]\n[[consumers]]\nname = \"b\"\ntopics = [\"t\"]\nhandler = \"plugin:billing\"\n"
+        ),
+        env(&[]),
+    ));
+    assert_eq!(key, "consumers[0].handler");
+    assert!(msg.contains("also a route's transformer"), "{msg}");
 }

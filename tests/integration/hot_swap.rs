@@ -186,7 +186,7 @@ fn hand_built_component(import: &str, export: &str) -> Vec<u8> {
 
 /// The same component with a custom section appended: identical behaviour,
 /// different bytes, so a new version.
-fn with_custom_section(mut wasm: Vec<u8>, tag: &str) -> Vec<u8> {
+pub(crate) fn with_custom_section(mut wasm: Vec<u8>, tag: &str) -> Vec<u8> {
     let body: Vec<u8> = [&[tag.len() as u8][..], tag.as_bytes()].concat();
     assert!(body.len() < 128, "one-byte LEB sizes only");
     wasm.push(0);

@@ -1,9 +1,12 @@
 //! One message through the inbox: begin, mark, handle, commit.
 
 use std::future::Future;
+use std::sync::Arc;
+use std::time::Instant;
 
 use sqlx::{Postgres, Sqlite, Transaction};
 
+use super::plugin_handler::ConsumerVersions;
 use crate::broker::Delivery;
 use crate::store::Db;
 
@@ -22,6 +25,11 @@ pub enum HandlerError {
     /// Roll back; another attempt cannot succeed.
     #[error("permanent: {0}")]
     Permanent(String),
+    /// Roll back and wait: no handler version can run yet (a registry
+    /// consumer plugin with no active version). Not counted as an attempt,
+    /// so it never dead-letters a message.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
 }
 
 impl From<sqlx::Error> for HandlerError {
@@ -43,6 +51,55 @@ pub trait Handler: Send + Sync + 'static {
         tx: &mut InboxTx,
         delivery: &Delivery,
     ) -> impl Future<Output = Result<(), HandlerError>> + Send;
+
+    /// Picks the version that will handle the next message, before its
+    /// inbox mark (which records the label). A handler whose version can be
+    /// swapped reads it once here, so the whole message runs on it.
+    fn pin(&self) -> Pinned {
+        Pinned::unversioned()
+    }
+
+    /// Handles one message on the version [`pin`](Self::pin) picked.
+    fn handle_pinned(
+        &self,
+        pinned: &Pinned,
+        tx: &mut InboxTx,
+        delivery: &Delivery,
+    ) -> impl Future<Output = Result<(), HandlerError>> + Send {
+        let _ = pinned;
+        self.handle(tx, delivery)
+    }
+}
+
+/// The handler version picked for one message.
+#[derive(Debug, Clone)]
+pub struct Pinned {
+    /// `name@version`, recorded in the inbox row's `handled_by` and in a
+    /// dead letter; `None` for a built-in handler (or no active version).
+    pub label: Option<String>,
+    /// A swappable plugin's versions as they were when picked.
+    pub versions: Option<Arc<ConsumerVersions>>,
+    /// When it was picked: the version was current at this instant.
+    pub picked_at: Instant,
+}
+
+impl Pinned {
+    /// A handler without versions.
+    pub fn unversioned() -> Self {
+        Self {
+            label: None,
+            versions: None,
+            picked_at: Instant::now(),
+        }
+    }
+}
+
+/// One message's outcome and the handler version that produced it (`None`
+/// for a duplicate, a built-in handler, or a message with no usable id).
+#[derive(Debug)]
+pub struct Attempt {
+    pub result: Result<Processed, HandlerError>,
+    pub handled_by: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,40 +118,93 @@ pub async fn process<H: Handler>(
     delivery: &Delivery,
     handler: &H,
 ) -> Result<Processed, HandlerError> {
-    let message_id = delivery.message_id().map_err(HandlerError::Permanent)?;
-    let mut tx = match db {
-        Db::Postgres(p) => InboxTx::Postgres(p.begin().await?),
-        Db::Sqlite(p) => InboxTx::Sqlite(p.begin().await?),
+    attempt(db, consumer, delivery, handler).await.result
+}
+
+/// [`process`], also naming the handler version that ran.
+pub async fn attempt<H: Handler>(
+    db: &Db,
+    consumer: &str,
+    delivery: &Delivery,
+    handler: &H,
+) -> Attempt {
+    let failed = |e: HandlerError| Attempt {
+        result: Err(e),
+        handled_by: None,
     };
-    handler.begin(&mut tx).await?;
-    let sql = "INSERT INTO inbox (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING";
-    let inserted = match &mut tx {
+    let message_id = match delivery.message_id() {
+        Ok(id) => id,
+        Err(e) => return failed(HandlerError::Permanent(e)),
+    };
+    let begun = match db {
+        Db::Postgres(p) => p.begin().await.map(InboxTx::Postgres),
+        Db::Sqlite(p) => p.begin().await.map(InboxTx::Sqlite),
+    };
+    let mut tx = match begun {
+        Ok(tx) => tx,
+        Err(e) => return failed(e.into()),
+    };
+    if let Err(e) = handler.begin(&mut tx).await {
+        let _ = rollback(tx).await;
+        return failed(e.into());
+    }
+    match mark_and_handle(&mut tx, consumer, message_id, delivery, handler).await {
+        (handled_by, Ok(Processed::Handled)) => {
+            let committed = match tx {
+                InboxTx::Postgres(t) => t.commit().await,
+                InboxTx::Sqlite(t) => t.commit().await,
+            };
+            Attempt {
+                result: committed
+                    .map(|()| Processed::Handled)
+                    .map_err(HandlerError::from),
+                handled_by,
+            }
+        }
+        (handled_by, result) => {
+            if let Err(e) = rollback(tx).await {
+                return failed(e.into());
+            }
+            Attempt { result, handled_by }
+        }
+    }
+}
+
+/// Inside `tx`: pick the version, write the inbox mark naming it, run the
+/// handler on it. A duplicate is `Ok(Duplicate)`, and the caller rolls back
+/// anything that is not `Ok(Handled)`.
+async fn mark_and_handle<H: Handler>(
+    tx: &mut InboxTx,
+    consumer: &str,
+    message_id: uuid::Uuid,
+    delivery: &Delivery,
+    handler: &H,
+) -> (Option<String>, Result<Processed, HandlerError>) {
+    let pinned = handler.pin();
+    let sql = "INSERT INTO inbox (consumer, message_id, handled_by) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING";
+    let inserted = match tx {
         InboxTx::Postgres(t) => sqlx::query(sql)
             .bind(consumer)
             .bind(message_id)
+            .bind(&pinned.label)
             .execute(&mut **t)
-            .await?
-            .rows_affected(),
+            .await
+            .map(|r| r.rows_affected()),
         InboxTx::Sqlite(t) => sqlx::query(sql)
             .bind(consumer)
             .bind(message_id.to_string())
+            .bind(&pinned.label)
             .execute(&mut **t)
-            .await?
-            .rows_affected(),
+            .await
+            .map(|r| r.rows_affected()),
     };
-    if inserted == 0 {
-        rollback(tx).await?;
-        return Ok(Processed::Duplicate);
+    match inserted {
+        Ok(0) => return (None, Ok(Processed::Duplicate)),
+        Ok(_) => {}
+        Err(e) => return (None, Err(e.into())),
     }
-    if let Err(e) = handler.handle(&mut tx, delivery).await {
-        rollback(tx).await?;
-        return Err(e);
-    }
-    match tx {
-        InboxTx::Postgres(t) => t.commit().await?,
-        InboxTx::Sqlite(t) => t.commit().await?,
-    }
-    Ok(Processed::Handled)
+    let result = handler.handle_pinned(&pinned, tx, delivery).await;
+    (pinned.label, result.map(|()| Processed::Handled))
 }
 
 async fn rollback(tx: InboxTx) -> Result<(), sqlx::Error> {
@@ -104,7 +214,7 @@ async fn rollback(tx: InboxTx) -> Result<(), sqlx::Error> {
     }
 }
 
-async fn exec(tx: &mut InboxTx, sql: &str) -> Result<(), sqlx::Error> {
+pub(crate) async fn exec(tx: &mut InboxTx, sql: &str) -> Result<(), sqlx::Error> {
     match tx {
         InboxTx::Postgres(t) => sqlx::query(sql).execute(&mut **t).await.map(|_| ()),
         InboxTx::Sqlite(t) => sqlx::query(sql).execute(&mut **t).await.map(|_| ()),
@@ -125,6 +235,17 @@ pub async fn process_batch<H: Handler>(
     deliveries: &[Delivery],
     handler: &H,
 ) -> Result<Vec<Result<Processed, HandlerError>>, sqlx::Error> {
+    let attempts = attempt_batch(db, consumer, deliveries, handler).await?;
+    Ok(attempts.into_iter().map(|a| a.result).collect())
+}
+
+/// [`process_batch`], also naming the handler version of each message.
+pub async fn attempt_batch<H: Handler>(
+    db: &Db,
+    consumer: &str,
+    deliveries: &[Delivery],
+    handler: &H,
+) -> Result<Vec<Attempt>, sqlx::Error> {
     let mut tx = match db {
         Db::Postgres(p) => InboxTx::Postgres(p.begin().await?),
         Db::Sqlite(p) => InboxTx::Sqlite(p.begin().await?),
@@ -135,42 +256,23 @@ pub async fn process_batch<H: Handler>(
         let message_id = match d.message_id() {
             Ok(id) => id,
             Err(reason) => {
-                results.push(Err(HandlerError::Permanent(reason)));
+                results.push(Attempt {
+                    result: Err(HandlerError::Permanent(reason)),
+                    handled_by: None,
+                });
                 break;
             }
         };
         exec(&mut tx, "SAVEPOINT outboxd_msg").await?;
-        let sql = "INSERT INTO inbox (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING";
-        let inserted = match &mut tx {
-            InboxTx::Postgres(t) => sqlx::query(sql)
-                .bind(consumer)
-                .bind(message_id)
-                .execute(&mut **t)
-                .await?
-                .rows_affected(),
-            InboxTx::Sqlite(t) => sqlx::query(sql)
-                .bind(consumer)
-                .bind(message_id.to_string())
-                .execute(&mut **t)
-                .await?
-                .rows_affected(),
-        };
-        if inserted == 0 {
-            exec(&mut tx, "RELEASE SAVEPOINT outboxd_msg").await?;
-            results.push(Ok(Processed::Duplicate));
-            continue;
+        let (handled_by, result) = mark_and_handle(&mut tx, consumer, message_id, d, handler).await;
+        let failed = result.is_err();
+        if failed {
+            exec(&mut tx, "ROLLBACK TO SAVEPOINT outboxd_msg").await?;
         }
-        match handler.handle(&mut tx, d).await {
-            Ok(()) => {
-                exec(&mut tx, "RELEASE SAVEPOINT outboxd_msg").await?;
-                results.push(Ok(Processed::Handled));
-            }
-            Err(e) => {
-                exec(&mut tx, "ROLLBACK TO SAVEPOINT outboxd_msg").await?;
-                exec(&mut tx, "RELEASE SAVEPOINT outboxd_msg").await?;
-                results.push(Err(e));
-                break;
-            }
+        exec(&mut tx, "RELEASE SAVEPOINT outboxd_msg").await?;
+        results.push(Attempt { result, handled_by });
+        if failed {
+            break;
         }
     }
     match tx {

@@ -12,6 +12,6 @@ pub mod plugin_handler;
 pub mod runner;
 pub mod sql_guard;
 
-pub use inbox::{Handler, HandlerError, InboxTx, Processed, process};
-pub use plugin_handler::PluginHandler;
+pub use inbox::{Attempt, Handler, HandlerError, InboxTx, Pinned, Processed, attempt, process};
+pub use plugin_handler::{ActiveConsumer, ConsumerVersions, PluginHandler};
 pub use runner::{Consumer, ConsumerConfig, ConsumerStats};

@@ -1,33 +1,148 @@
 //! [`PluginHandler`]: a consumer plugin as an inbox [`Handler`]. It maps
 //! what the plugin did onto what the runner does next: a guest `permanent`
 //! dead-letters, everything else (traps, timeouts, budgets, database
-//! errors, guest `retryable`) is rolled back and retried.
+//! errors, guest `retryable`) is rolled back and retried; with no active
+//! registry version the message waits without using up its attempts.
+//!
+//! The plugin sits in an [`ActiveConsumer`] slot. A file plugin's slot never
+//! changes; a registry plugin's slot is swapped by the rollout. Each message
+//! reads the slot once, so it runs entirely on one version (and, while a
+//! candidate is in shadow, the candidate first runs in a savepoint that is
+//! always rolled back).
 
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
 
-use super::inbox::{Handler, HandlerError, InboxTx};
+use super::inbox::{Handler, HandlerError, InboxTx, Pinned, exec};
 use crate::broker::Delivery;
 use crate::plugin::bindings::transformer::outbox::plugin::types::Message;
+use crate::plugin::shadow::{Comparison, ShadowStats};
 use crate::plugin::{ConsumerPlugin, PluginError, TxnPolicy};
+
+/// What a consumer runs: its active version and, while a candidate is in
+/// shadow, that candidate with its counters.
+#[derive(Debug, Clone)]
+pub struct ConsumerVersions {
+    pub active: Option<Arc<ConsumerPlugin>>,
+    pub shadow: Option<(Arc<ConsumerPlugin>, Arc<ShadowStats>)>,
+}
+
+/// The version slot of one consumer plugin, shared by the consumer and the
+/// rollout. A swap replaces the whole value behind a lock held only for the
+/// swap; calls in flight keep the `Arc` they started with.
+#[derive(Debug, Clone)]
+pub struct ActiveConsumer {
+    name: String,
+    slot: Arc<RwLock<Arc<ConsumerVersions>>>,
+}
+
+impl ActiveConsumer {
+    /// A slot with no version yet: messages wait (retryable) until the
+    /// rollout fills it.
+    pub fn empty(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            slot: Arc::new(RwLock::new(Arc::new(ConsumerVersions {
+                active: None,
+                shadow: None,
+            }))),
+        }
+    }
+
+    /// A slot holding one version for good (a file plugin).
+    pub fn fixed(name: impl Into<String>, plugin: Arc<ConsumerPlugin>) -> Self {
+        let slot = Self::empty(name);
+        slot.replace(ConsumerVersions {
+            active: Some(plugin),
+            shadow: None,
+        });
+        slot
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The current versions; hold them for one message.
+    pub fn snapshot(&self) -> Arc<ConsumerVersions> {
+        match self.slot.read() {
+            Ok(v) => v.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Swaps in new versions for every later message.
+    pub fn replace(&self, versions: ConsumerVersions) {
+        let versions = Arc::new(versions);
+        match self.slot.write() {
+            Ok(mut v) => *v = versions,
+            Err(poisoned) => *poisoned.into_inner() = versions,
+        }
+    }
+
+    /// `name@version` of the active version, if there is one.
+    pub fn label(&self) -> Option<String> {
+        self.snapshot().active.as_ref().map(|p| p.label())
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct PluginHandler {
-    plugin: Arc<ConsumerPlugin>,
+    plugin: ActiveConsumer,
     policy: TxnPolicy,
+    /// The slot is swapped by a rollout (a registry plugin).
+    swappable: bool,
 }
 
 impl PluginHandler {
+    /// A handler that always runs `plugin` (a file plugin, or a test's).
     pub fn new(plugin: Arc<ConsumerPlugin>, policy: TxnPolicy) -> Self {
-        Self { plugin, policy }
+        Self {
+            plugin: ActiveConsumer::fixed(plugin.name().to_string(), plugin),
+            policy,
+            swappable: false,
+        }
     }
 
-    /// `plugin NAME@VERSION`, the dead letters' handler id.
+    /// A handler that runs whatever version `slot` holds per message.
+    pub fn swappable(slot: ActiveConsumer, policy: TxnPolicy) -> Self {
+        Self {
+            plugin: slot,
+            policy,
+            swappable: true,
+        }
+    }
+
+    /// The dead letters' handler id when a message names no version of its
+    /// own (it failed before a version was picked): `plugin NAME@VERSION`
+    /// for a file plugin, `plugin NAME (registry)` for a registry plugin,
+    /// whose version at startup would be stale.
     pub fn handler_id(&self) -> String {
-        format!("plugin {}", self.plugin.label())
+        match self.plugin.label() {
+            Some(label) if !self.swappable => format!("plugin {label}"),
+            _ => format!("plugin {} (registry)", self.plugin.name()),
+        }
     }
 
-    pub fn plugin(&self) -> &ConsumerPlugin {
+    pub fn slot(&self) -> &ActiveConsumer {
         &self.plugin
+    }
+
+    /// Runs the candidate in a savepoint that is always rolled back, so it
+    /// sees exactly what the active version will see and leaves nothing.
+    async fn run_shadow(
+        &self,
+        tx: &mut InboxTx,
+        message: &Message,
+        candidate: &ConsumerPlugin,
+    ) -> Result<(Result<(), PluginError>, Duration), HandlerError> {
+        exec(tx, "SAVEPOINT outboxd_shadow").await?;
+        let start = Instant::now();
+        let result = candidate.handle(tx, message, &self.policy).await;
+        let took = start.elapsed();
+        exec(tx, "ROLLBACK TO SAVEPOINT outboxd_shadow").await?;
+        exec(tx, "RELEASE SAVEPOINT outboxd_shadow").await?;
+        Ok((result, took))
     }
 }
 
@@ -48,25 +163,85 @@ fn to_message(d: &Delivery, id: String) -> Message {
     }
 }
 
+/// How the candidate's outcome compares with the active one's: the same
+/// outcome (ok, retryable, permanent) is a match.
+fn compare(active: &Result<(), PluginError>, candidate: &Result<(), PluginError>) -> Comparison {
+    let kind = |r: &Result<(), PluginError>| match r {
+        Ok(()) => "ok",
+        Err(e) if e.is_permanent() => "permanent",
+        Err(_) => "retryable",
+    };
+    match (active, candidate) {
+        (Ok(()), Err(e)) => Comparison::Error(e.to_string()),
+        (a, c) if kind(a) == kind(c) => Comparison::Match,
+        (a, c) => Comparison::Mismatch(format!("active {}, candidate {}", kind(a), kind(c))),
+    }
+}
+
 impl Handler for PluginHandler {
     async fn begin(&self, tx: &mut InboxTx) -> Result<(), sqlx::Error> {
         crate::plugin::transaction::begin_session(tx, &self.policy).await
     }
 
     async fn handle(&self, tx: &mut InboxTx, d: &Delivery) -> Result<(), HandlerError> {
+        self.handle_pinned(&self.pin(), tx, d).await
+    }
+
+    /// One read of the slot per message: the message runs entirely on these
+    /// versions, whatever the rollout swaps in meanwhile.
+    fn pin(&self) -> Pinned {
+        let versions = self.plugin.snapshot();
+        Pinned {
+            label: versions.active.as_ref().map(|p| p.label()),
+            versions: Some(versions),
+            picked_at: Instant::now(),
+        }
+    }
+
+    async fn handle_pinned(
+        &self,
+        pinned: &Pinned,
+        tx: &mut InboxTx,
+        d: &Delivery,
+    ) -> Result<(), HandlerError> {
+        let versions = match &pinned.versions {
+            Some(v) => v.clone(),
+            None => self.plugin.snapshot(),
+        };
+        let Some(plugin) = versions.active.clone() else {
+            return Err(HandlerError::Unavailable(format!(
+                "plugin `{}`: no version is active in the registry; `outboxd plugin activate` one",
+                self.plugin.name()
+            )));
+        };
+        let label = plugin.label();
         let id = d.message_id().map_err(HandlerError::Permanent)?.to_string();
         let message = to_message(d, id);
-        self.plugin
-            .handle(tx, &message, &self.policy)
-            .await
-            .map_err(|e| {
-                let text = format!("plugin {}: {e}", self.plugin.label());
-                if e.is_permanent() {
-                    HandlerError::Permanent(text)
-                } else {
-                    HandlerError::Retryable(text)
-                }
-            })
+        let shadow = match &versions.shadow {
+            Some((candidate, stats)) => {
+                let (result, took) = self.run_shadow(tx, &message, candidate).await?;
+                Some((result, took, stats))
+            }
+            None => None,
+        };
+        let start = Instant::now();
+        let result = plugin.handle(tx, &message, &self.policy).await;
+        if let Some((candidate, shadow_took, stats)) = shadow {
+            stats.record(
+                &message.id,
+                &compare(&result, &candidate),
+                start.elapsed(),
+                shadow_took,
+            );
+        }
+        result.map_err(|e| {
+            let text = format!("plugin {label}: {e}");
+            if e.is_permanent() {
+                HandlerError::Permanent(text)
+            } else {
+                HandlerError::Retryable(text)
+            }
+        })
     }
 }
 

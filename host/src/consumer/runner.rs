@@ -10,7 +10,7 @@ use futures_util::future::join_all;
 use tokio::sync::watch;
 
 use super::dead_letter::{self, DeadLetterTopic};
-use super::inbox::{Handler, HandlerError, Processed, process};
+use super::inbox::{Handler, HandlerError, Processed, attempt};
 use crate::broker::{ConsumeError, Delivery, MessageSource, headers};
 use crate::fault::{FaultPoint, Faults, InjectedFault};
 use crate::store::Db;
@@ -29,7 +29,8 @@ pub struct ConsumerConfig {
     /// After this many failed attempts a message is dead-lettered.
     pub max_attempts: u32,
     /// Which handler runs, for dead-letter records: `builtin:NAME` or
-    /// `plugin NAME@VERSION`.
+    /// `plugin NAME@VERSION`. A plugin handler names the version of each
+    /// failed message itself; this is the fallback.
     pub handler_id: String,
     /// Handle up to this many messages of a partition in one transaction,
     /// each in its own savepoint (1 = one transaction per message).
@@ -166,11 +167,12 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
         let mut count = 0;
         for mut d in msgs {
             d.attempt = self.failed_attempts(&d);
-            match process(&self.db, &self.config.name, &d, self.handler.as_ref()).await {
+            let a = attempt(&self.db, &self.config.name, &d, self.handler.as_ref()).await;
+            match a.result {
                 Ok(outcome) => self.count_processed(&d, outcome),
                 Err(err) => {
                     self.count_failed();
-                    if !self.give_up(&d, &err).await {
+                    if !self.give_up(&d, &err, a.handled_by.as_deref()).await {
                         tracing::warn!(topic = %d.topic, partition = d.partition, offset = d.offset, error = %err, "handler failed; will redeliver");
                         return (last_ok, count, true);
                     }
@@ -197,7 +199,7 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
         while start < msgs.len() {
             let end = (start + self.config.batch_in_transaction).min(msgs.len());
             let chunk = &msgs[start..end];
-            let results = match super::inbox::process_batch(
+            let results = match super::inbox::attempt_batch(
                 &self.db,
                 &self.config.name,
                 chunk,
@@ -214,12 +216,12 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
             // Every result is settled below (handled, duplicate, or dead-
             // lettered) unless we return; the next chunk starts after them.
             let settled = results.len();
-            for (d, r) in chunk.iter().zip(results) {
-                match r {
+            for (d, a) in chunk.iter().zip(results) {
+                match a.result {
                     Ok(outcome) => self.count_processed(d, outcome),
                     Err(err) => {
                         self.count_failed();
-                        if !self.give_up(d, &err).await {
+                        if !self.give_up(d, &err, a.handled_by.as_deref()).await {
                             return (last_ok, count, true);
                         }
                     }
@@ -264,8 +266,13 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
     /// Counts a failed attempt; when the failure is permanent or attempts
     /// are exhausted, dead-letters the message and returns true, so the
     /// partition moves on. If the record cannot be written, the message
-    /// stays (false): it is never dropped.
-    async fn give_up(&self, d: &Delivery, err: &HandlerError) -> bool {
+    /// stays (false): it is never dropped. `handled_by` is the version that
+    /// failed, when the handler named one (a swappable plugin's).
+    async fn give_up(&self, d: &Delivery, err: &HandlerError, handled_by: Option<&str>) -> bool {
+        if let HandlerError::Unavailable(why) = err {
+            tracing::warn!(topic = %d.topic, partition = d.partition, reason = %why, "no handler version can run; the message waits");
+            return false;
+        }
         let key = (d.topic.clone(), d.partition, d.offset);
         let attempts = match self.attempts.lock() {
             Ok(mut map) => {
@@ -284,7 +291,11 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
             return false;
         }
         let reason = err.to_string();
-        let handler = self.config.handler_id.as_str();
+        let handler = match handled_by {
+            Some(label) => format!("plugin {label}"),
+            None => self.config.handler_id.clone(),
+        };
+        let handler = handler.as_str();
         if let Some(dlq) = &self.dlq_topic
             && let Err(e) = dlq(dead_letter::dlq_message(
                 &self.config.name,

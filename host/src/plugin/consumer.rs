@@ -58,6 +58,23 @@ impl ConsumerPlugin {
     /// Reads, checks, compiles (or loads from the cache) and pre-instantiates
     /// the component once per version.
     pub fn load(engine: &PluginEngine, spec: &PluginSpec) -> Result<Self, PluginError> {
+        let wasm = std::fs::read(&spec.path).map_err(|e| {
+            PluginError::Invalid(format!(
+                "plugin `{}` ({}): cannot read: {e}",
+                spec.name,
+                spec.path.display()
+            ))
+        })?;
+        Self::from_bytes(engine, spec, &wasm)
+    }
+
+    /// The same as [`load`](Self::load) from bytes already read (a registry
+    /// version); `spec.path` only names the source in errors.
+    pub fn from_bytes(
+        engine: &PluginEngine,
+        spec: &PluginSpec,
+        wasm: &[u8],
+    ) -> Result<Self, PluginError> {
         let invalid = |what: String| {
             PluginError::Invalid(format!(
                 "plugin `{}` ({}): {what}",
@@ -65,14 +82,13 @@ impl ConsumerPlugin {
                 spec.path.display()
             ))
         };
-        let wasm = std::fs::read(&spec.path).map_err(|e| invalid(format!("cannot read: {e}")))?;
-        validate::check_is_component(&wasm).map_err(invalid)?;
-        let sha256 = hex::encode(Sha256::digest(&wasm));
+        validate::check_is_component(wasm).map_err(invalid)?;
+        let sha256 = hex::encode(Sha256::digest(wasm));
         let component = cache::load_or_compile(
             &engine.engine,
             engine.config.cache_dir.as_deref(),
             &sha256,
-            &wasm,
+            wasm,
         )
         .map_err(|e| invalid(format!("does not compile: {e}")))?;
         let instance_pre = engine.linker.instantiate_pre(&component).map_err(|e| {
@@ -103,6 +119,10 @@ impl ConsumerPlugin {
 
     pub fn metrics(&self) -> &PluginMetrics {
         &self.metrics
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     /// `name@version`, as dead letters record it.

@@ -10,7 +10,7 @@ use sqlx::Row;
 
 use super::harness::SampleEvent;
 use super::transformer::{PluginSpec, TransformerPlugin};
-use super::{PluginEngine, validate};
+use super::{ConsumerPlugin, PluginEngine, validate};
 use crate::store::Db;
 
 /// The channel a state change is announced on, in its own transaction.
@@ -186,13 +186,49 @@ impl Registry {
         samples: &[SampleEvent],
         deployed_by: &str,
     ) -> Result<Deployed, RegistryError> {
+        self.deploy_as(engine, spec, wasm, samples, deployed_by, None)
+            .await
+    }
+
+    /// [`deploy`](Self::deploy), also refusing a component that does not
+    /// implement `expected_world` (`transformer` or `consumer`: how the
+    /// config runs this name).
+    pub async fn deploy_as(
+        &self,
+        engine: &PluginEngine,
+        spec: &PluginSpec,
+        wasm: &[u8],
+        samples: &[SampleEvent],
+        deployed_by: &str,
+        expected_world: Option<&str>,
+    ) -> Result<Deployed, RegistryError> {
         let name = spec.name.clone();
         let refuse = |reason: String| RegistryError::Refused {
             name: name.clone(),
             reason,
         };
-        let wit_version = check(engine, spec, wasm, samples).await.map_err(refuse)?;
+        let (world, wit_version) = check(engine, spec, wasm, samples).await.map_err(refuse)?;
+        if let Some(expected) = expected_world.filter(|w| *w != world) {
+            return Err(refuse(format!(
+                "implements the {world} world, but the config runs `{name}` as a {expected}"
+            )));
+        }
         let sha256 = hex::encode(Sha256::digest(wasm));
+        // A name keeps its world: hosts run it as a transformer or as a
+        // consumer according to their config, never both.
+        let other_world: Option<String> = on_pool!(&self.db, |p| {
+            sqlx::query("SELECT world FROM plugins WHERE name = $1 AND world <> $2 LIMIT 1")
+                .bind(&name)
+                .bind(world)
+                .fetch_optional(p)
+                .await?
+                .map(|r| r.get(0))
+        });
+        if let Some(other) = other_world {
+            return Err(refuse(format!(
+                "implements the {world} world, but the stored versions of `{name}` are {other}s; deploy it under another name"
+            )));
+        }
         let created = in_tx!(&self.db, notify = &name, |tx| {
             let existing =
                 sqlx::query("SELECT version FROM plugins WHERE name = $1 AND sha256 = $2")
@@ -211,7 +247,7 @@ impl Registry {
                     .await?
                     .get(0);
                     sqlx::query(
-                        "INSERT INTO plugins (name, version, sha256, world, wit_version, component, deployed_by) VALUES ($1, $2, $3, 'transformer', $4, $5, $6)",
+                        "INSERT INTO plugins (name, version, sha256, world, wit_version, component, deployed_by) VALUES ($1, $2, $3, $7, $4, $5, $6)",
                     )
                     .bind(&name)
                     .bind(next as i32)
@@ -219,6 +255,7 @@ impl Registry {
                     .bind(&wit_version)
                     .bind(wasm)
                     .bind(deployed_by)
+                    .bind(world)
                     .execute(&mut *tx)
                     .await?;
                     Ok(next)
@@ -529,14 +566,15 @@ impl Registry {
     }
 }
 
-/// The deploy checks: size, `plugin validate`, world, WIT version, samples.
-/// Returns the WIT version to record.
+/// The deploy checks: size, `plugin validate`, world (`transformer` or
+/// `consumer`), WIT version, then a transformer's samples or a consumer's
+/// link check. Returns the world and WIT version to record.
 async fn check(
     engine: &PluginEngine,
     spec: &PluginSpec,
     wasm: &[u8],
     samples: &[SampleEvent],
-) -> Result<String, String> {
+) -> Result<(&'static str, String), String> {
     if wasm.len() > MAX_COMPONENT_BYTES {
         return Err(format!(
             "{} bytes is over the {MAX_COMPONENT_BYTES}-byte component cap",
@@ -547,12 +585,15 @@ async fn check(
     if !v.is_ok() {
         return Err(v.problems.join("; "));
     }
-    if v.world != Some("transformer") {
-        return Err(format!(
-            "implements the {} world; registry routes need outbox:plugin/transformer",
-            v.world.unwrap_or("unknown")
-        ));
-    }
+    let world = match v.world {
+        Some(w @ ("transformer" | "consumer")) => w,
+        other => {
+            return Err(format!(
+                "implements the {} world; the registry holds outbox:plugin/transformer and outbox:plugin/consumer components",
+                other.unwrap_or("unknown")
+            ));
+        }
+    };
     // A component that imports nothing of outbox:plugin still type-checked
     // against the host's transformer world, which is 0.1.0.
     let wit_version = v.wit_version.unwrap_or_else(|| "0.1.0".into());
@@ -561,6 +602,18 @@ async fn check(
             "built against outbox:plugin@{wit_version}; this host links {}",
             validate::WIT_PACKAGE
         ));
+    }
+    if world == "consumer" {
+        // A consumer's call needs a live inbox transaction, so samples are
+        // not run; the component must still link and type-check as one.
+        if !samples.is_empty() {
+            return Err(
+                "sample events are run for transformers only; deploy a consumer without --samples"
+                    .into(),
+            );
+        }
+        ConsumerPlugin::from_bytes(engine, spec, wasm).map_err(|e| e.to_string())?;
+        return Ok((world, wit_version));
     }
     if !samples.is_empty() {
         let plugin =
@@ -572,7 +625,7 @@ async fn check(
                 .map_err(|e| format!("sample {i} ({}): {e}", sample.event_type))?;
         }
     }
-    Ok(wit_version)
+    Ok((world, wit_version))
 }
 
 /// A [`PluginRecord`] from a row of [`RECORD_COLUMNS`].

@@ -89,7 +89,21 @@ pub async fn run(config: &Config, db: Db, cmd: &RegistryCommand) -> anyhow::Resu
                 .cloned()
                 .unwrap_or_else(|| PluginSpec::new(name, wasm));
             let engine = PluginEngine::new(config.plugin_engine_config())?;
-            let deployed = match registry.deploy(&engine, &spec, &bytes, &samples, by).await {
+            let expected_world = if config
+                .consumers
+                .iter()
+                .any(|c| c.plugin_name() == Some(name.as_str()))
+            {
+                Some("consumer")
+            } else if config.routes.iter().any(|r| r.transformers.contains(name)) {
+                Some("transformer")
+            } else {
+                None
+            };
+            let deployed = match registry
+                .deploy_as(&engine, &spec, &bytes, &samples, by, expected_world)
+                .await
+            {
                 Ok(d) => d,
                 Err(e) => {
                     eprintln!("error: {e}");

@@ -1,6 +1,7 @@
-//! Registry rollout on one host: keeps the relay's chains on the registry's
-//! active (and shadow) versions. [`Rollout::refresh`] is one step — read
-//! what should run, load what is new, swap the table — and [`Rollout::run`]
+//! Registry rollout on one host: keeps the relay's chains and the consumer
+//! plugin slots on the registry's active (and shadow) versions.
+//! [`Rollout::refresh`] is one step — read what should run, load what is
+//! new, swap the chain table and each consumer's slot — and [`Rollout::run`]
 //! drives it on every Postgres notification and on a polling interval.
 
 use std::collections::BTreeMap;
@@ -11,9 +12,12 @@ use tokio::sync::watch;
 
 use super::route::Route;
 use super::transform::{ChainTable, Chains, RouteChain, Shadow};
+use crate::consumer::{ActiveConsumer, ConsumerVersions};
 use crate::plugin::registry::{Desired, NOTIFY_CHANNEL, Registry, RegistryError};
 use crate::plugin::shadow::ShadowStats;
-use crate::plugin::{Chain, PluginEngine, PluginSource, PluginSpec, TransformerPlugin};
+use crate::plugin::{
+    Chain, ConsumerPlugin, PluginEngine, PluginSource, PluginSpec, TransformerPlugin,
+};
 use crate::store::Db;
 
 /// What a refresh changed.
@@ -33,6 +37,10 @@ pub struct Rollout {
     /// Registry versions loaded so far, by (name, version); versions are
     /// immutable, so a reactivation reuses the compiled plugin.
     loaded: Mutex<BTreeMap<(String, i64), Arc<TransformerPlugin>>>,
+    /// Registry plugins run by consumers (world `consumer`), by name.
+    consumers: BTreeMap<String, ActiveConsumer>,
+    /// Consumer versions loaded so far, like `loaded`.
+    loaded_consumers: Mutex<BTreeMap<(String, i64), Arc<ConsumerPlugin>>>,
     stats: Mutex<BTreeMap<(String, i64), Arc<ShadowStats>>>,
     applied: Mutex<Option<Desired>>,
     chains: Chains,
@@ -64,6 +72,8 @@ impl Rollout {
             routes,
             files,
             loaded: Mutex::default(),
+            consumers: BTreeMap::new(),
+            loaded_consumers: Mutex::default(),
             stats: Mutex::default(),
             applied: Mutex::default(),
             chains: Chains::default(),
@@ -71,6 +81,23 @@ impl Rollout {
         };
         rollout.chains.replace(rollout.table(&Desired::default()));
         Ok(rollout)
+    }
+
+    /// Also keeps these registry plugins' consumer slots (world `consumer`)
+    /// on their active versions; [`consumer`](Self::consumer) hands a slot
+    /// to its consumer. Slots are empty until the first refresh.
+    pub fn with_consumers<I: IntoIterator<Item = String>>(mut self, names: I) -> Self {
+        for name in names {
+            self.consumers
+                .insert(name.clone(), ActiveConsumer::empty(name));
+        }
+        self
+    }
+
+    /// The slot of a registry consumer plugin named in
+    /// [`with_consumers`](Self::with_consumers).
+    pub fn consumer(&self, name: &str) -> Option<ActiveConsumer> {
+        self.consumers.get(name).cloned()
     }
 
     /// The chains to give every relay worker of this host.
@@ -101,18 +128,31 @@ impl Rollout {
             .iter()
             .filter(|r| used(&r.name) && !self.files.contains_key(&r.name))
             .partition(|r| r.state == "active" || r.shadow);
+        let consumer_rows = desired
+            .rows
+            .iter()
+            .filter(|r| self.consumers.contains_key(&r.name));
+        let (consumer_needed, consumer_ahead): (Vec<_>, Vec<_>) =
+            consumer_rows.partition(|r| r.state == "active" || r.shadow);
+        // Load everything first: a version that fails to load leaves both
+        // the chains and the consumer slots as they were.
         for r in &needed {
             self.load(&r.name, r.version).await?;
+        }
+        for r in &consumer_needed {
+            self.load_consumer(&r.name, r.version).await?;
         }
         let table = self.table(&desired);
         let before = self.chains.snapshot();
         self.chains.replace(table);
+        let consumers_swapped = self.swap_consumers(&desired);
         let labels: Vec<String> = needed
             .iter()
+            .chain(&consumer_needed)
             .filter(|r| r.state == "active")
             .map(|r| format!("{}@{}", r.name, r.version))
             .collect();
-        if labels_of(&before) != labels_of(&self.chains.snapshot()) {
+        if consumers_swapped || labels_of(&before) != labels_of(&self.chains.snapshot()) {
             tracing::info!(?labels, "registry plugins swapped in");
         }
         if let Ok(mut a) = self.applied.lock() {
@@ -121,6 +161,11 @@ impl Rollout {
         // Compile the other candidates now, so activating one is a swap.
         for r in ahead {
             if let Err(e) = self.load(&r.name, r.version).await {
+                tracing::warn!(error = %e, "candidate cannot be prepared; activating it will fail");
+            }
+        }
+        for r in consumer_ahead {
+            if let Err(e) = self.load_consumer(&r.name, r.version).await {
                 tracing::warn!(error = %e, "candidate cannot be prepared; activating it will fail");
             }
         }
@@ -139,14 +184,7 @@ impl Rollout {
             return Ok(());
         }
         let wasm = self.registry.component(name, version).await?;
-        let mut spec = self
-            .specs
-            .iter()
-            .find(|s| s.name == name)
-            .cloned()
-            .unwrap_or_else(|| PluginSpec::new(name, ""));
-        spec.version = Some(version.to_string());
-        spec.path = format!("registry:{name}@{version}").into();
+        let spec = self.registry_spec(name, version);
         let engine = self.engine.clone();
         // Compiling is CPU work: keep it off the relay's async threads.
         let plugin = tokio::task::spawn_blocking(move || {
@@ -165,6 +203,76 @@ impl Rollout {
             l.insert(key, Arc::new(plugin));
         }
         Ok(())
+    }
+
+    /// Loads one registry version of a consumer plugin unless it is loaded
+    /// already; a version of another world fails here.
+    async fn load_consumer(&self, name: &str, version: i64) -> Result<(), RegistryError> {
+        let key = (name.to_string(), version);
+        if self
+            .loaded_consumers
+            .lock()
+            .map(|l| l.contains_key(&key))
+            .unwrap_or(false)
+        {
+            return Ok(());
+        }
+        let wasm = self.registry.component(name, version).await?;
+        let spec = self.registry_spec(name, version);
+        let engine = self.engine.clone();
+        let plugin =
+            tokio::task::spawn_blocking(move || ConsumerPlugin::from_bytes(&engine, &spec, &wasm))
+                .await
+                .map_err(|e| RegistryError::Conflict {
+                    name: name.into(),
+                    reason: format!("loading version {version} panicked: {e}"),
+                })?
+                .map_err(|e| RegistryError::Refused {
+                    name: name.into(),
+                    reason: e.to_string(),
+                })?;
+        if let Ok(mut l) = self.loaded_consumers.lock() {
+            l.insert(key, Arc::new(plugin));
+        }
+        Ok(())
+    }
+
+    /// The configured spec of `name` (limits, config), as version `version`.
+    fn registry_spec(&self, name: &str, version: i64) -> PluginSpec {
+        let mut spec = self
+            .specs
+            .iter()
+            .find(|s| s.name == name)
+            .cloned()
+            .unwrap_or_else(|| PluginSpec::new(name, ""));
+        spec.version = Some(version.to_string());
+        spec.path = format!("registry:{name}@{version}").into();
+        spec
+    }
+
+    /// Points every consumer slot at the active (and shadow) version of
+    /// `desired`; returns whether any active version changed. Each slot is
+    /// replaced whole, so a message sees the old or the new versions, never
+    /// a mix.
+    fn swap_consumers(&self, desired: &Desired) -> bool {
+        let loaded = |name: &str, v: i64| {
+            self.loaded_consumers
+                .lock()
+                .ok()?
+                .get(&(name.to_string(), v))
+                .cloned()
+        };
+        let mut changed = false;
+        for (name, slot) in &self.consumers {
+            let active = desired.active(name).and_then(|v| loaded(name, v));
+            let shadow = desired
+                .shadow(name)
+                .and_then(|(v, _)| loaded(name, v).map(|p| (p, self.stats_for(name, v))));
+            let before = slot.label();
+            slot.replace(ConsumerVersions { active, shadow });
+            changed |= slot.label() != before;
+        }
+        changed
     }
 
     fn loaded(&self, name: &str, version: i64) -> Option<Arc<TransformerPlugin>> {

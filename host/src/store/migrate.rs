@@ -46,6 +46,11 @@ const POSTGRES: &[Migration] = &[
         name: "plugin_registry",
         sql: include_str!("../../../migrations/postgres/0006_plugin_registry.sql"),
     },
+    Migration {
+        version: 7,
+        name: "inbox_handled_by",
+        sql: include_str!("../../../migrations/postgres/0007_inbox_handled_by.sql"),
+    },
 ];
 
 const SQLITE: &[Migration] = &[
@@ -78,6 +83,11 @@ const SQLITE: &[Migration] = &[
         version: 6,
         name: "plugin_registry",
         sql: include_str!("../../../migrations/sqlite/0006_plugin_registry.sql"),
+    },
+    Migration {
+        version: 7,
+        name: "inbox_handled_by",
+        sql: include_str!("../../../migrations/sqlite/0007_inbox_handled_by.sql"),
     },
 ];
 

@@ -1,0 +1,513 @@
+//! Hot swap of consumer plugins through the registry: twenty swaps (one a
+//! rollback) while the relay and a consumer are both busy, and a message in
+//! flight during a swap. `consumer_swap_checks.rs` has deploy checks, dead
+//! letters and shadow runs; `swap_processes.rs` has two `outboxd` processes.
+//!
+//! Two behaviourally different versions of one consumer plugin `c` come
+//! from the example components: `billing` (an invoice stamped with the
+//! current time) and `invoicing` (an invoice with `issued_at = 0` plus an
+//! `invoice.issued` event emitted in the same transaction). So every effect
+//! shows which version wrote it, and can be checked against the inbox row's
+//! `handled_by`.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use outboxd::broker::Delivery;
+use outboxd::broker::embedded::{EmbeddedConsumer, EmbeddedConsumerConfig, EmbeddedPublisher};
+use outboxd::consumer::{
+    Consumer, ConsumerConfig, Handler, HandlerError, InboxTx, Pinned, PluginHandler,
+};
+use outboxd::domain::billing;
+use outboxd::event::NewEvent;
+use outboxd::plugin::registry::{Deployed, Registry};
+use outboxd::plugin::{PluginSource, PluginSpec, TxnPolicy};
+use outboxd::relay::{Relay, RelayConfig, Rollout, Route, Router, StepOutcome};
+use outboxd::store::{Db, enqueue};
+use serde_json::json;
+use sqlx::Row;
+use tokio::sync::watch;
+
+use crate::hot_swap::with_custom_section;
+use crate::on_both;
+use crate::plugins::{engine, plugin_path};
+use crate::support::TestDb;
+
+pub(crate) fn registry_spec(name: &str) -> PluginSpec {
+    let mut s = PluginSpec::new(name, "");
+    s.source = PluginSource::Registry;
+    s.limits.timeout_ms = 5_000;
+    s
+}
+
+pub(crate) async fn deploy(reg: &Registry, name: &str, wasm: Vec<u8>) -> i64 {
+    match reg
+        .deploy(engine(), &registry_spec(name), &wasm, &[], "test")
+        .await
+        .expect("deploy")
+    {
+        Deployed::Created(r) => r.version,
+        Deployed::Unchanged(r) => panic!("{} was already stored", r.label()),
+    }
+}
+
+pub(crate) fn wasm(name: &str) -> Vec<u8> {
+    std::fs::read(plugin_path(name)).expect("read component")
+}
+
+pub(crate) async fn put_order(db: &Db, i: usize) {
+    let ev = NewEvent::new(
+        format!("order-{i}"),
+        "order.confirmed",
+        json!({"order_id": format!("o-{i}"), "customer_id": "c1", "total_cents": i}),
+    );
+    match db {
+        Db::Postgres(p) => {
+            let mut tx = p.begin().await.expect("begin");
+            enqueue(&mut tx, ev).await.expect("enqueue");
+            tx.commit().await.expect("commit");
+        }
+        Db::Sqlite(p) => {
+            let mut tx = p.begin().await.expect("begin");
+            enqueue(&mut tx, ev).await.expect("enqueue");
+            tx.commit().await.expect("commit");
+        }
+    }
+}
+
+/// Rows of two text columns.
+pub(crate) async fn pairs(db: &Db, sql: &str) -> Vec<(String, Option<String>)> {
+    match db {
+        Db::Postgres(p) => sqlx::query(sql)
+            .fetch_all(p)
+            .await
+            .expect(sql)
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect(),
+        Db::Sqlite(p) => sqlx::query(sql)
+            .fetch_all(p)
+            .await
+            .expect(sql)
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect(),
+    }
+}
+
+/// One call of the consumer's handler, as the test saw it from outside.
+struct Call {
+    start: Instant,
+    end: Instant,
+    message_id: String,
+    label: Option<String>,
+    ok: bool,
+}
+
+/// The registry consumer plugin, with every call recorded.
+struct Recording {
+    inner: PluginHandler,
+    calls: Mutex<Vec<Call>>,
+}
+
+impl Handler for Recording {
+    async fn handle(&self, tx: &mut InboxTx, d: &Delivery) -> Result<(), HandlerError> {
+        self.handle_pinned(&self.pin(), tx, d).await
+    }
+
+    fn pin(&self) -> Pinned {
+        self.inner.pin()
+    }
+
+    async fn handle_pinned(
+        &self,
+        pinned: &Pinned,
+        tx: &mut InboxTx,
+        d: &Delivery,
+    ) -> Result<(), HandlerError> {
+        let result = self.inner.handle_pinned(pinned, tx, d).await;
+        let call = Call {
+            start: pinned.picked_at,
+            end: Instant::now(),
+            message_id: d.message_id().map(|u| u.to_string()).unwrap_or_default(),
+            label: pinned.label.clone(),
+            ok: result.is_ok(),
+        };
+        self.calls.lock().expect("lock").push(call);
+        result
+    }
+}
+
+/// When a version was active: from the start of the activation that made
+/// it active to the end of the refresh that swapped it out.
+struct Active {
+    from: Instant,
+    until: Option<Instant>,
+    label: String,
+}
+
+async fn twenty_consumer_swaps_under_load_lose_nothing_and_handle_nothing_twice(t: TestDb) {
+    const EVENTS: usize = 600;
+    const SWAPS: usize = 20;
+    const PARTITIONS: i32 = 4;
+    billing::create_schema(&t.db).await.expect("billing schema");
+    let reg = Registry::new(t.db.clone());
+    let v_billing = deploy(&reg, "c", wasm("billing")).await;
+    let v_invoicing = deploy(&reg, "c", wasm("invoicing")).await;
+    // The route's transformer swaps at the same moments: two builds of
+    // redact-pii (no rules: canonical JSON, which both consumers read).
+    let t1 = deploy(&reg, "t", wasm("redact-pii")).await;
+    let t2 = deploy(
+        &reg,
+        "t",
+        with_custom_section(wasm("redact-pii"), "rebuild-2"),
+    )
+    .await;
+    reg.activate("c", v_billing, "test")
+        .await
+        .expect("activate");
+    reg.activate("t", t1, "test").await.expect("activate");
+    let routes = vec![Route::new("order.*", "orders").with_transformers(&["t"])];
+    let host = Rollout::new(
+        engine().clone(),
+        Registry::new(t.db.clone()),
+        vec![registry_spec("c"), registry_spec("t")],
+        routes.clone(),
+    )
+    .expect("rollout")
+    .with_consumers(["c".to_string()]);
+    let t0 = Instant::now();
+    host.refresh().await.expect("refresh");
+    let mut timeline = vec![Active {
+        from: t0,
+        until: None,
+        label: format!("c@{v_billing}"),
+    }];
+    let slot = host.consumer("c").expect("consumer slot");
+    assert_eq!(slot.label(), Some(format!("c@{v_billing}")));
+
+    let (stop, stopped) = watch::channel(false);
+    let relay = Relay::new(
+        t.store(),
+        Arc::new(EmbeddedPublisher::new(t.db.clone(), PARTITIONS)),
+        Router::new(routes),
+        RelayConfig {
+            batch_size: 25,
+            ..RelayConfig::default()
+        },
+        Arc::new(outboxd::clock::SystemClock),
+    )
+    .with_chains(host.chains());
+    let relaying = {
+        let stopped = stopped.clone();
+        tokio::spawn(async move {
+            while !*stopped.borrow() {
+                if relay.step().await.expect("relay step") == StepOutcome::Idle {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            }
+        })
+    };
+    let handler = Arc::new(Recording {
+        inner: PluginHandler::swappable(slot.clone(), TxnPolicy::default()),
+        calls: Mutex::default(),
+    });
+    let source = EmbeddedConsumer::new(
+        t.db.clone(),
+        EmbeddedConsumerConfig {
+            group: "billing".into(),
+            topics: vec!["orders".into()],
+            partitions: PARTITIONS,
+            lease: Duration::from_secs(30),
+        },
+    );
+    let mut consumer = Consumer::new(
+        t.db.clone(),
+        source,
+        handler.clone(),
+        ConsumerConfig {
+            name: "billing".into(),
+            poll_interval: Duration::from_millis(5),
+            retry_delay: Duration::from_millis(20),
+            // A savepoint per message: each message still pins its version.
+            batch_in_transaction: 4,
+            ..ConsumerConfig::default()
+        },
+    );
+    let stats = consumer.stats();
+    let consuming = {
+        let stopped = stopped.clone();
+        tokio::spawn(async move { consumer.run(stopped).await.expect("consumer") })
+    };
+    let handled = {
+        let stats = stats.clone();
+        move || stats.handled.load(Ordering::SeqCst) as usize
+    };
+    // The producer stays at most 40 events ahead of the consumer, so it
+    // enqueues for the whole run and the relay and the consumer never idle
+    // for long.
+    let producing = Arc::new(AtomicBool::new(true));
+    let producer = {
+        let (db, producing, handled) = (t.db.clone(), producing.clone(), handled.clone());
+        tokio::spawn(async move {
+            for i in 0..EVENTS {
+                while i >= handled() + 40 {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                put_order(&db, i).await;
+            }
+            producing.store(false, Ordering::SeqCst);
+        })
+    };
+
+    let mut rolled_back = false;
+    for i in 0..SWAPS {
+        let target = (i + 1) * EVENTS / (SWAPS + 5);
+        let wait = Instant::now();
+        while handled() < target {
+            assert!(
+                wait.elapsed() < Duration::from_secs(120),
+                "consumer stalled at swap {i}: {} handled",
+                handled()
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        assert!(
+            producing.load(Ordering::SeqCst),
+            "the producer finished before swap {i}: not under load"
+        );
+        let from = Instant::now();
+        let record = if i == SWAPS / 2 {
+            rolled_back = true;
+            reg.rollback("t", "test").await.expect("rollback t");
+            reg.rollback("c", "test").await.expect("rollback c")
+        } else {
+            let (c, tv) = if i % 2 == 0 {
+                (v_invoicing, t2)
+            } else {
+                (v_billing, t1)
+            };
+            reg.activate("t", tv, "test").await.expect("activate t");
+            reg.activate("c", c, "test").await.expect("activate c")
+        };
+        host.refresh().await.expect("refresh");
+        let until = Instant::now();
+        assert_eq!(slot.label(), Some(record.label()));
+        if let Some(last) = timeline.last_mut() {
+            last.until = Some(until);
+        }
+        timeline.push(Active {
+            from,
+            until: None,
+            label: record.label(),
+        });
+    }
+    assert!(rolled_back);
+    producer.await.expect("producer");
+    let wait = Instant::now();
+    while t.count("SELECT count(*) FROM inbox").await < EVENTS as i64 {
+        assert!(
+            wait.elapsed() < Duration::from_secs(120),
+            "not every event was handled: {} of {EVENTS}",
+            t.count("SELECT count(*) FROM inbox").await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = stop.send(true);
+    relaying.await.expect("relay task");
+    consuming.await.expect("consumer task");
+
+    // Nothing lost, nothing twice: one inbox row and one invoice per event.
+    let billing_label = format!("c@{v_billing}");
+    let invoicing_label = format!("c@{v_invoicing}");
+    assert_eq!(t.count("SELECT count(*) FROM inbox").await, EVENTS as i64);
+    assert_eq!(
+        t.count("SELECT count(*) FROM invoices").await,
+        EVENTS as i64
+    );
+    assert_eq!(
+        t.count("SELECT count(DISTINCT message_id) FROM invoices")
+            .await,
+        EVENTS as i64,
+        "an event was handled twice"
+    );
+    assert_eq!(
+        t.count("SELECT count(DISTINCT order_id) FROM invoices")
+            .await,
+        EVENTS as i64
+    );
+    assert_eq!(
+        t.count("SELECT count(*) FROM consumer_dead_letters").await,
+        0
+    );
+    // The effect shows which version ran; the inbox row must name it.
+    let by_inbox: BTreeMap<String, Option<String>> = pairs(
+        &t.db,
+        "SELECT CAST(message_id AS TEXT), handled_by FROM inbox",
+    )
+    .await
+    .into_iter()
+    .collect();
+    let effects = pairs(
+        &t.db,
+        "SELECT message_id, CASE WHEN issued_at = 0 THEN 'invoicing' ELSE 'billing' END FROM invoices",
+    )
+    .await;
+    let mut per_version: BTreeMap<String, usize> = BTreeMap::new();
+    for (message_id, effect) in &effects {
+        let label = by_inbox[message_id].clone().expect("handled_by is set");
+        let want = match effect.as_deref() {
+            Some("invoicing") => &invoicing_label,
+            _ => &billing_label,
+        };
+        assert_eq!(&label, want, "message {message_id}: effect vs handled_by");
+        *per_version.entry(label).or_default() += 1;
+    }
+    // Only invoicing emits, in the handler's transaction.
+    assert_eq!(
+        t.count("SELECT count(*) FROM outbox WHERE event_type = 'invoice.issued'")
+            .await,
+        per_version.get(&invoicing_label).copied().unwrap_or(0) as i64
+    );
+    // Each call ran on a version that was active at some point during it.
+    let calls = std::mem::take(&mut *handler.calls.lock().expect("lock"));
+    for call in calls.iter().filter(|c| c.ok) {
+        let label = call.label.as_deref().expect("an ok call names its version");
+        let allowed: Vec<&str> = timeline
+            .iter()
+            .filter(|a| a.from <= call.end && a.until.is_none_or(|u| u >= call.start))
+            .map(|a| a.label.as_str())
+            .collect();
+        assert!(
+            allowed.contains(&label),
+            "message {} ran on {label}, active then: {allowed:?}",
+            call.message_id
+        );
+    }
+    for (message_id, label) in &by_inbox {
+        assert!(
+            calls
+                .iter()
+                .any(|c| c.ok && &c.message_id == message_id && c.label == *label),
+            "message {message_id}: recorded {label:?} but no such call"
+        );
+    }
+    let t_versions = t
+        .count("SELECT count(DISTINCT transformed_by) FROM outbox WHERE event_type = 'order.confirmed'")
+        .await;
+    println!(
+        "consumer hot swap under load ({}): {EVENTS} events, {SWAPS} swaps of consumer and transformer (one rollback), messages per consumer version: {per_version:?}, handler calls {}, duplicates {}, transformer versions used {t_versions}",
+        if t.is_postgres() {
+            "postgres"
+        } else {
+            "sqlite"
+        },
+        calls.len(),
+        stats.duplicates.load(Ordering::SeqCst),
+    );
+    assert_eq!(per_version.len(), 2, "both versions ran: {per_version:?}");
+    assert!(
+        per_version.values().all(|n| *n >= EVENTS / 10),
+        "each version handled a fair share: {per_version:?}"
+    );
+    assert_eq!(t_versions, 2, "both transformer versions ran");
+}
+on_both!(twenty_consumer_swaps_under_load_lose_nothing_and_handle_nothing_twice);
+
+// ---- in flight -----------------------------------------------------------------
+
+/// Postgres: version 1's INSERT is held on a table lock while version 2 is
+/// activated and swapped in; the held message still commits as version 1
+/// and the next message runs on version 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_in_flight_finishes_on_the_version_it_started_with_postgres() {
+    let t = TestDb::postgres().await;
+    billing::create_schema(&t.db).await.expect("billing schema");
+    let Db::Postgres(pool) = &t.db else {
+        unreachable!("a Postgres test database")
+    };
+    let reg = Registry::new(t.db.clone());
+    let v1 = deploy(&reg, "c", wasm("billing")).await;
+    let v2 = deploy(&reg, "c", wasm("invoicing")).await;
+    reg.activate("c", v1, "test").await.expect("activate");
+    let host = Rollout::new(
+        engine().clone(),
+        Registry::new(t.db.clone()),
+        vec![registry_spec("c")],
+        Vec::new(),
+    )
+    .expect("rollout")
+    .with_consumers(["c".to_string()]);
+    host.refresh().await.expect("refresh");
+    let handler = Arc::new(PluginHandler::swappable(
+        host.consumer("c").expect("slot"),
+        TxnPolicy::default(),
+    ));
+    let order = |i: i64| Delivery {
+        topic: "orders".into(),
+        partition: 0,
+        offset: i,
+        key: None,
+        payload: json!({"order_id": format!("o{i}"), "customer_id": "c", "total_cents": 1})
+            .to_string()
+            .into_bytes(),
+        headers: vec![(
+            outboxd::broker::headers::MESSAGE_ID.into(),
+            uuid::Uuid::new_v4().to_string().into_bytes(),
+        )],
+    };
+    let mut blocker = pool.begin().await.expect("begin");
+    sqlx::query("LOCK TABLE invoices IN EXCLUSIVE MODE")
+        .execute(&mut *blocker)
+        .await
+        .expect("lock invoices");
+    let first = order(1);
+    let in_flight = {
+        let (db, handler, first) = (t.db.clone(), handler.clone(), first.clone());
+        tokio::spawn(async move {
+            outboxd::consumer::attempt(&db, "billing", &first, handler.as_ref()).await
+        })
+    };
+    // The call is in flight once its INSERT waits on the lock.
+    let started = Instant::now();
+    while t
+        .count("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'INSERT INTO invoices%'")
+        .await
+        == 0
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the call never reached its INSERT"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    reg.activate("c", v2, "test").await.expect("activate v2");
+    host.refresh().await.expect("refresh");
+    assert_eq!(
+        host.consumer("c").expect("slot").label(),
+        Some(format!("c@{v2}"))
+    );
+    assert!(!in_flight.is_finished(), "the call is still held");
+    blocker.rollback().await.expect("release the lock");
+    let held = in_flight.await.expect("in flight");
+    assert!(held.result.is_ok(), "{:?}", held.result);
+    assert_eq!(held.handled_by, Some(format!("c@{v1}")));
+    let second = order(2);
+    let next = outboxd::consumer::attempt(&t.db, "billing", &second, handler.as_ref()).await;
+    assert!(next.result.is_ok(), "{:?}", next.result);
+    assert_eq!(next.handled_by, Some(format!("c@{v2}")));
+    let recorded = pairs(
+        &t.db,
+        "SELECT CAST(i.handled_by AS TEXT), CASE WHEN v.issued_at = 0 THEN 'invoicing' ELSE 'billing' END FROM inbox i JOIN invoices v ON v.message_id = CAST(i.message_id AS TEXT) ORDER BY v.id",
+    )
+    .await;
+    assert_eq!(
+        recorded,
+        vec![
+            (format!("c@{v1}"), Some("billing".to_string())),
+            (format!("c@{v2}"), Some("invoicing".to_string())),
+        ]
+    );
+}
