@@ -446,6 +446,7 @@ async fn a_message_in_flight_finishes_on_the_version_it_started_with_postgres() 
         TxnPolicy::default(),
     ));
     let order = |i: i64| Delivery {
+        attempt: 0,
         topic: "orders".into(),
         partition: 0,
         offset: i,

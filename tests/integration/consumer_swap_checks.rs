@@ -233,6 +233,7 @@ async fn a_consumer_shadow_runs_in_a_rolled_back_savepoint_and_counts(t: TestDb)
             json!({"order_id": format!("o{i}"), "customer_id": "c", "total_cents": 1})
         };
         let d = Delivery {
+            attempt: 0,
             topic: "orders".into(),
             partition: 0,
             offset: i,
