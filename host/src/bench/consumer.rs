@@ -169,7 +169,17 @@ pub async fn consumer(args: &ConsumerBenchArgs) -> Result<(), BenchError> {
             );
         }
         let best = |v: &[f64]| v.iter().cloned().fold(0.0, f64::max);
-        println!("  {label}: native runs {n:.0?}, plugin runs {p:.0?}");
+        let median = |v: &[f64]| {
+            let mut v = v.to_vec();
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        println!(
+            "  {label}: native runs {n:.0?}, plugin runs {p:.0?}; medians {:.0} / {:.0} = {:.0}%",
+            median(&n),
+            median(&p),
+            100.0 * median(&p) / median(&n)
+        );
         rows.push((label, batch, best(&n), best(&p)));
     }
     println!(
