@@ -131,7 +131,8 @@ pub async fn consumer(args: &ConsumerBenchArgs) -> Result<(), BenchError> {
     spec.limits.timeout_ms = 5_000;
     let plugin =
         ConsumerPlugin::load(&engine, &spec).map_err(|e| BenchError::Refused(e.to_string()))?;
-    let plugin = Arc::new(PluginHandler::new(Arc::new(plugin), TxnPolicy::default()));
+    let plugin_ref = Arc::new(plugin);
+    let plugin = Arc::new(PluginHandler::new(plugin_ref.clone(), TxnPolicy::default()));
     let native = Arc::new(BillingHandler);
     let tag = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
     // A warm-up run fills the plugin's Store pool and the connection pool.
@@ -196,6 +197,13 @@ pub async fn consumer(args: &ConsumerBenchArgs) -> Result<(), BenchError> {
             100.0 * p / n
         );
     }
+    let m = plugin_ref.metrics().snapshot();
+    println!(
+        "plugin calls: {} (mean {:.1} µs each, including its statements' round trips), {} instances created",
+        m.calls,
+        m.total_time.as_secs_f64() * 1e6 / m.calls.max(1) as f64,
+        m.instantiations
+    );
     let (_, _, n1, p1) = rows[0];
     let (_, _, nb, pb) = rows[1];
     println!(
