@@ -18,5 +18,6 @@ mod ops;
 mod ordering;
 mod plugins;
 mod process;
+mod secrets;
 mod seed;
 mod timing;
