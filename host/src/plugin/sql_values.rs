@@ -44,7 +44,9 @@ fn uuid(i: usize, text: &str) -> Result<uuid::Uuid, DbError> {
     uuid::Uuid::parse_str(text).map_err(|e| bad_param(i, "not a uuid", e))
 }
 
-pub(crate) fn bind_pg<'q>(mut q: PgQuery<'q>, params: Vec<Value>) -> Result<PgQuery<'q>, DbError> {
+/// Binds guest values as Postgres parameters, in order; a JSON, timestamp or
+/// uuid value that does not parse is refused with its parameter number.
+pub fn bind_pg<'q>(mut q: PgQuery<'q>, params: Vec<Value>) -> Result<PgQuery<'q>, DbError> {
     for (i, p) in params.into_iter().enumerate() {
         q = match p {
             Value::Null => q.bind(UntypedNull),
@@ -67,7 +69,7 @@ pub(crate) fn bind_pg<'q>(mut q: PgQuery<'q>, params: Vec<Value>) -> Result<PgQu
 
 /// SQLite has no JSON, timestamp or uuid storage classes: they are bound as
 /// text (a uuid in its lower-case hyphenated form, as the inbox stores it).
-pub(crate) fn bind_sqlite<'q>(
+pub fn bind_sqlite<'q>(
     mut q: SqliteQuery<'q>,
     params: Vec<Value>,
 ) -> Result<SqliteQuery<'q>, DbError> {
@@ -95,7 +97,9 @@ fn cell_error(i: usize, e: impl std::fmt::Display) -> DbError {
     DbError::Database((None, format!("column {i}: {e}")))
 }
 
-pub(crate) fn pg_row(row: &PgRow) -> Result<Vec<Value>, DbError> {
+/// A Postgres result row as guest values; a column type plugins do not
+/// carry is refused with a hint to cast it.
+pub fn pg_row(row: &PgRow) -> Result<Vec<Value>, DbError> {
     use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
     let mut out = Vec::with_capacity(row.len());
     for i in 0..row.len() {
@@ -147,7 +151,7 @@ pub(crate) fn pg_row(row: &PgRow) -> Result<Vec<Value>, DbError> {
 }
 
 /// SQLite cells are typed by their storage class.
-pub(crate) fn sqlite_row(row: &SqliteRow) -> Result<Vec<Value>, DbError> {
+pub fn sqlite_row(row: &SqliteRow) -> Result<Vec<Value>, DbError> {
     let mut out = Vec::with_capacity(row.len());
     for i in 0..row.len() {
         let raw = row.try_get_raw(i).map_err(|e| cell_error(i, e))?;
