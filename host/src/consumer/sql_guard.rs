@@ -5,7 +5,7 @@
 //!
 //! The same text must mean the same thing to Postgres and to SQLite, so
 //! constructs the two lex differently (backslash escapes, nested comments,
-//! dollar quotes, `[…]`, `U&` escapes) are refused or read the stricter
+//! dollar quotes, `[…]`, backticks, `U&` escapes) are refused or read the stricter
 //! way; `fuzz/fuzz_targets/sql_guard.rs` checks accepted statements against
 //! a lexer of each database.
 //!
@@ -184,7 +184,7 @@ fn tokenize(sql: &str) -> Result<Vec<Token>, GuardError> {
                 out.push(Token::Semicolon);
                 i += 1;
             }
-            b'\'' | b'"' | b'`' if is_unicode_escape_prefix(b, i) => {
+            b'\'' | b'"' if is_unicode_escape_prefix(b, i) => {
                 return Err(GuardError::Ambiguous("a U& escape"));
             }
             b'\'' => {
@@ -200,7 +200,7 @@ fn tokenize(sql: &str) -> Result<Vec<Token>, GuardError> {
                 i = end;
                 out.push(Token::Other);
             }
-            b'"' | b'`' => {
+            b'"' => {
                 // A quoted identifier is a name, never a keyword, but it
                 // may name a function.
                 let (end, body) =
@@ -210,8 +210,9 @@ fn tokenize(sql: &str) -> Result<Vec<Token>, GuardError> {
                     String::from_utf8_lossy(body).to_ascii_lowercase(),
                 ));
             }
-            // `[` is not quoting: SQLite's [identifier] is a subscript to
-            // Postgres, so its content is read as SQL (the stricter way).
+            // `[` and `` ` `` are not quoting: SQLite's [identifier] is a
+            // subscript to Postgres and a backtick an operator character, so
+            // their content is read as SQL (the stricter way).
             b'-' if b.get(i + 1) == Some(&b'-') => {
                 // Postgres ends a line comment at CR as well as LF.
                 i = b[i..]
@@ -390,6 +391,7 @@ mod tests {
             // Postgres: `[` is a subscript, its content runs.
             "SELECT (ARRAY[1])[length(set_config('role', 'postgres', true))]",
             "SELECT [a; DELETE FROM inbox; --]",
+            "SELECT `set_config`('role', 'postgres', true)",
             // Postgres: a line comment ends at CR.
             "SELECT 1 --\r, set_config('role', 'postgres', true)",
             // Postgres: quoted and escaped function names.
