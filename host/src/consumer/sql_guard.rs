@@ -26,6 +26,8 @@ pub enum GuardError {
     NotDml(String),
     #[error("`{0}` is not allowed in plugin SQL: the host owns the transaction and the session")]
     Forbidden(String),
+    #[error("a statement must start with SELECT, INSERT, UPDATE, DELETE or WITH")]
+    NoLeadingKeyword,
     #[error("unterminated {0}")]
     Unterminated(&'static str),
     #[error(
@@ -123,6 +125,8 @@ enum Token {
     /// A quoted identifier: never a keyword, but possibly a function name.
     Quoted(String),
     Semicolon,
+    /// `(`, which may come before the first keyword.
+    Open,
     Other,
 }
 
@@ -135,6 +139,13 @@ pub fn check_statement(sql: &str) -> Result<&'static str, GuardError> {
         });
     }
     let tokens = tokenize(sql)?;
+    // What comes before the first keyword is part of the statement too: a
+    // SQLite `$name`/`:name` parameter there would make the next word look
+    // like the first.
+    match tokens.iter().find(|t| **t != Token::Open) {
+        Some(Token::Word(_) | Token::Semicolon) | None => {}
+        Some(_) => return Err(GuardError::NoLeadingKeyword),
+    }
     let mut words = Vec::new();
     let mut seen_semicolon = false;
     for t in &tokens {
@@ -147,7 +158,7 @@ pub fn check_statement(sql: &str) -> Result<&'static str, GuardError> {
                     return Err(GuardError::Forbidden(q.clone()));
                 }
             }
-            Token::Other => {}
+            Token::Open | Token::Other => {}
         }
     }
     let first = *words.first().ok_or(GuardError::Empty)?;
@@ -271,6 +282,10 @@ fn tokenize(sql: &str) -> Result<Vec<Token>, GuardError> {
                 // escape string; the quote is handled on the next turn.
                 out.push(Token::Word(sql[start..i].to_ascii_lowercase()));
             }
+            b'(' => {
+                out.push(Token::Open);
+                i += 1;
+            }
             _ => {
                 if !c.is_ascii_whitespace() {
                     out.push(Token::Other);
@@ -330,6 +345,7 @@ mod tests {
                 "insert",
             ),
             ("SELECT CASE WHEN $1 THEN 1 ELSE 0 END", "select"),
+            ("(SELECT 1) UNION (SELECT 2)", "select"),
             ("WITH t AS (SELECT 1 AS x) SELECT x FROM t", "with"),
             (
                 "SELECT 'commit; drop table x' AS s, \"set\" FROM t -- rollback\n",
@@ -401,6 +417,10 @@ mod tests {
             // Postgres: functions that run a query given as text.
             "SELECT query_to_xml('select set_config(''role'',''postgres'',true)', true, true, '')",
             "SELECT ts_stat('select 1')",
+            // SQLite: `$SELECT` is a parameter, so the first word is `grant`
+            // (found by the fuzz target).
+            "$SELECT grant",
+            ":SELECT 1",
         ] {
             assert!(check_statement(sql).is_err(), "{sql} must be refused");
         }
