@@ -346,3 +346,36 @@ async fn row_budget_obeyed_and_violated(t: TestDb) {
     assert_eq!(counts(&t).await, (1, 1, 0));
 }
 on_both!(row_budget_obeyed_and_violated);
+
+/// Guest JSON reaches Postgres as written: a number beyond f64 keeps every
+/// digit (it used to be parsed into an f64 first), in `jsonb` and `json`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guest_json_keeps_big_numbers_on_postgres() {
+    use outboxd::plugin::bindings::consumer::outbox::plugin::transaction::Value;
+    use outboxd::plugin::sql_values::{bind_pg, pg_row};
+    let t = TestDb::postgres().await;
+    let outboxd::store::Db::Postgres(pool) = &t.db else {
+        panic!("a Postgres TestDb")
+    };
+    let doc = r#"{"n": 123456789012345678901234567890, "big": 1e400}"#;
+    let q = bind_pg(
+        sqlx::query("SELECT ($1::jsonb ->> 'n') AS n, $2::json AS j"),
+        vec![Value::Json(doc.into()), Value::Json(doc.into())],
+    )
+    .expect("bind");
+    let row = q.fetch_one(pool).await.expect("query");
+    let cells = pg_row(&row).expect("cells");
+    assert!(
+        matches!(&cells[0], Value::Text(n) if n == "123456789012345678901234567890"),
+        "{cells:?}"
+    );
+    assert!(
+        matches!(&cells[1], Value::Json(j) if j.contains("1e400")),
+        "{cells:?}"
+    );
+    let refused = bind_pg(
+        sqlx::query("SELECT $1::jsonb"),
+        vec![Value::Json("{".into())],
+    );
+    assert!(refused.is_err());
+}

@@ -30,6 +30,36 @@ impl sqlx::Encode<'_, Postgres> for UntypedNull {
     }
 }
 
+/// JSON text bound as a Postgres `jsonb` parameter as it is: parsing it
+/// into `serde_json::Value` would round big numbers to f64 (and refuse
+/// ones out of f64's range) before Postgres ever saw them.
+struct JsonText(String);
+
+impl sqlx::Type<Postgres> for JsonText {
+    fn type_info() -> PgTypeInfo {
+        <sqlx::types::Json<()> as sqlx::Type<Postgres>>::type_info()
+    }
+}
+
+impl sqlx::Encode<'_, Postgres> for JsonText {
+    fn encode_by_ref(
+        &self,
+        buf: &mut PgArgumentBuffer,
+    ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+        // jsonb's binary format: a version byte, then the text.
+        buf.push(1);
+        buf.extend_from_slice(self.0.as_bytes());
+        Ok(sqlx::encode::IsNull::No)
+    }
+}
+
+/// Checks that `text` is one JSON document, without converting numbers.
+fn json(i: usize, text: &str) -> Result<(), DbError> {
+    serde_json::from_str::<serde::de::IgnoredAny>(text)
+        .map(|_| ())
+        .map_err(|e| bad_param(i, "invalid JSON", e))
+}
+
 fn bad_param(i: usize, what: &str, e: impl std::fmt::Display) -> DbError {
     DbError::Refused(format!("parameter ${}: {what} ({e})", i + 1))
 }
@@ -56,9 +86,8 @@ pub fn bind_pg<'q>(mut q: PgQuery<'q>, params: Vec<Value>) -> Result<PgQuery<'q>
             Value::Text(s) => q.bind(s),
             Value::Bytes(b) => q.bind(b),
             Value::Json(s) => {
-                let v: serde_json::Value =
-                    serde_json::from_str(&s).map_err(|e| bad_param(i, "invalid JSON", e))?;
-                q.bind(sqlx::types::Json(v))
+                json(i, &s)?;
+                q.bind(JsonText(s))
             }
             Value::Timestamp(s) => q.bind(timestamp(i, &s)?),
             Value::Uuid(s) => q.bind(uuid(i, &s)?),
@@ -82,8 +111,7 @@ pub fn bind_sqlite<'q>(
             Value::Text(s) => q.bind(s),
             Value::Bytes(b) => q.bind(b),
             Value::Json(s) => {
-                serde_json::from_str::<serde::de::IgnoredAny>(&s)
-                    .map_err(|e| bad_param(i, "invalid JSON", e))?;
+                json(i, &s)?;
                 q.bind(s)
             }
             Value::Timestamp(s) => q.bind(timestamp(i, &s)?.to_rfc3339()),
@@ -121,11 +149,9 @@ pub fn pg_row(row: &PgRow) -> Result<Vec<Value>, DbError> {
                 Value::Text(row.try_get(i).map_err(e)?)
             }
             "BYTEA" => Value::Bytes(row.try_get(i).map_err(e)?),
-            "JSON" | "JSONB" => Value::Json(
-                row.try_get::<serde_json::Value, _>(i)
-                    .map_err(e)?
-                    .to_string(),
-            ),
+            "JSON" | "JSONB" => {
+                Value::Json(json_cell(&raw, type_name == "JSONB").map_err(|x| cell_error(i, x))?)
+            }
             "TIMESTAMPTZ" => Value::Timestamp(
                 row.try_get::<DateTime<Utc>, _>(i)
                     .map_err(e)?
@@ -148,6 +174,20 @@ pub fn pg_row(row: &PgRow) -> Result<Vec<Value>, DbError> {
         out.push(v);
     }
     Ok(out)
+}
+
+/// A `json`/`jsonb` cell's text as Postgres wrote it (no f64 detour).
+fn json_cell(
+    raw: &sqlx::postgres::PgValueRef<'_>,
+    jsonb: bool,
+) -> Result<String, sqlx::error::BoxDynError> {
+    let bytes = raw.as_bytes()?;
+    let text = match raw.format() {
+        // jsonb's binary format starts with a version byte.
+        sqlx::postgres::PgValueFormat::Binary if jsonb => bytes.get(1..).unwrap_or_default(),
+        _ => bytes,
+    };
+    Ok(std::str::from_utf8(text)?.to_string())
 }
 
 /// SQLite cells are typed by their storage class.
