@@ -274,7 +274,13 @@ fn tokenize(sql: &str) -> Result<Vec<Token>, GuardError> {
             }
             c if c.is_ascii_alphabetic() || c == b'_' || c >= 0x80 => {
                 let start = i;
-                while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_' || b[i] >= 0x80)
+                // Both databases allow `$` inside a name: `select$` is a
+                // name, not SELECT.
+                while i < b.len()
+                    && (b[i].is_ascii_alphanumeric()
+                        || b[i] == b'_'
+                        || b[i] == b'$'
+                        || b[i] >= 0x80)
                 {
                     i += 1;
                 }
@@ -420,6 +426,7 @@ mod tests {
             // SQLite: `$SELECT` is a parameter, so the first word is `grant`
             // (found by the fuzz target).
             "$SELECT grant",
+            "SELECT$'x' FROM t",
             ":SELECT 1",
         ] {
             assert!(check_statement(sql).is_err(), "{sql} must be refused");
