@@ -5,7 +5,7 @@
 //!
 //! The same text must mean the same thing to Postgres and to SQLite, so
 //! constructs the two lex differently (backslash escapes, nested comments,
-//! dollar quotes, `[…]`, backticks, `U&` escapes) are refused or read the stricter
+//! dollar quotes, `[…]` holding quotes, backticks, `U&` escapes) are refused or read the stricter
 //! way; `fuzz/fuzz_targets/sql_guard.rs` checks accepted statements against
 //! a lexer of each database.
 //!
@@ -221,9 +221,31 @@ fn tokenize(sql: &str) -> Result<Vec<Token>, GuardError> {
                     String::from_utf8_lossy(body).to_ascii_lowercase(),
                 ));
             }
-            // `[` and `` ` `` are not quoting: SQLite's [identifier] is a
-            // subscript to Postgres and a backtick an operator character, so
-            // their content is read as SQL (the stricter way).
+            b'[' => {
+                // SQLite's [identifier] is a subscript to Postgres. Its
+                // content is read as SQL (the stricter way), but only when
+                // nothing in it would start a string, a comment or another
+                // statement: SQLite would not see those.
+                let end = b[i..]
+                    .iter()
+                    .position(|&x| x == b']')
+                    .ok_or(GuardError::Unterminated("bracket"))?;
+                let inside = &b[i + 1..i + end];
+                if inside
+                    .iter()
+                    .any(|x| matches!(x, b'\'' | b'"' | b'`' | b';'))
+                    || inside.windows(2).any(|w| w == b"--" || w == b"/*")
+                {
+                    return Err(GuardError::Ambiguous("a quote, `;` or comment inside [ ]"));
+                }
+                out.push(Token::Other);
+                i += 1;
+            }
+            b'`' => {
+                // An identifier quote to SQLite, an operator character to
+                // Postgres.
+                return Err(GuardError::Ambiguous("a backtick"));
+            }
             b'-' if b.get(i + 1) == Some(&b'-') => {
                 // Postgres ends a line comment at CR as well as LF.
                 i = b[i..]
@@ -413,6 +435,9 @@ mod tests {
             // Postgres: `[` is a subscript, its content runs.
             "SELECT (ARRAY[1])[length(set_config('role', 'postgres', true))]",
             "SELECT [a; DELETE FROM inbox; --]",
+            // SQLite: the quote is inside the [identifier] (found by the
+            // fuzz target).
+            "SELECT r[x'] FROM t WHERE a = ''; DELETE FROM inbox; --'",
             "SELECT `set_config`('role', 'postgres', true)",
             // Postgres: a line comment ends at CR.
             "SELECT 1 --\r, set_config('role', 'postgres', true)",
