@@ -275,7 +275,8 @@ fn tokenize(sql: &str) -> Result<Vec<Token>, GuardError> {
                 // $1 parameter, or a $tag$ ... $tag$ dollar-quoted string.
                 let tag_end = b[i + 1..]
                     .iter()
-                    .position(|&x| !(x.is_ascii_alphanumeric() || x == b'_'))
+                    // Postgres tags may hold any non-ASCII letter, too.
+                    .position(|&x| !(x.is_ascii_alphanumeric() || x == b'_' || x >= 0x80))
                     .map(|p| i + 1 + p);
                 match tag_end {
                     Some(e)
@@ -432,6 +433,7 @@ mod tests {
             // SQLite: `$a$` is a parameter, not a quote.
             "SELECT $a$; DELETE FROM inbox; --$a$",
             "SELECT x$$, set_config('role', 'postgres', true), $$ FROM t",
+            "SELECT $é$ x $é$ FROM t",
             // Postgres: `[` is a subscript, its content runs.
             "SELECT (ARRAY[1])[length(set_config('role', 'postgres', true))]",
             "SELECT [a; DELETE FROM inbox; --]",
