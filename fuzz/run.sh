@@ -15,6 +15,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${FUZZ_SECONDS:-60}
+# Never the host workspace's target dir (an inherited CARGO_TARGET_DIR):
+# the instrumented build has different flags and would rebuild everything.
+export CARGO_TARGET_DIR="$PWD/fuzz/target"
 
 if ! cargo fuzz --version >/dev/null 2>&1; then
   echo "fuzz/run.sh: installing cargo-fuzz" >&2
