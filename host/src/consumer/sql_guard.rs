@@ -247,12 +247,23 @@ fn tokenize(sql: &str) -> Result<Vec<Token>, GuardError> {
                 return Err(GuardError::Ambiguous("a backtick"));
             }
             b'-' if b.get(i + 1) == Some(&b'-') => {
-                // Postgres ends a line comment at CR as well as LF.
-                i = b[i..]
+                // Postgres ends a line comment at CR as well as LF, SQLite
+                // only at LF: a lone CR would leave text that is code to one
+                // and comment to the other.
+                let end = b[i..]
                     .iter()
                     .position(|&x| x == b'\n' || x == b'\r')
-                    .map(|p| i + p + 1)
-                    .unwrap_or(b.len());
+                    .map(|p| i + p);
+                if let Some(e) = end
+                    && b[e] == b'\r'
+                    && e + 1 < b.len()
+                    && b[e + 1] != b'\n'
+                {
+                    return Err(GuardError::Ambiguous(
+                        "a carriage return inside a -- comment",
+                    ));
+                }
+                i = end.map_or(b.len(), |e| e + 1);
             }
             b'/' if b.get(i + 1) == Some(&b'*') => {
                 // Postgres nests block comments and SQLite does not.
@@ -381,6 +392,7 @@ mod tests {
                 "select",
             ),
             ("SELECT 1 /* a comment with commit */", "select"),
+            ("SELECT 1 -- windows line end\r\n FROM t", "select"),
             ("SELECT 'C:\\temp' AS path, E'tab\\tstop'", "select"),
             ("SELECT arr[1] FROM t WHERE \"order\" = $1", "select"),
         ] {
@@ -443,6 +455,9 @@ mod tests {
             "SELECT `set_config`('role', 'postgres', true)",
             // Postgres: a line comment ends at CR.
             "SELECT 1 --\r, set_config('role', 'postgres', true)",
+            // SQLite: the comment runs on past the CR (found by the fuzz
+            // target).
+            "SELECT 1 --\r\", 'x\n''; DELETE FROM inbox; --\"",
             // Postgres: quoted and escaped function names.
             "SELECT \"set_config\"('role', 'postgres', true)",
             "SELECT pg_catalog.\"set_config\"('role', 'postgres', true)",
