@@ -386,19 +386,26 @@ impl Config {
             text.parse()
                 .map_err(|e: toml::de::Error| ConfigError::Syntax {
                     path: origin.to_string(),
-                    message: e.to_string(),
+                    message: syntax_message(text, &e),
                 })?;
         apply_env(&mut table, env)?;
         let config: Config =
             serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
                 let key = e.path().to_string();
+                // serde quotes the offending value; for a secret that could
+                // be the secret itself.
+                let secret = key == "database.url" || key.rsplit('.').next().is_some_and(is_secret);
                 ConfigError::Key {
+                    message: if secret {
+                        "must be a string (the value is not shown: it may be a secret)".into()
+                    } else {
+                        e.into_inner().to_string()
+                    },
                     key: if key == "." {
                         "(top level)".into()
                     } else {
                         key
                     },
-                    message: e.into_inner().to_string(),
                 }
             })?;
         config.validate()?;
@@ -695,6 +702,22 @@ impl Config {
     }
 }
 
+/// A TOML error without the quoted source line (toml's own `Display`
+/// shows it, and the line may hold a password or token): the message and
+/// where it is.
+fn syntax_message(text: &str, e: &toml::de::Error) -> String {
+    let message = e.message().trim_end();
+    match e.span() {
+        Some(span) => {
+            let before = &text.as_bytes()[..span.start.min(text.len())];
+            let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+            let column = before.iter().rev().take_while(|&&b| b != b'\n').count() + 1;
+            format!("{message} (line {line}, column {column})")
+        }
+        None => message.to_string(),
+    }
+}
+
 /// Property names whose values are never logged.
 pub fn is_secret(key: &str) -> bool {
     let k = key.to_ascii_lowercase();
@@ -723,11 +746,18 @@ fn apply_env(
                 message: "empty path segment; use OUTBOXD__SECTION__KEY".into(),
             });
         }
-        let value = format!("v = {raw}")
-            .parse::<toml::Table>()
-            .ok()
-            .and_then(|mut t| t.remove("v"))
-            .unwrap_or(toml::Value::String(raw.clone()));
+        // Secrets are always strings: a numeric token must not become an
+        // integer (and then a type error that quotes it).
+        let secret = path.last().is_some_and(|k| is_secret(k)) || path == ["database", "url"];
+        let value = if secret {
+            toml::Value::String(raw.clone())
+        } else {
+            format!("v = {raw}")
+                .parse::<toml::Table>()
+                .ok()
+                .and_then(|mut t| t.remove("v"))
+                .unwrap_or(toml::Value::String(raw.clone()))
+        };
         let mut cursor = &mut *table;
         for seg in &path[..path.len() - 1] {
             let entry = cursor

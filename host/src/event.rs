@@ -106,7 +106,7 @@ pub struct OutboxEvent {
 /// Parses the stored header object. Values that are not strings (only
 /// possible through hand-written SQL) are kept as their JSON text rather
 /// than failing the event.
-pub(crate) fn parse_headers(seq: i64, text: &str) -> Result<BTreeMap<String, String>, String> {
+pub fn parse_headers(seq: i64, text: &str) -> Result<BTreeMap<String, String>, String> {
     let value: serde_json::Value = serde_json::from_str(text)
         .map_err(|e| format!("outbox row {seq}: headers are not valid JSON ({e})"))?;
     let serde_json::Value::Object(map) = value else {

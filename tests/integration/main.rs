@@ -20,6 +20,7 @@ mod ops;
 mod ordering;
 mod plugins;
 mod process;
+mod secrets;
 mod seed;
 mod swap_processes;
 mod timing;

@@ -43,7 +43,9 @@ impl EmbeddedPublisher {
     }
 }
 
-fn headers_json(headers: &[(String, Vec<u8>)]) -> String {
+/// Headers as the embedded transport stores them: a JSON array of
+/// `[name, hex(value)]` pairs, so values may be any bytes.
+pub fn headers_json(headers: &[(String, Vec<u8>)]) -> String {
     let list: Vec<serde_json::Value> = headers
         .iter()
         .map(|(k, v)| serde_json::json!([k, hex::encode(v)]))
@@ -51,7 +53,9 @@ fn headers_json(headers: &[(String, Vec<u8>)]) -> String {
     serde_json::Value::Array(list).to_string()
 }
 
-fn parse_headers(text: &str) -> Vec<(String, Vec<u8>)> {
+/// The inverse of [`headers_json`]; entries that are not such a pair are
+/// skipped rather than failing the message.
+pub fn parse_headers(text: &str) -> Vec<(String, Vec<u8>)> {
     let Ok(serde_json::Value::Array(items)) = serde_json::from_str::<serde_json::Value>(text)
     else {
         return Vec::new();

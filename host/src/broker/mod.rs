@@ -17,6 +17,9 @@ pub mod headers {
     pub const EVENT_TYPE: &str = "event-type";
     pub const AGGREGATE_ID: &str = "aggregate-id";
     pub const CREATED_AT: &str = "created-at";
+    /// The names above: set by the host only, never copied from an event
+    /// or a plugin.
+    pub const HOST_SET: [&str; 4] = [MESSAGE_ID, EVENT_TYPE, AGGREGATE_ID, CREATED_AT];
 }
 
 /// A message ready for the broker.

@@ -16,6 +16,9 @@ use crate::event::{Enqueued, NewEvent};
 use crate::fault::Faults;
 use crate::store::{Db, OutboxStore, migrate};
 
+/// Hides the password in a URL before it is printed.
+pub use crate::store::redact_url;
+
 const ABOUT: &str = "outboxd: a transactional outbox, relay and inbox.
 
 Your service writes its business change and an event row in one local
@@ -453,20 +456,6 @@ async fn connect(config: &Config) -> anyhow::Result<Db> {
                 redact_url(&config.database.url)
             )
         })
-}
-
-/// Hides the password in a URL before it is printed.
-pub fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let creds = &url[scheme + 3..at];
-            match creds.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
-                None => url.to_string(),
-            }
-        }
-        _ => url.to_string(),
-    }
 }
 
 /// First SIGTERM or SIGINT: graceful shutdown. Second: exit at once.

@@ -3,6 +3,12 @@
 //! parameters gets through; everything that could end, escape or outlive the
 //! host's transaction is refused before it reaches the database.
 //!
+//! The same text must mean the same thing to Postgres and to SQLite, so
+//! constructs the two lex differently (backslash escapes, nested comments,
+//! dollar quotes, `[…]` holding quotes, backticks, `U&` escapes) are refused or read the stricter
+//! way; `fuzz/fuzz_targets/sql_guard.rs` checks accepted statements against
+//! a lexer of each database.
+//!
 //! This is a gate, not the only wall: on Postgres the statement also runs
 //! under the plugin's configured role and a statement timeout, so the
 //! database limits what an accepted statement can touch.
@@ -20,8 +26,14 @@ pub enum GuardError {
     NotDml(String),
     #[error("`{0}` is not allowed in plugin SQL: the host owns the transaction and the session")]
     Forbidden(String),
+    #[error("a statement must start with SELECT, INSERT, UPDATE, DELETE or WITH")]
+    NoLeadingKeyword,
     #[error("unterminated {0}")]
     Unterminated(&'static str),
+    #[error(
+        "{0} is not accepted (Postgres and SQLite read it differently); bind the value as a parameter"
+    )]
+    Ambiguous(&'static str),
 }
 
 /// Longest statement a plugin may send.
@@ -79,7 +91,8 @@ const FORBIDDEN_FUNCTION_PREFIXES: &[&str] = &[
     "pg_reload_conf",
     "pg_read_file",
     "pg_read_binary_file",
-    "pg_ls_dir",
+    "pg_ls_",
+    "pg_file_",
     "pg_stat_file",
     "pg_sleep",
     "lo_",
@@ -95,13 +108,25 @@ const FORBIDDEN_FUNCTION_PREFIXES: &[&str] = &[
     "pg_export_snapshot",
     "load_extension",
     "readfile",
+    // These run a query given as text, out of the guard's sight.
+    "query_to_xml",
+    "cursor_to_xml",
+    "table_to_xml",
+    "schema_to_xml",
+    "database_to_xml",
+    "ts_stat",
+    "ts_rewrite",
     "writefile",
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Token {
     Word(String),
+    /// A quoted identifier: never a keyword, but possibly a function name.
+    Quoted(String),
     Semicolon,
+    /// `(`, which may come before the first keyword.
+    Open,
     Other,
 }
 
@@ -114,6 +139,13 @@ pub fn check_statement(sql: &str) -> Result<&'static str, GuardError> {
         });
     }
     let tokens = tokenize(sql)?;
+    // What comes before the first keyword is part of the statement too: a
+    // SQLite `$name`/`:name` parameter there would make the next word look
+    // like the first.
+    match tokens.iter().find(|t| **t != Token::Open) {
+        Some(Token::Word(_) | Token::Semicolon) | None => {}
+        Some(_) => return Err(GuardError::NoLeadingKeyword),
+    }
     let mut words = Vec::new();
     let mut seen_semicolon = false;
     for t in &tokens {
@@ -121,7 +153,12 @@ pub fn check_statement(sql: &str) -> Result<&'static str, GuardError> {
             Token::Semicolon => seen_semicolon = true,
             _ if seen_semicolon => return Err(GuardError::MultipleStatements),
             Token::Word(w) => words.push(w.as_str()),
-            Token::Other => {}
+            Token::Quoted(q) => {
+                if FORBIDDEN_FUNCTION_PREFIXES.iter().any(|p| q.starts_with(p)) {
+                    return Err(GuardError::Forbidden(q.clone()));
+                }
+            }
+            Token::Open | Token::Other => {}
         }
     }
     let first = *words.first().ok_or(GuardError::Empty)?;
@@ -158,69 +195,107 @@ fn tokenize(sql: &str) -> Result<Vec<Token>, GuardError> {
                 out.push(Token::Semicolon);
                 i += 1;
             }
+            b'\'' | b'"' if is_unicode_escape_prefix(b, i) => {
+                return Err(GuardError::Ambiguous("a U& escape"));
+            }
             b'\'' => {
-                i = skip_quoted(b, i, b'\'').ok_or(GuardError::Unterminated("string literal"))?;
+                let (end, body) =
+                    skip_quoted(b, i, b'\'').ok_or(GuardError::Unterminated("string literal"))?;
+                // Backslashes are plain characters in standard strings but
+                // escapes in Postgres E'…' strings (and everywhere with
+                // standard_conforming_strings off): one before a quote would
+                // end the literal in a different place.
+                if body.windows(2).any(|w| w == b"\\'") || body.last() == Some(&b'\\') {
+                    return Err(GuardError::Ambiguous("a backslash before a quote"));
+                }
+                i = end;
                 out.push(Token::Other);
             }
-            b'"' | b'`' => {
-                // A quoted identifier is a name, never a keyword.
-                i = skip_quoted(b, i, c).ok_or(GuardError::Unterminated("quoted identifier"))?;
-                out.push(Token::Other);
+            b'"' => {
+                // A quoted identifier is a name, never a keyword, but it
+                // may name a function.
+                let (end, body) =
+                    skip_quoted(b, i, c).ok_or(GuardError::Unterminated("quoted identifier"))?;
+                i = end;
+                out.push(Token::Quoted(
+                    String::from_utf8_lossy(body).to_ascii_lowercase(),
+                ));
             }
             b'[' => {
-                // SQLite's [identifier] quoting.
+                // SQLite's [identifier] is a subscript to Postgres. Its
+                // content is read as SQL (the stricter way), but only when
+                // nothing in it would start a string, a comment or another
+                // statement: SQLite would not see those.
                 let end = b[i..]
                     .iter()
                     .position(|&x| x == b']')
-                    .ok_or(GuardError::Unterminated("bracketed identifier"))?;
-                i += end + 1;
+                    .ok_or(GuardError::Unterminated("bracket"))?;
+                let inside = &b[i + 1..i + end];
+                if inside
+                    .iter()
+                    .any(|x| matches!(x, b'\'' | b'"' | b'`' | b';'))
+                    || inside.windows(2).any(|w| w == b"--" || w == b"/*")
+                {
+                    return Err(GuardError::Ambiguous("a quote, `;` or comment inside [ ]"));
+                }
                 out.push(Token::Other);
+                i += 1;
+            }
+            b'`' => {
+                // An identifier quote to SQLite, an operator character to
+                // Postgres.
+                return Err(GuardError::Ambiguous("a backtick"));
             }
             b'-' if b.get(i + 1) == Some(&b'-') => {
-                i = b[i..]
+                // Postgres ends a line comment at CR as well as LF, SQLite
+                // only at LF: a lone CR would leave text that is code to one
+                // and comment to the other.
+                let end = b[i..]
                     .iter()
-                    .position(|&x| x == b'\n')
-                    .map(|p| i + p + 1)
-                    .unwrap_or(b.len());
+                    .position(|&x| x == b'\n' || x == b'\r')
+                    .map(|p| i + p);
+                if let Some(e) = end
+                    && b[e] == b'\r'
+                    && e + 1 < b.len()
+                    && b[e + 1] != b'\n'
+                {
+                    return Err(GuardError::Ambiguous(
+                        "a carriage return inside a -- comment",
+                    ));
+                }
+                i = end.map_or(b.len(), |e| e + 1);
             }
             b'/' if b.get(i + 1) == Some(&b'*') => {
-                // Postgres block comments nest.
-                let mut depth = 0usize;
+                // Postgres nests block comments and SQLite does not.
+                i += 2;
                 loop {
                     if i + 1 >= b.len() {
                         return Err(GuardError::Unterminated("block comment"));
                     }
                     if b[i] == b'/' && b[i + 1] == b'*' {
-                        depth += 1;
-                        i += 2;
-                    } else if b[i] == b'*' && b[i + 1] == b'/' {
-                        depth -= 1;
-                        i += 2;
-                        if depth == 0 {
-                            break;
-                        }
-                    } else {
-                        i += 1;
+                        return Err(GuardError::Ambiguous("a nested block comment"));
                     }
+                    if b[i] == b'*' && b[i + 1] == b'/' {
+                        i += 2;
+                        break;
+                    }
+                    i += 1;
                 }
             }
             b'$' => {
                 // $1 parameter, or a $tag$ ... $tag$ dollar-quoted string.
                 let tag_end = b[i + 1..]
                     .iter()
-                    .position(|&x| !(x.is_ascii_alphanumeric() || x == b'_'))
+                    // Postgres tags may hold any non-ASCII letter, too.
+                    .position(|&x| !(x.is_ascii_alphanumeric() || x == b'_' || x >= 0x80))
                     .map(|p| i + 1 + p);
                 match tag_end {
                     Some(e)
                         if b[e] == b'$' && !b[i + 1..e].first().is_some_and(u8::is_ascii_digit) =>
                     {
-                        let tag = &sql[i..=e];
-                        let body_start = e + 1;
-                        let close = sql[body_start..]
-                            .find(tag)
-                            .ok_or(GuardError::Unterminated("dollar-quoted string"))?;
-                        i = body_start + close + tag.len();
-                        out.push(Token::Other);
+                        // SQLite has no dollar quotes: what Postgres reads
+                        // as a string, SQLite runs as SQL.
+                        return Err(GuardError::Ambiguous("a dollar-quoted string"));
                     }
                     _ => {
                         i += 1;
@@ -233,13 +308,23 @@ fn tokenize(sql: &str) -> Result<Vec<Token>, GuardError> {
             }
             c if c.is_ascii_alphabetic() || c == b'_' || c >= 0x80 => {
                 let start = i;
-                while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_' || b[i] >= 0x80)
+                // Both databases allow `$` inside a name: `select$` is a
+                // name, not SELECT.
+                while i < b.len()
+                    && (b[i].is_ascii_alphanumeric()
+                        || b[i] == b'_'
+                        || b[i] == b'$'
+                        || b[i] >= 0x80)
                 {
                     i += 1;
                 }
                 // A word directly after E or e followed by a quote is an
                 // escape string; the quote is handled on the next turn.
                 out.push(Token::Word(sql[start..i].to_ascii_lowercase()));
+            }
+            b'(' => {
+                out.push(Token::Open);
+                i += 1;
             }
             _ => {
                 if !c.is_ascii_whitespace() {
@@ -252,25 +337,27 @@ fn tokenize(sql: &str) -> Result<Vec<Token>, GuardError> {
     Ok(out)
 }
 
-/// Index just past the closing `quote` starting at `start`; doubled quotes
-/// and (for strings) backslash escapes stay inside.
-fn skip_quoted(b: &[u8], start: usize, quote: u8) -> Option<usize> {
+/// Index just past the closing `quote` starting at `start`, and the bytes
+/// between the quotes; a doubled quote stays inside.
+fn skip_quoted(b: &[u8], start: usize, quote: u8) -> Option<(usize, &[u8])> {
     let mut i = start + 1;
     while i < b.len() {
-        if b[i] == b'\\' && quote == b'\'' {
-            i += 2;
-            continue;
-        }
         if b[i] == quote {
             if b.get(i + 1) == Some(&quote) {
                 i += 2;
                 continue;
             }
-            return Some(i + 1);
+            return Some((i + 1, &b[start + 1..i]));
         }
         i += 1;
     }
     None
+}
+
+/// `U&'…'` or `U&"…"`: Postgres decodes `\XXXX` escapes inside, so a
+/// quoted name could spell a forbidden function.
+fn is_unicode_escape_prefix(b: &[u8], quote: usize) -> bool {
+    quote >= 2 && b[quote - 1] == b'&' && b[quote - 2].eq_ignore_ascii_case(&b'u')
 }
 
 #[cfg(test)]
@@ -298,13 +385,16 @@ mod tests {
                 "insert",
             ),
             ("SELECT CASE WHEN $1 THEN 1 ELSE 0 END", "select"),
+            ("(SELECT 1) UNION (SELECT 2)", "select"),
             ("WITH t AS (SELECT 1 AS x) SELECT x FROM t", "with"),
             (
                 "SELECT 'commit; drop table x' AS s, \"set\" FROM t -- rollback\n",
                 "select",
             ),
-            ("SELECT $body$ COMMIT $body$", "select"),
-            ("SELECT 1 /* nested /* comment */ with commit */", "select"),
+            ("SELECT 1 /* a comment with commit */", "select"),
+            ("SELECT 1 -- windows line end\r\n FROM t", "select"),
+            ("SELECT 'C:\\temp' AS path, E'tab\\tstop'", "select"),
+            ("SELECT arr[1] FROM t WHERE \"order\" = $1", "select"),
         ] {
             assert_eq!(check_statement(sql), Ok(kind), "{sql}");
         }
@@ -335,6 +425,51 @@ mod tests {
             "ATTACH DATABASE '/etc/passwd' AS p",
             "LOCK TABLE invoices",
             "PREPARE p AS SELECT 1",
+        ] {
+            assert!(check_statement(sql).is_err(), "{sql} must be refused");
+        }
+    }
+
+    /// Each of these hides a second statement or a session change from one
+    /// of the two databases (found by the `sql_guard` fuzz target and its
+    /// per-database lexers).
+    #[test]
+    fn text_the_databases_read_differently_is_refused() {
+        for sql in [
+            // Postgres: one E-string; standard strings (SQLite, Postgres by
+            // default): a string ending at `\'`, then live SQL.
+            "SELECT 'a\\'; DELETE FROM inbox; --'",
+            "SELECT E'a\\'; DELETE FROM inbox; --'",
+            // SQLite: the comment ends at the first `*/`.
+            "SELECT 1 /* /* */ ; DELETE FROM inbox; -- */ */",
+            // SQLite: `$a$` is a parameter, not a quote.
+            "SELECT $a$; DELETE FROM inbox; --$a$",
+            "SELECT x$$, set_config('role', 'postgres', true), $$ FROM t",
+            "SELECT $é$ x $é$ FROM t",
+            // Postgres: `[` is a subscript, its content runs.
+            "SELECT (ARRAY[1])[length(set_config('role', 'postgres', true))]",
+            "SELECT [a; DELETE FROM inbox; --]",
+            // SQLite: the quote is inside the [identifier] (found by the
+            // fuzz target).
+            "SELECT r[x'] FROM t WHERE a = ''; DELETE FROM inbox; --'",
+            "SELECT `set_config`('role', 'postgres', true)",
+            // Postgres: a line comment ends at CR.
+            "SELECT 1 --\r, set_config('role', 'postgres', true)",
+            // SQLite: the comment runs on past the CR (found by the fuzz
+            // target).
+            "SELECT 1 --\r\", 'x\n''; DELETE FROM inbox; --\"",
+            // Postgres: quoted and escaped function names.
+            "SELECT \"set_config\"('role', 'postgres', true)",
+            "SELECT pg_catalog.\"set_config\"('role', 'postgres', true)",
+            "SELECT U&\"\\0073et_config\"('role', 'postgres', true)",
+            // Postgres: functions that run a query given as text.
+            "SELECT query_to_xml('select set_config(''role'',''postgres'',true)', true, true, '')",
+            "SELECT ts_stat('select 1')",
+            // SQLite: `$SELECT` is a parameter, so the first word is `grant`
+            // (found by the fuzz target).
+            "$SELECT grant",
+            "SELECT$'x' FROM t",
+            ":SELECT 1",
         ] {
             assert!(check_statement(sql).is_err(), "{sql} must be refused");
         }

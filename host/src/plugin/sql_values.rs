@@ -30,6 +30,36 @@ impl sqlx::Encode<'_, Postgres> for UntypedNull {
     }
 }
 
+/// JSON text bound as a Postgres `jsonb` parameter as it is: parsing it
+/// into `serde_json::Value` would round big numbers to f64 (and refuse
+/// ones out of f64's range) before Postgres ever saw them.
+struct JsonText(String);
+
+impl sqlx::Type<Postgres> for JsonText {
+    fn type_info() -> PgTypeInfo {
+        <sqlx::types::Json<()> as sqlx::Type<Postgres>>::type_info()
+    }
+}
+
+impl sqlx::Encode<'_, Postgres> for JsonText {
+    fn encode_by_ref(
+        &self,
+        buf: &mut PgArgumentBuffer,
+    ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+        // jsonb's binary format: a version byte, then the text.
+        buf.push(1);
+        buf.extend_from_slice(self.0.as_bytes());
+        Ok(sqlx::encode::IsNull::No)
+    }
+}
+
+/// Checks that `text` is one JSON document, without converting numbers.
+fn json(i: usize, text: &str) -> Result<(), DbError> {
+    serde_json::from_str::<serde::de::IgnoredAny>(text)
+        .map(|_| ())
+        .map_err(|e| bad_param(i, "invalid JSON", e))
+}
+
 fn bad_param(i: usize, what: &str, e: impl std::fmt::Display) -> DbError {
     DbError::Refused(format!("parameter ${}: {what} ({e})", i + 1))
 }
@@ -44,7 +74,9 @@ fn uuid(i: usize, text: &str) -> Result<uuid::Uuid, DbError> {
     uuid::Uuid::parse_str(text).map_err(|e| bad_param(i, "not a uuid", e))
 }
 
-pub(crate) fn bind_pg<'q>(mut q: PgQuery<'q>, params: Vec<Value>) -> Result<PgQuery<'q>, DbError> {
+/// Binds guest values as Postgres parameters, in order; a JSON, timestamp or
+/// uuid value that does not parse is refused with its parameter number.
+pub fn bind_pg<'q>(mut q: PgQuery<'q>, params: Vec<Value>) -> Result<PgQuery<'q>, DbError> {
     for (i, p) in params.into_iter().enumerate() {
         q = match p {
             Value::Null => q.bind(UntypedNull),
@@ -54,9 +86,8 @@ pub(crate) fn bind_pg<'q>(mut q: PgQuery<'q>, params: Vec<Value>) -> Result<PgQu
             Value::Text(s) => q.bind(s),
             Value::Bytes(b) => q.bind(b),
             Value::Json(s) => {
-                let v: serde_json::Value =
-                    serde_json::from_str(&s).map_err(|e| bad_param(i, "invalid JSON", e))?;
-                q.bind(sqlx::types::Json(v))
+                json(i, &s)?;
+                q.bind(JsonText(s))
             }
             Value::Timestamp(s) => q.bind(timestamp(i, &s)?),
             Value::Uuid(s) => q.bind(uuid(i, &s)?),
@@ -67,7 +98,7 @@ pub(crate) fn bind_pg<'q>(mut q: PgQuery<'q>, params: Vec<Value>) -> Result<PgQu
 
 /// SQLite has no JSON, timestamp or uuid storage classes: they are bound as
 /// text (a uuid in its lower-case hyphenated form, as the inbox stores it).
-pub(crate) fn bind_sqlite<'q>(
+pub fn bind_sqlite<'q>(
     mut q: SqliteQuery<'q>,
     params: Vec<Value>,
 ) -> Result<SqliteQuery<'q>, DbError> {
@@ -80,8 +111,7 @@ pub(crate) fn bind_sqlite<'q>(
             Value::Text(s) => q.bind(s),
             Value::Bytes(b) => q.bind(b),
             Value::Json(s) => {
-                serde_json::from_str::<serde::de::IgnoredAny>(&s)
-                    .map_err(|e| bad_param(i, "invalid JSON", e))?;
+                json(i, &s)?;
                 q.bind(s)
             }
             Value::Timestamp(s) => q.bind(timestamp(i, &s)?.to_rfc3339()),
@@ -95,7 +125,9 @@ fn cell_error(i: usize, e: impl std::fmt::Display) -> DbError {
     DbError::Database((None, format!("column {i}: {e}")))
 }
 
-pub(crate) fn pg_row(row: &PgRow) -> Result<Vec<Value>, DbError> {
+/// A Postgres result row as guest values; a column type plugins do not
+/// carry is refused with a hint to cast it.
+pub fn pg_row(row: &PgRow) -> Result<Vec<Value>, DbError> {
     use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
     let mut out = Vec::with_capacity(row.len());
     for i in 0..row.len() {
@@ -117,11 +149,9 @@ pub(crate) fn pg_row(row: &PgRow) -> Result<Vec<Value>, DbError> {
                 Value::Text(row.try_get(i).map_err(e)?)
             }
             "BYTEA" => Value::Bytes(row.try_get(i).map_err(e)?),
-            "JSON" | "JSONB" => Value::Json(
-                row.try_get::<serde_json::Value, _>(i)
-                    .map_err(e)?
-                    .to_string(),
-            ),
+            "JSON" | "JSONB" => {
+                Value::Json(json_cell(&raw, type_name == "JSONB").map_err(|x| cell_error(i, x))?)
+            }
             "TIMESTAMPTZ" => Value::Timestamp(
                 row.try_get::<DateTime<Utc>, _>(i)
                     .map_err(e)?
@@ -146,8 +176,22 @@ pub(crate) fn pg_row(row: &PgRow) -> Result<Vec<Value>, DbError> {
     Ok(out)
 }
 
+/// A `json`/`jsonb` cell's text as Postgres wrote it (no f64 detour).
+fn json_cell(
+    raw: &sqlx::postgres::PgValueRef<'_>,
+    jsonb: bool,
+) -> Result<String, sqlx::error::BoxDynError> {
+    let bytes = raw.as_bytes()?;
+    let text = match raw.format() {
+        // jsonb's binary format starts with a version byte.
+        sqlx::postgres::PgValueFormat::Binary if jsonb => bytes.get(1..).unwrap_or_default(),
+        _ => bytes,
+    };
+    Ok(std::str::from_utf8(text)?.to_string())
+}
+
 /// SQLite cells are typed by their storage class.
-pub(crate) fn sqlite_row(row: &SqliteRow) -> Result<Vec<Value>, DbError> {
+pub fn sqlite_row(row: &SqliteRow) -> Result<Vec<Value>, DbError> {
     let mut out = Vec::with_capacity(row.len());
     for i in 0..row.len() {
         let raw = row.try_get_raw(i).map_err(|e| cell_error(i, e))?;

@@ -303,34 +303,44 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
     /// The message for an event: keyed by aggregate, carrying the message id,
     /// type, aggregate, creation time and every event header.
     pub fn message_for(&self, ev: &OutboxEvent) -> OutgoingMessage {
-        let mut hdrs = Vec::with_capacity(4 + ev.headers.len());
-        hdrs.push((
-            headers::MESSAGE_ID.to_string(),
-            ev.id.0.to_string().into_bytes(),
-        ));
-        hdrs.push((
-            headers::EVENT_TYPE.to_string(),
-            ev.event_type.clone().into_bytes(),
-        ));
-        hdrs.push((
-            headers::AGGREGATE_ID.to_string(),
-            ev.aggregate_id.clone().into_bytes(),
-        ));
-        hdrs.push((
-            headers::CREATED_AT.to_string(),
-            ev.created_at.to_rfc3339().into_bytes(),
-        ));
-        for (k, v) in &ev.headers {
+        message_for_event(&self.router, ev)
+    }
+}
+
+/// The message for an event on the plain path (no transformers): keyed by
+/// aggregate, carrying the message id, type, aggregate and creation time
+/// first, then every event header except those four names, so a producer
+/// header cannot stand in for the host's message id.
+pub fn message_for_event(router: &Router, ev: &OutboxEvent) -> OutgoingMessage {
+    let mut hdrs = Vec::with_capacity(4 + ev.headers.len());
+    hdrs.push((
+        headers::MESSAGE_ID.to_string(),
+        ev.id.0.to_string().into_bytes(),
+    ));
+    hdrs.push((
+        headers::EVENT_TYPE.to_string(),
+        ev.event_type.clone().into_bytes(),
+    ));
+    hdrs.push((
+        headers::AGGREGATE_ID.to_string(),
+        ev.aggregate_id.clone().into_bytes(),
+    ));
+    hdrs.push((
+        headers::CREATED_AT.to_string(),
+        ev.created_at.to_rfc3339().into_bytes(),
+    ));
+    for (k, v) in &ev.headers {
+        if !headers::HOST_SET.contains(&k.as_str()) {
             hdrs.push((k.clone(), v.clone().into_bytes()));
         }
-        OutgoingMessage {
-            topic: self.router.topic_for(&ev.event_type).to_string(),
-            key: ev.aggregate_id.clone().into_bytes(),
-            payload: ev.payload.clone().into_bytes(),
-            headers: hdrs,
-            message_id: ev.id.0,
-            created_at: ev.created_at,
-        }
+    }
+    OutgoingMessage {
+        topic: router.topic_for(&ev.event_type).to_string(),
+        key: ev.aggregate_id.clone().into_bytes(),
+        payload: ev.payload.clone().into_bytes(),
+        headers: hdrs,
+        message_id: ev.id.0,
+        created_at: ev.created_at,
     }
 }
 
@@ -339,5 +349,39 @@ pub fn truncate(s: &str, max: usize) -> String {
     match s.char_indices().nth(max) {
         Some((idx, _)) => s[..idx].to_string(),
         None => s.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_producer_header_cannot_replace_the_message_id() {
+        let id = crate::event::EventId(uuid::Uuid::new_v4());
+        let forged = uuid::Uuid::new_v4().to_string();
+        let ev = OutboxEvent {
+            seq: 1,
+            id,
+            aggregate_id: "a".into(),
+            event_type: "order.confirmed".into(),
+            payload: "{}".into(),
+            headers: [
+                (headers::MESSAGE_ID.to_string(), forged.clone()),
+                ("traceparent".to_string(), "00-1".to_string()),
+            ]
+            .into(),
+            created_at: chrono::Utc::now(),
+            attempts: 0,
+        };
+        let msg = message_for_event(&Router::new(Vec::new()), &ev);
+        let ids: Vec<&[u8]> = msg
+            .headers
+            .iter()
+            .filter(|(k, _)| k == headers::MESSAGE_ID)
+            .map(|(_, v)| v.as_slice())
+            .collect();
+        assert_eq!(ids, vec![id.0.to_string().as_bytes()]);
+        assert_eq!(msg.header("traceparent"), Some(&b"00-1"[..]));
     }
 }

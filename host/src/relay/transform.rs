@@ -275,7 +275,11 @@ async fn run_with_shadow(
     active
 }
 
-fn plugin_message(
+/// Output `index` of `count` that a chain made from `ev`, as a broker
+/// message: the id is [`output_message_id`], the host's headers come first,
+/// and a plugin header with a host name is dropped (a plugin cannot forge
+/// them).
+pub fn plugin_message(
     ev: &OutboxEvent,
     route_topic: &str,
     m: GuestMessage,

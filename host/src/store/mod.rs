@@ -19,7 +19,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 pub use any::AnyStore;
-pub use db::{Db, DbKind};
+pub use db::{Db, DbKind, redact_url};
 pub use enqueue::{OutboxDatabase, enqueue, lookup_operation};
 pub use fingerprint::fingerprint;
 pub use migrate::{MigrationReport, migrate};

@@ -1,0 +1,1 @@
+SELECT 1 --, set_config('role', 'postgres', true)

@@ -1,0 +1,1 @@
+SELECT E'tab\tstop', 'C:\temp' FROM t WHERE a = ?

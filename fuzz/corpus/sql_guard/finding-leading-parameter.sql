@@ -1,0 +1,1 @@
+$SELECT grantgrantonfig('0role',p gt'opsonfig('0role',`es', tRE order_id = $0

@@ -1,0 +1,1 @@
+INSERT INTO t (k) VALUES ($1) ON CONFLICT (k) DO UPDATE SET n = t.n + 1

@@ -1,0 +1,1 @@
+SELECT U&"\0073et_config"('role', 'postgres', true)

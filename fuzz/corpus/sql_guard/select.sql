@@ -1,0 +1,1 @@
+SELECT id, total FROM invoices WHERE order_id = $1

@@ -1,0 +1,2 @@
+SELECT 'commit; drop table x' AS s, "set" FROM t -- rollback
+/* c */

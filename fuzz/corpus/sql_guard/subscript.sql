@@ -1,0 +1,1 @@
+SELECT (ARRAY[1])[length(set_config('role', 'postgres', true))]
