@@ -42,6 +42,7 @@ fn delivery(msg: &OutgoingMessage, offset: i64) -> Delivery {
     let back = parse_embedded(&stored);
     assert_eq!(back, msg.headers, "embedded header round trip");
     Delivery {
+        attempt: 0,
         topic: msg.topic.clone(),
         partition: 0,
         offset,
@@ -104,6 +105,7 @@ fuzz_target!(|input: Input| {
 
     // A message from elsewhere: any header bytes, any key.
     let foreign = Delivery {
+        attempt: 0,
         topic: "t".into(),
         partition: 3,
         offset: 4,
