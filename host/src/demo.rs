@@ -322,14 +322,6 @@ async fn republish_some(db: &Db, config: &Config, count: usize) -> anyhow::Resul
     Ok(rows.len())
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[idx.min(sorted.len() - 1)]
-}
-
 async fn summary(
     pool: &sqlx::SqlitePool,
     written: usize,
@@ -350,12 +342,7 @@ async fn summary(
     .await?;
     let (confirmed, published, invoices, missing, doubled): (i64, i64, i64, i64, i64) =
         (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
-    let mut lat = stats
-        .latencies_ms
-        .lock()
-        .map(|v| v.clone())
-        .unwrap_or_default();
-    lat.sort_by(|a, b| a.total_cmp(b));
+    let lat = stats.sorted_latencies_ms();
     let ok = missing == 0 && doubled == 0 && invoices == confirmed && confirmed as usize == written;
     println!("\noutboxd demo summary");
     println!("  orders confirmed = events written   {written}");
@@ -372,8 +359,8 @@ async fn summary(
     );
     println!(
         "  end-to-end latency (commit→invoice) p50 {:.1} ms, p99 {:.1} ms",
-        percentile(&lat, 0.50),
-        percentile(&lat, 0.99)
+        crate::consumer::runner::percentile(&lat, 0.50),
+        crate::consumer::runner::percentile(&lat, 0.99)
     );
     println!(
         "  invoices: {invoices} for {confirmed} confirmed orders; lost {missing}, duplicated {doubled}"

@@ -21,6 +21,7 @@ use crate::broker::Delivery;
 use crate::broker::embedded::{EmbeddedConsumer, EmbeddedConsumerConfig, EmbeddedPublisher};
 use crate::clock::SystemClock;
 use crate::consumer::inbox::{Handler, HandlerError, InboxTx};
+use crate::consumer::runner::percentile;
 use crate::consumer::{Consumer, ConsumerConfig};
 use crate::event::NewEvent;
 use crate::relay::worker::{self, WorkerConfig};
@@ -83,14 +84,6 @@ impl Handler for Effect {
         }
         Ok(())
     }
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[idx.min(sorted.len() - 1)]
 }
 
 /// Enqueues `rate` events/s for `seconds`, in 10 ms ticks; each event is its
@@ -231,12 +224,7 @@ async fn run_one(
             "{mode} at {rate}/s: produced {total} events, the consumer handled {handled}"
         )));
     }
-    let mut lat = stats
-        .latencies_ms
-        .lock()
-        .map(|v| v.clone())
-        .unwrap_or_default();
-    lat.sort_by(|a, b| a.total_cmp(b));
+    let lat = stats.sorted_latencies_ms();
     Ok(LatencyRow {
         mode: mode.into(),
         rate,
@@ -279,11 +267,7 @@ pub async fn latency(args: &LatencyBenchArgs) -> Result<Vec<LatencyRow>, BenchEr
         }
     }
     if let Some(path) = &args.json {
-        std::fs::write(
-            path,
-            serde_json::to_string_pretty(&rows).unwrap_or_default(),
-        )
-        .map_err(|e| BenchError::Refused(format!("cannot write {}: {e}", path.display())))?;
+        super::write_json(path, &rows)?;
     }
     Ok(rows)
 }

@@ -33,3 +33,14 @@ pub enum BenchError {
     #[error("correctness check failed: {0}")]
     Incorrect(String),
 }
+
+/// Writes a benchmark's rows as pretty JSON to `path` (`--json`).
+pub(crate) fn write_json<T: serde::Serialize>(
+    path: &std::path::Path,
+    rows: &T,
+) -> Result<(), BenchError> {
+    let text = serde_json::to_string_pretty(rows)
+        .map_err(|e| BenchError::Refused(format!("cannot encode the results: {e}")))?;
+    std::fs::write(path, text)
+        .map_err(|e| BenchError::Refused(format!("cannot write {}: {e}", path.display())))
+}

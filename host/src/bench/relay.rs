@@ -434,11 +434,7 @@ pub async fn relay(args: &RelayBenchArgs) -> Result<Vec<RelayBenchRow>, BenchErr
         );
     }
     if let Some(path) = &args.json {
-        std::fs::write(
-            path,
-            serde_json::to_string_pretty(&rows).unwrap_or_default(),
-        )
-        .map_err(|e| BenchError::Refused(format!("cannot write {}: {e}", path.display())))?;
+        super::write_json(path, &rows)?;
     }
     Ok(rows)
 }

@@ -62,6 +62,28 @@ pub struct ConsumerStats {
     pub latencies_ms: std::sync::Mutex<Vec<f64>>,
 }
 
+impl ConsumerStats {
+    /// The recorded commit latencies (ms), sorted, for [`percentile`].
+    pub fn sorted_latencies_ms(&self) -> Vec<f64> {
+        let mut v = self
+            .latencies_ms
+            .lock()
+            .map(|v| v.clone())
+            .unwrap_or_default();
+        v.sort_by(f64::total_cmp);
+        v
+    }
+}
+
+/// The `p` quantile (0..=1) of sorted samples, nearest rank; 0 when empty.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConsumerError {
     #[error(transparent)]
