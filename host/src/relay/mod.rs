@@ -95,16 +95,6 @@ pub struct Sent<B> {
     results: Vec<EventResult>,
 }
 
-impl<B: ClaimedBatch> Sent<B> {
-    pub fn len(&self) -> usize {
-        self.results.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.results.is_empty()
-    }
-}
-
 /// What became of one claimed event.
 enum EventResult {
     /// Every message acknowledged; `Some(label)` when plugins ran.

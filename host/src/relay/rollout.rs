@@ -16,7 +16,7 @@ use crate::consumer::{ActiveConsumer, ConsumerVersions};
 use crate::plugin::registry::{Desired, NOTIFY_CHANNEL, Registry, RegistryError};
 use crate::plugin::shadow::ShadowStats;
 use crate::plugin::{
-    Chain, ConsumerPlugin, PluginEngine, PluginSource, PluginSpec, TransformerPlugin,
+    Chain, ConsumerPlugin, PluginEngine, PluginError, PluginSource, PluginSpec, TransformerPlugin,
 };
 use crate::store::Db;
 
@@ -172,66 +172,53 @@ impl Rollout {
         Ok(Refreshed::Swapped(labels))
     }
 
-    /// Loads one registry version unless it is loaded already.
+    /// Loads one registry version of a transformer unless it is loaded
+    /// already.
     async fn load(&self, name: &str, version: i64) -> Result<(), RegistryError> {
+        self.load_into(&self.loaded, name, version, TransformerPlugin::from_bytes)
+            .await
+    }
+
+    /// Loads one registry version of a consumer plugin unless it is loaded
+    /// already; a version of another world fails here.
+    async fn load_consumer(&self, name: &str, version: i64) -> Result<(), RegistryError> {
+        self.load_into(
+            &self.loaded_consumers,
+            name,
+            version,
+            ConsumerPlugin::from_bytes,
+        )
+        .await
+    }
+
+    /// Fetches, compiles and prepares `name` version `version` with
+    /// `build` into `loaded`, unless it is there already.
+    async fn load_into<T: Send + Sync + 'static>(
+        &self,
+        loaded: &Mutex<BTreeMap<(String, i64), Arc<T>>>,
+        name: &str,
+        version: i64,
+        build: fn(&PluginEngine, &PluginSpec, &[u8]) -> Result<T, PluginError>,
+    ) -> Result<(), RegistryError> {
         let key = (name.to_string(), version);
-        if self
-            .loaded
-            .lock()
-            .map(|l| l.contains_key(&key))
-            .unwrap_or(false)
-        {
+        if loaded.lock().map(|l| l.contains_key(&key)).unwrap_or(false) {
             return Ok(());
         }
         let wasm = self.registry.component(name, version).await?;
         let spec = self.registry_spec(name, version);
         let engine = self.engine.clone();
         // Compiling is CPU work: keep it off the relay's async threads.
-        let plugin = tokio::task::spawn_blocking(move || {
-            TransformerPlugin::from_bytes(&engine, &spec, &wasm)
-        })
-        .await
-        .map_err(|e| RegistryError::Conflict {
-            name: name.into(),
-            reason: format!("loading version {version} panicked: {e}"),
-        })?
-        .map_err(|e| RegistryError::Refused {
-            name: name.into(),
-            reason: e.to_string(),
-        })?;
-        if let Ok(mut l) = self.loaded.lock() {
-            l.insert(key, Arc::new(plugin));
-        }
-        Ok(())
-    }
-
-    /// Loads one registry version of a consumer plugin unless it is loaded
-    /// already; a version of another world fails here.
-    async fn load_consumer(&self, name: &str, version: i64) -> Result<(), RegistryError> {
-        let key = (name.to_string(), version);
-        if self
-            .loaded_consumers
-            .lock()
-            .map(|l| l.contains_key(&key))
-            .unwrap_or(false)
-        {
-            return Ok(());
-        }
-        let wasm = self.registry.component(name, version).await?;
-        let spec = self.registry_spec(name, version);
-        let engine = self.engine.clone();
-        let plugin =
-            tokio::task::spawn_blocking(move || ConsumerPlugin::from_bytes(&engine, &spec, &wasm))
-                .await
-                .map_err(|e| RegistryError::Conflict {
-                    name: name.into(),
-                    reason: format!("loading version {version} panicked: {e}"),
-                })?
-                .map_err(|e| RegistryError::Refused {
-                    name: name.into(),
-                    reason: e.to_string(),
-                })?;
-        if let Ok(mut l) = self.loaded_consumers.lock() {
+        let plugin = tokio::task::spawn_blocking(move || build(&engine, &spec, &wasm))
+            .await
+            .map_err(|e| RegistryError::Conflict {
+                name: name.into(),
+                reason: format!("loading version {version} panicked: {e}"),
+            })?
+            .map_err(|e| RegistryError::Refused {
+                name: name.into(),
+                reason: e.to_string(),
+            })?;
+        if let Ok(mut l) = loaded.lock() {
             l.insert(key, Arc::new(plugin));
         }
         Ok(())
