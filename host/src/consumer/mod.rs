@@ -11,6 +11,7 @@ pub mod inbox;
 pub mod plugin_handler;
 pub mod runner;
 pub mod sql_guard;
+mod sql_lexer;
 
 pub use inbox::{Attempt, Handler, HandlerError, InboxTx, Pinned, Processed, attempt, process};
 pub use plugin_handler::{ActiveConsumer, ConsumerVersions, PluginHandler};
