@@ -7,14 +7,13 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use crate::broker::Publisher;
 use crate::broker::embedded::{EmbeddedConsumer, EmbeddedConsumerConfig, EmbeddedPublisher};
 use crate::broker::kafka::{KafkaConsumer, KafkaConsumerConfig, KafkaPublisher, KafkaSetupError};
-use crate::broker::{Delivery, Publisher};
 use crate::clock::SystemClock;
 use crate::config::{Config, ConsumerSection, TransportKind};
 use crate::consumer::{
-    ActiveConsumer, Consumer, ConsumerConfig, ConsumerStats, Handler, HandlerError, InboxTx,
-    Pinned, PluginHandler,
+    ActiveConsumer, Consumer, ConsumerConfig, ConsumerHandler, ConsumerStats, PluginHandler,
 };
 use crate::domain::billing::{self, BillingHandler};
 use crate::fault::Faults;
@@ -228,50 +227,6 @@ pub async fn spawn_pipeline(
         }
     }
     Ok((set, handles))
-}
-
-/// A consumer's configured handler: built in, or a consumer plugin.
-pub enum ConsumerHandler {
-    Billing(BillingHandler),
-    Plugin(PluginHandler),
-}
-
-impl ConsumerHandler {
-    /// What dead letters record as the handler.
-    pub fn id(&self) -> String {
-        match self {
-            ConsumerHandler::Billing(_) => "builtin:billing".into(),
-            ConsumerHandler::Plugin(p) => p.handler_id(),
-        }
-    }
-}
-
-impl Handler for ConsumerHandler {
-    async fn handle(&self, tx: &mut InboxTx, d: &Delivery) -> Result<(), HandlerError> {
-        match self {
-            ConsumerHandler::Billing(h) => h.handle(tx, d).await,
-            ConsumerHandler::Plugin(h) => h.handle(tx, d).await,
-        }
-    }
-
-    fn pin(&self) -> Pinned {
-        match self {
-            ConsumerHandler::Billing(h) => h.pin(),
-            ConsumerHandler::Plugin(h) => h.pin(),
-        }
-    }
-
-    async fn handle_pinned(
-        &self,
-        pinned: &Pinned,
-        tx: &mut InboxTx,
-        d: &Delivery,
-    ) -> Result<(), HandlerError> {
-        match self {
-            ConsumerHandler::Billing(h) => h.handle_pinned(pinned, tx, d).await,
-            ConsumerHandler::Plugin(h) => h.handle_pinned(pinned, tx, d).await,
-        }
-    }
 }
 
 /// Loads `consumers[].handler`: a registry plugin gets its rollout slot

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use outboxd::broker::{Delivery, headers};
 use outboxd::consumer::inbox::process_batch;
-use outboxd::consumer::{HandlerError, PluginHandler, Processed, process};
+use outboxd::consumer::{ConsumerHandler, HandlerError, PluginHandler, Processed, process};
 use outboxd::domain::billing;
 use outboxd::plugin::{ConsumerPlugin, PluginSpec, TxnPolicy};
 
@@ -324,6 +324,34 @@ async fn statement_timeout_obeyed_and_violated() {
         .await
         .expect("a quick statement passes under the same timeout");
     assert_eq!(counts(&t).await, (1, 1, 0));
+}
+
+/// The same timeout through the wrapper `outboxd run` uses for a
+/// `[[consumers]]` entry: the wrapper must pass the plugin's transaction
+/// settings on, in per-message and in batched transactions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statement_timeout_holds_behind_the_configured_handler() {
+    let t = TestDb::postgres().await;
+    billing::create_schema(&t.db).await.expect("billing schema");
+    let policy = TxnPolicy {
+        statement_timeout_ms: 300,
+        ..TxnPolicy::default()
+    };
+    let slow = ConsumerHandler::Plugin(handler(
+        "hostile-consumer-sql",
+        &[("attack", "slow")],
+        policy,
+    ));
+    let err = process(&t.db, "billing", &order(1, "p1"), &slow)
+        .await
+        .expect_err("statement timeout, per message");
+    assert!(format!("{err}").contains("57014"), "{err}");
+    let results = process_batch(&t.db, "billing", &[order(2, "p2")], &slow)
+        .await
+        .expect("the batch transaction itself works");
+    let err = results[0].as_ref().expect_err("statement timeout, batched");
+    assert!(format!("{err}").contains("57014"), "{err}");
+    assert_eq!(counts(&t).await, (0, 0, 0));
 }
 
 /// A query that returns more rows than `max_rows` is cut off as a budget

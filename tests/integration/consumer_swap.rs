@@ -113,6 +113,10 @@ struct Recording {
 }
 
 impl Handler for Recording {
+    async fn begin(&self, tx: &mut InboxTx) -> Result<(), sqlx::Error> {
+        self.inner.begin(tx).await
+    }
+
     async fn handle(&self, tx: &mut InboxTx, d: &Delivery) -> Result<(), HandlerError> {
         self.handle_pinned(&self.pin(), tx, d).await
     }

@@ -6,6 +6,7 @@
 //! fetches from a [`MessageSource`](crate::broker::MessageSource), handles
 //! partitions in parallel, and commits offsets only after the effect commits.
 
+pub mod configured;
 pub mod dead_letter;
 pub mod inbox;
 pub mod plugin_handler;
@@ -13,6 +14,7 @@ pub mod runner;
 pub mod sql_guard;
 mod sql_lexer;
 
+pub use configured::ConsumerHandler;
 pub use inbox::{Attempt, Handler, HandlerError, InboxTx, Pinned, Processed, attempt, process};
 pub use plugin_handler::{ActiveConsumer, ConsumerVersions, PluginHandler};
 pub use runner::{Consumer, ConsumerConfig, ConsumerStats};
