@@ -24,6 +24,7 @@ pub mod bindings;
 pub mod cache;
 pub mod chain;
 pub mod consumer;
+mod deploy_check;
 pub mod dev_dir;
 pub mod engine;
 pub mod error;

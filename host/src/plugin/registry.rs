@@ -9,18 +9,14 @@ use sha2::{Digest, Sha256};
 use sqlx::Row;
 
 use super::harness::SampleEvent;
-use super::transformer::{PluginSpec, TransformerPlugin};
-use super::{ConsumerPlugin, PluginEngine, validate};
+use super::transformer::PluginSpec;
+use super::{PluginEngine, deploy_check};
 use crate::store::Db;
+
+pub use super::deploy_check::MAX_COMPONENT_BYTES;
 
 /// The channel a state change is announced on, in its own transaction.
 pub const NOTIFY_CHANNEL: &str = "outboxd_plugins";
-
-/// Components larger than this are refused.
-pub const MAX_COMPONENT_BYTES: usize = 32 * 1024 * 1024;
-
-/// The WIT versions this host links: `0.1.x`.
-const COMPATIBLE_WIT: &str = "0.1.";
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
@@ -207,7 +203,9 @@ impl Registry {
             name: name.clone(),
             reason,
         };
-        let (world, wit_version) = check(engine, spec, wasm, samples).await.map_err(refuse)?;
+        let (world, wit_version) = deploy_check::check(engine, spec, wasm, samples)
+            .await
+            .map_err(refuse)?;
         if let Some(expected) = expected_world.filter(|w| *w != world) {
             return Err(refuse(format!(
                 "implements the {world} world, but the config runs `{name}` as a {expected}"
@@ -564,68 +562,6 @@ impl Registry {
         }
         Ok(out)
     }
-}
-
-/// The deploy checks: size, `plugin validate`, world (`transformer` or
-/// `consumer`), WIT version, then a transformer's samples or a consumer's
-/// link check. Returns the world and WIT version to record.
-async fn check(
-    engine: &PluginEngine,
-    spec: &PluginSpec,
-    wasm: &[u8],
-    samples: &[SampleEvent],
-) -> Result<(&'static str, String), String> {
-    if wasm.len() > MAX_COMPONENT_BYTES {
-        return Err(format!(
-            "{} bytes is over the {MAX_COMPONENT_BYTES}-byte component cap",
-            wasm.len()
-        ));
-    }
-    let v = validate::validate(engine, wasm).map_err(|e| e.to_string())?;
-    if !v.is_ok() {
-        return Err(v.problems.join("; "));
-    }
-    let world = match v.world {
-        Some(w @ ("transformer" | "consumer")) => w,
-        other => {
-            return Err(format!(
-                "implements the {} world; the registry holds outbox:plugin/transformer and outbox:plugin/consumer components",
-                other.unwrap_or("unknown")
-            ));
-        }
-    };
-    // A component that imports nothing of outbox:plugin still type-checked
-    // against the host's transformer world, which is 0.1.0.
-    let wit_version = v.wit_version.unwrap_or_else(|| "0.1.0".into());
-    if !wit_version.starts_with(COMPATIBLE_WIT) {
-        return Err(format!(
-            "built against outbox:plugin@{wit_version}; this host links {}",
-            validate::WIT_PACKAGE
-        ));
-    }
-    if world == "consumer" {
-        // A consumer's call needs a live inbox transaction, so samples are
-        // not run; the component must still link and type-check as one.
-        if !samples.is_empty() {
-            return Err(
-                "sample events are run for transformers only; deploy a consumer without --samples"
-                    .into(),
-            );
-        }
-        ConsumerPlugin::from_bytes(engine, spec, wasm).map_err(|e| e.to_string())?;
-        return Ok((world, wit_version));
-    }
-    if !samples.is_empty() {
-        let plugin =
-            TransformerPlugin::from_bytes(engine, spec, wasm).map_err(|e| e.to_string())?;
-        for (i, sample) in samples.iter().enumerate() {
-            plugin
-                .transform(&sample.to_guest())
-                .await
-                .map_err(|e| format!("sample {i} ({}): {e}", sample.event_type))?;
-        }
-    }
-    Ok((world, wit_version))
 }
 
 /// A [`PluginRecord`] from a row of [`RECORD_COLUMNS`].
