@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
-# Starts a throwaway tansu broker (Kafka-compatible, in-memory storage) on a
-# free loopback port for the Kafka integration tests, and prints
-# KAFKA_BOOTSTRAP=127.0.0.1:PORT.
+# Starts a throwaway tansu broker (Kafka-compatible) on a free loopback port
+# for the Kafka integration tests, and prints KAFKA_BOOTSTRAP=127.0.0.1:PORT.
 #
 #   tests/tansu.sh              start (or report the one already running)
 #   tests/tansu.sh stop         stop it
+#   tests/tansu.sh kill         SIGKILL it (the chaos soak's broker fault)
 #   tests/tansu.sh restart      stop it and start it again on the same port
+#
+# Storage is ${TANSU_STORAGE:-memory://tansu/}. The chaos soak sets
+# TANSU_STORAGE=sqlite://DIR/tansu.db so that a killed broker keeps what it
+# acknowledged, as a real Kafka cluster would.
+#
+# tansu is installed once per machine into ${TANSU_ROOT} with the
+# `dynostore` (memory://) and `libsql` (sqlite://) storage engines.
 #
 # Then: OUTBOXD_TEST_KAFKA=127.0.0.1:PORT cargo test --test integration kafka
 #
@@ -14,14 +21,16 @@ set -euo pipefail
 
 TANSU_VERSION=0.6.0
 STATE_DIR=${TANSU_STATE_DIR:-/tmp/outboxd-tansu}
+TANSU_ROOT=${TANSU_ROOT:-$HOME/.cache/outboxd/tansu-$TANSU_VERSION}
+TANSU_FEATURES=dynostore,libsql
+STORAGE=${TANSU_STORAGE:-memory://tansu/}
 INSTALL_LOG=/tmp/tansu-install.log
 mkdir -p "$STATE_DIR"
 
+# Only our own install counts: a tansu elsewhere on PATH may lack libsql.
 find_tansu() {
-  if command -v tansu >/dev/null 2>&1; then
-    command -v tansu
-  elif [[ -x "$HOME/.cargo/bin/tansu" ]]; then
-    echo "$HOME/.cargo/bin/tansu"
+  if [[ -x "$TANSU_ROOT/bin/tansu" ]]; then
+    echo "$TANSU_ROOT/bin/tansu"
   else
     return 1
   fi
@@ -45,7 +54,8 @@ ensure_tansu() {
     echo "the running install finished without a tansu binary; see $INSTALL_LOG" >&2
   fi
   echo "installing tansu $TANSU_VERSION (several minutes)" >&2
-  cargo install tansu --version "$TANSU_VERSION" --locked --features dynostore >&2
+  cargo install tansu --version "$TANSU_VERSION" --locked --features "$TANSU_FEATURES" \
+    --root "$TANSU_ROOT" >&2
   find_tansu
 }
 
@@ -83,7 +93,7 @@ start() {
   "$bin" broker \
     --listener-url "tcp://127.0.0.1:$port" \
     --advertised-listener-url "tcp://127.0.0.1:$port" \
-    --storage-engine memory://tansu/ \
+    --storage-engine "$STORAGE" \
     >>"$STATE_DIR/log" 2>&1 &
   echo $! >"$STATE_DIR/pid"
   echo "$port" >"$STATE_DIR/port"
@@ -107,13 +117,17 @@ start() {
 case "${1:-start}" in
   start) start ;;
   stop) stop ;;
+  kill)
+    if is_running; then kill -9 "$(cat "$STATE_DIR/pid")"; fi
+    rm -f "$STATE_DIR/pid"
+    ;;
   restart)
     port=$(cat "$STATE_DIR/port" 2>/dev/null || true)
     stop
     start "$port"
     ;;
   *)
-    echo "usage: $0 [start|stop|restart]" >&2
+    echo "usage: $0 [start|stop|kill|restart]" >&2
     exit 2
     ;;
 esac
