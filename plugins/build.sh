@@ -12,9 +12,13 @@ mkdir -p "$dist"
 cargo build --release --target wasm32-wasip2 --workspace
 for crate in cloudevents redact-pii route-by-amount hostile-spin hostile-memory-bomb \
     hostile-panic hostile-huge-output hostile-escape billing invoicing \
-    hostile-consumer-sql hostile-consumer-loop hostile-consumer-trap; do
+    hostile-consumer-sql hostile-consumer-loop hostile-consumer-trap ledger; do
   cp "$CARGO_TARGET_DIR/wasm32-wasip2/release/${crate//-/_}.wasm" "$dist/$crate.wasm"
 done
+# The chaos soak's second consumer version (same effect, another writer),
+# in a target dir of its own so the two builds never overwrite each other.
+CARGO_TARGET_DIR="$PWD/target/v2" cargo build --release --target wasm32-wasip2 -p ledger --features v2
+cp "$PWD/target/v2/wasm32-wasip2/release/ledger.wasm" "$dist/ledger-v2.wasm"
 
 if [[ "${PLUGINS_SKIP_PYTHON:-0}" != 1 ]]; then
   if ! command -v componentize-py >/dev/null; then

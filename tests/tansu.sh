@@ -8,7 +8,7 @@
 #   tests/tansu.sh restart      stop it and start it again on the same port
 #
 # Storage is ${TANSU_STORAGE:-memory://tansu/}. The chaos soak sets
-# TANSU_STORAGE=sqlite://DIR/tansu.db so that a killed broker keeps what it
+# TANSU_STORAGE=sqlite://tansu.db (a file in the state dir) so that a killed broker keeps what it
 # acknowledged, as a real Kafka cluster would.
 #
 # tansu is installed once per machine into ${TANSU_ROOT} with the
@@ -26,6 +26,7 @@ TANSU_FEATURES=dynostore,libsql
 STORAGE=${TANSU_STORAGE:-memory://tansu/}
 INSTALL_LOG=/tmp/tansu-install.log
 mkdir -p "$STATE_DIR"
+STATE_DIR=$(cd "$STATE_DIR" && pwd)
 
 # Only our own install counts: a tansu elsewhere on PATH may lack libsql.
 find_tansu() {
@@ -90,11 +91,12 @@ start() {
     return
   fi
   [[ -n "$port" ]] || port=$(free_port)
-  "$bin" broker \
+  # sqlite:// paths are relative to tansu's working directory: the state dir.
+  (cd "$STATE_DIR" && exec "$bin" broker \
     --listener-url "tcp://127.0.0.1:$port" \
     --advertised-listener-url "tcp://127.0.0.1:$port" \
     --storage-engine "$STORAGE" \
-    >>"$STATE_DIR/log" 2>&1 &
+    >>"$STATE_DIR/log" 2>&1) &
   echo $! >"$STATE_DIR/pid"
   echo "$port" >"$STATE_DIR/port"
   for _ in $(seq 100); do

@@ -151,7 +151,8 @@ pub struct RelaySection {
     pub publish_timeout_ms: u64,
     #[serde(default = "default_max_attempts")]
     pub max_attempts: i32,
-    /// Relay tasks in this process.
+    /// Relay tasks in this process; 0 for a consumer-only process (relays
+    /// and consumers scale separately).
     #[serde(default = "default_workers")]
     pub workers: usize,
     /// SQLite only: how long a claim is leased before another task may take it.
@@ -434,10 +435,18 @@ impl Config {
                 ),
             );
         }
-        if self.relay.workers == 0 || self.relay.workers > 64 {
+        if self.relay.workers > 64 {
             return bad(
                 "relay.workers",
-                format!("{} is out of range; use 1 to 64", self.relay.workers),
+                format!("{} is out of range; use 0 to 64", self.relay.workers),
+            );
+        }
+        if self.relay.workers == 0 && self.consumers.is_empty() {
+            return bad(
+                "relay.workers",
+                "0 runs no relay, and no [[consumers]] are configured, so this process \
+                 would do nothing; use 1 to 64, or add a consumer"
+                    .into(),
             );
         }
         if self.relay.max_attempts < 1 {

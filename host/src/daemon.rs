@@ -366,6 +366,10 @@ async fn spawn_relays_for<P: Publisher + Clone>(
     metrics: &Arc<Metrics>,
     shutdown: &watch::Receiver<bool>,
 ) {
+    if config.relay.workers == 0 {
+        tracing::info!("relay.workers = 0: this process only consumes");
+        return;
+    }
     match db {
         Db::Postgres(pool) => {
             let wake = listen_for_events(pool).await.ok();

@@ -65,6 +65,17 @@ fn impossible_values_are_named() {
         env(&[]),
     ));
     assert_eq!(key, "relay.workers");
+    // 0 workers is a consumer-only process; without consumers it is refused.
+    let (key, msg) = key_error(Config::from_toml(
+        "t.toml",
+        "[relay]\nworkers = 0\n",
+        env(&[]),
+    ));
+    assert_eq!(key, "relay.workers");
+    assert!(msg.contains("no [[consumers]]"), "{msg}");
+    let consumer_only = "[relay]\nworkers = 0\n[[consumers]]\nname = \"billing\"\ntopics = [\"orders\"]\nhandler = \"billing\"\n";
+    let c = Config::from_toml("t.toml", consumer_only, env(&[])).expect("consumer-only config");
+    assert_eq!(c.relay.workers, 0);
 }
 
 #[test]

@@ -1,0 +1,218 @@
+//! The processes the soak runs and kills: two relays, two consumers and
+//! the broker, each restartable; and the config files they read.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use tokio::process::{Child, Command};
+
+/// One `outboxd run` process, started again after each kill.
+pub struct Proc {
+    pub name: String,
+    outboxd: PathBuf,
+    config: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Proc {
+    pub fn new(name: &str, outboxd: &Path, config: &Path, dir: &Path) -> Self {
+        Self {
+            name: name.to_string(),
+            outboxd: outboxd.to_path_buf(),
+            config: config.to_path_buf(),
+            log: dir.join(format!("{name}.log")),
+            child: None,
+        }
+    }
+
+    pub fn start(&mut self) -> anyhow::Result<()> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .with_context(|| format!("open {}", self.log.display()))?;
+        let child = Command::new(&self.outboxd)
+            .arg("--config")
+            .arg(&self.config)
+            .arg("run")
+            .env("OUTBOXD_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("start {} ({})", self.name, self.outboxd.display()))?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// SIGKILL: no drain, no goodbye, whatever was in flight is cut.
+    pub async fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+        }
+    }
+
+    /// Fails when the process exited on its own: the soak must not hide a
+    /// crash behind its own kills.
+    pub fn check_alive(&mut self) -> anyhow::Result<()> {
+        if let Some(child) = self.child.as_mut()
+            && let Some(status) = child.try_wait()?
+        {
+            bail!(
+                "{} exited by itself ({status}); see {}",
+                self.name,
+                self.log.display()
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The broker, driven through tests/tansu.sh with durable storage.
+pub struct Broker {
+    pub script: PathBuf,
+}
+
+impl Broker {
+    async fn run(&self, verb: &str) -> anyhow::Result<()> {
+        let out = Command::new("bash")
+            .arg(&self.script)
+            .arg(verb)
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .with_context(|| format!("run {} {verb}", self.script.display()))?;
+        if !out.status.success() {
+            bail!(
+                "{} {verb} failed: {}",
+                self.script.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(())
+    }
+
+    pub async fn kill(&self) -> anyhow::Result<()> {
+        self.run("kill").await
+    }
+
+    /// Starts it again on the same port (tansu.sh keeps the port).
+    pub async fn restart(&self) -> anyhow::Result<()> {
+        self.run("restart").await?;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        Ok(())
+    }
+}
+
+pub const TOPIC: &str = "chaos.events";
+
+/// Settings both process kinds share: the store, the broker, the plugins.
+fn common(url: &str, bootstrap: &str, cache: &Path) -> String {
+    format!(
+        r#"[database]
+url = "{url}"
+max_connections = 6
+migrate_on_start = false
+
+[transport]
+kind = "kafka"
+[transport.kafka]
+"bootstrap.servers" = "{bootstrap}"
+"enable.auto.commit" = "false"
+"enable.auto.offset.store" = "false"
+"session.timeout.ms" = "6000"
+"heartbeat.interval.ms" = "1000"
+
+[[plugins]]
+name = "shape"
+source = "registry"
+config = {{ mask = "email" }}
+
+[[plugins]]
+name = "ledger"
+source = "registry"
+limits = {{ timeout_ms = 2000 }}
+
+[plugin_runtime]
+cache_dir = "{cache}"
+registry_poll_ms = 500
+
+[[routes]]
+event_type = "*"
+topic = "{TOPIC}"
+transformers = ["shape"]
+"#,
+        cache = cache.display()
+    )
+}
+
+/// Writes relay.toml (relay only) and consumer.toml (consumers only).
+pub fn write_configs(dir: &Path, url: &str, bootstrap: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
+    let base = common(url, bootstrap, &dir.join("cache"));
+    let relay = format!(
+        "{base}
+[relay]
+workers = 2
+batch_size = 100
+poll_interval_ms = 100
+publish_timeout_ms = 4000
+max_attempts = 10
+[relay.backoff]
+base_seconds = 0.2
+max_seconds = 5
+"
+    );
+    let consumer = format!(
+        "{base}
+[relay]
+workers = 0
+
+[[consumers]]
+name = \"ledger\"
+topics = [\"{TOPIC}\"]
+handler = \"plugin:ledger\"
+batch_in_transaction = 10
+max_attempts = 20
+"
+    );
+    let relay_path = dir.join("relay.toml");
+    let consumer_path = dir.join("consumer.toml");
+    std::fs::write(&relay_path, relay)?;
+    std::fs::write(&consumer_path, consumer)?;
+    Ok((relay_path, consumer_path))
+}
+
+/// `outboxd plugin deploy FILE --name NAME [--activate]`, as an operator would.
+pub async fn deploy(
+    outboxd: &Path,
+    config: &Path,
+    wasm: &Path,
+    name: &str,
+) -> anyhow::Result<String> {
+    let out = Command::new(outboxd)
+        .arg("--config")
+        .arg(config)
+        .args(["plugin", "deploy"])
+        .arg(wasm)
+        .args(["--name", name, "--by", "chaos", "--activate"])
+        .env("OUTBOXD_LOG", "warn")
+        .output()
+        .await
+        .with_context(|| format!("deploy {}", wasm.display()))?;
+    if !out.status.success() {
+        bail!(
+            "deploying {} as {name} failed: {}{}",
+            wasm.display(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .replace('\n', "; "))
+}
