@@ -73,7 +73,7 @@ fn impossible_values_are_named() {
     ));
     assert_eq!(key, "relay.workers");
     assert!(msg.contains("no [[consumers]]"), "{msg}");
-    let consumer_only = "[relay]\nworkers = 0\n[[consumers]]\nname = \"billing\"\ntopics = [\"orders\"]\nhandler = \"billing\"\n";
+    let consumer_only = "[relay]\nworkers = 0\n[[consumers]]\nname = \"billing\"\ntopics = [\"orders\"]\nhandler = \"builtin:billing\"\n";
     let c = Config::from_toml("t.toml", consumer_only, env(&[])).expect("consumer-only config");
     assert_eq!(c.relay.workers, 0);
 }
