@@ -48,7 +48,7 @@ fn relay_on(db: &Db, broker: Arc<ScriptedPublisher>) -> Relay<AnyStore, Arc<Scri
     )
 }
 
-async fn set_read_only(t: &TestDb, on: bool) {
+pub async fn set_read_only(t: &TestDb, on: bool) {
     let name = &t.url[t.url.rfind('/').expect("url") + 1..];
     let admin = sqlx::PgPool::connect(&pg_admin_url()).await.expect("admin");
     sqlx::query(&format!(
@@ -63,7 +63,7 @@ async fn set_read_only(t: &TestDb, on: bool) {
 
 /// A second connection to the test database that can only read: Postgres
 /// with `default_transaction_read_only`, SQLite opened with `mode=ro`.
-async fn read_only(t: &TestDb) -> Db {
+pub async fn read_only(t: &TestDb) -> Db {
     if t.is_postgres() {
         set_read_only(t, true).await;
         Db::connect(&t.url, 2).await.expect("connect read-only")

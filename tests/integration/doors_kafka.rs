@@ -3,7 +3,9 @@
 //! keys and payloads that are not UTF-8, and malformed JSON. Each is
 //! dead-lettered with its reason (in `consumer_dead_letters` and on
 //! `<topic>.dlq`, key and payload kept byte for byte), and the good
-//! messages of the same partition are handled after them.
+//! messages of the same partition are handled after them. An oversized
+//! event is dead at once on the way out; a read-only inbox keeps its
+//! message until it can be written.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -11,13 +13,18 @@ use std::time::{Duration, Instant};
 
 use outboxd::broker::kafka::{KafkaConsumer, KafkaConsumerConfig, KafkaPublisher};
 use outboxd::broker::{MessageSource, OutgoingMessage, Publisher, headers};
+use outboxd::clock::SystemClock;
 use outboxd::consumer::{Consumer, ConsumerConfig};
 use outboxd::domain::billing::{BillingHandler, create_schema};
+use outboxd::relay::{Relay, RelayConfig, Route, Router, StepOutcome};
 use outboxd::store::Db;
 use rdkafka::mocking::MockCluster;
+use serde_json::json;
 use sqlx::Row;
 
+use crate::doors::{read_only, set_read_only};
 use crate::on_both;
+use crate::plugins::put;
 use crate::support::TestDb;
 
 fn props(bootstrap: &str) -> BTreeMap<String, String> {
@@ -215,3 +222,122 @@ async fn bad_kafka_messages_are_dead_lettered_and_the_partition_moves_on(t: Test
     assert_eq!(consumer.step().await.expect("step").0, 0);
 }
 on_both!(bad_kafka_messages_are_dead_lettered_and_the_partition_moves_on);
+
+/// librdkafka refuses a message over `message.max.bytes` (1 MB) before it
+/// is sent: a permanent error, so the event is dead at once with the reason
+/// and the events beside it are published.
+async fn an_oversized_event_is_dead_at_once_and_the_rest_are_published(t: TestDb) {
+    let mock = MockCluster::new(1).expect("mock cluster");
+    mock.create_topic("orders", 1, 1).expect("topic");
+    let publisher = KafkaPublisher::new(&props(&mock.bootstrap_servers()), Duration::from_secs(10))
+        .expect("publisher");
+    put(
+        &t.db,
+        "big",
+        "order.placed",
+        json!({"blob": "x".repeat(2 << 20)}),
+    )
+    .await;
+    put(&t.db, "small", "order.placed", json!({"n": 1})).await;
+    let relay = Relay::new(
+        t.store(),
+        publisher,
+        Router::new(vec![Route::new("order.*", "orders")]),
+        RelayConfig::default(),
+        Arc::new(SystemClock),
+    );
+    let StepOutcome::Published(report) = relay.step().await.expect("step") else {
+        panic!("idle");
+    };
+    assert_eq!((report.published, report.dead, report.retried), (1, 1, 0));
+    assert_eq!(
+        t.count(
+            "SELECT count(*) FROM outbox WHERE aggregate_id = 'big' AND attempts = 1 \
+             AND dead_reason LIKE 'permanent broker error: topic `orders`: %size too large%'"
+        )
+        .await,
+        1,
+        "dead at once, with the reason"
+    );
+    assert_eq!(
+        t.count(
+            "SELECT count(*) FROM outbox WHERE aggregate_id = 'small' AND published_at IS NOT NULL"
+        )
+        .await,
+        1
+    );
+}
+on_both!(an_oversized_event_is_dead_at_once_and_the_rest_are_published);
+
+/// The inbox cannot be written: the message fails, past `max_attempts`
+/// too (its dead letter cannot be written either), so it is neither
+/// dead-lettered nor committed. Once the database is writable the same
+/// message is handled: nothing is lost.
+async fn a_read_only_inbox_keeps_the_message_until_it_can_be_written(t: TestDb) {
+    create_schema(&t.db).await.expect("invoices table");
+    let mock = MockCluster::new(1).expect("mock cluster");
+    mock.create_topic("orders", 1, 1).expect("topic");
+    let bootstrap = mock.bootstrap_servers();
+    let producer =
+        KafkaPublisher::new(&props(&bootstrap), Duration::from_secs(10)).expect("producer");
+    let id = uuid::Uuid::new_v4().to_string();
+    producer
+        .publish(raw(b"k", &order(1), Some(id.as_bytes())))
+        .await
+        .expect("produce");
+    let config = ConsumerConfig {
+        name: "billing".into(),
+        handler_id: "builtin:billing".into(),
+        max_attempts: 2,
+        ..ConsumerConfig::default()
+    };
+    // The first member does not leave the group when dropped; a short
+    // session lets the second take the partition over sooner.
+    let mut member = props(&bootstrap);
+    member.insert("session.timeout.ms".into(), "6000".into());
+    member.insert("heartbeat.interval.ms".into(), "500".into());
+    let consumer_on = |db: Db| {
+        let source = KafkaConsumer::new(
+            &member,
+            KafkaConsumerConfig::new("billing", vec!["orders".into()]),
+        )
+        .expect("consumer");
+        Consumer::new(db, source, Arc::new(BillingHandler), config.clone())
+    };
+    use std::sync::atomic::Ordering::SeqCst;
+    let deadline = Instant::now() + Duration::from_secs(30);
+
+    let ro = read_only(&t).await;
+    let mut consumer = consumer_on(ro.clone());
+    let stats = consumer.stats();
+    while stats.failed.load(SeqCst) < 4 {
+        assert!(Instant::now() < deadline, "the message was not delivered");
+        consumer.step().await.expect("step");
+    }
+    assert_eq!(stats.handled.load(SeqCst), 0);
+    assert_eq!(
+        stats.dead_lettered.load(SeqCst),
+        0,
+        "no dead letter could be written"
+    );
+    drop(consumer);
+    ro.close().await;
+
+    if t.is_postgres() {
+        set_read_only(&t, false).await;
+    }
+    let rw = Db::connect(&t.url, 2).await.expect("connect");
+    let mut consumer = consumer_on(rw);
+    let stats = consumer.stats();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while stats.handled.load(SeqCst) < 1 {
+        assert!(Instant::now() < deadline, "the message was not redelivered");
+        consumer.step().await.expect("step");
+    }
+    assert_eq!(t.count("SELECT count(*) FROM invoices").await, 1);
+    assert_eq!(
+        t.count("SELECT count(*) FROM consumer_dead_letters").await,
+        0
+    );
+}
+on_both!(a_read_only_inbox_keeps_the_message_until_it_can_be_written);
