@@ -15,6 +15,7 @@ mod doors;
 mod doors_kafka;
 mod embedded;
 mod hostile;
+mod hostile_consumers;
 mod hot_swap;
 mod idempotency;
 mod kafka;
