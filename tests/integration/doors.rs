@@ -274,3 +274,33 @@ async fn a_broker_that_never_answers_times_out_and_rows_stay_pending(t: TestDb) 
     );
 }
 on_both!(a_broker_that_never_answers_times_out_and_rows_stay_pending);
+
+/// Producers in other languages write rows with the SQL contract; a payload
+/// that is not JSON is refused by the schema itself (Postgres `jsonb`,
+/// SQLite `CHECK (json_valid(payload))`), so the relay never claims one.
+async fn a_malformed_payload_is_refused_at_the_outbox(t: TestDb) {
+    let malformed = "{\"order_id\": ";
+    let err = match &t.db {
+        Db::Postgres(p) => sqlx::query("SELECT outbox_enqueue('a', 'order.placed', $1::jsonb)")
+            .bind(malformed)
+            .execute(p)
+            .await
+            .expect_err("not JSON"),
+        Db::Sqlite(p) => {
+            sqlx::query("INSERT INTO outbox (aggregate_id, event_type, payload) VALUES ('a', 'order.placed', $1)")
+                .bind(malformed)
+                .execute(p)
+                .await
+                .expect_err("not JSON")
+        }
+    };
+    let code = err
+        .as_database_error()
+        .and_then(|e| e.code())
+        .map(|c| c.to_string());
+    // 22P02: invalid_text_representation; 275: SQLITE_CONSTRAINT_CHECK.
+    let expected = if t.is_postgres() { "22P02" } else { "275" };
+    assert_eq!(code.as_deref(), Some(expected), "{err}");
+    assert_eq!(t.count("SELECT count(*) FROM outbox").await, 0);
+}
+on_both!(a_malformed_payload_is_refused_at_the_outbox);
