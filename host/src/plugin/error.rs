@@ -46,9 +46,9 @@ pub enum PluginError {
 }
 
 impl PluginError {
-    /// A guest's `permanent` error or a forbidden topic: retrying cannot help. Traps and limits
-    /// are retried (a host under pressure can time a plugin out), and the
-    /// relay's `max_attempts` bounds them.
+    /// A guest's `permanent` error or a forbidden topic: retrying cannot
+    /// help. Traps and limits are retried (a host under pressure can time a
+    /// plugin out), and the relay's `max_attempts` bounds them.
     pub fn is_permanent(&self) -> bool {
         matches!(
             self,

@@ -16,7 +16,7 @@ pub struct Route {
     #[serde(default)]
     pub transformers: Vec<String>,
     /// Topics other than `topic` that the route's transformers may send
-    /// to. A plugin output naming any other topic is dead-lettered.
+    /// to. A plugin output naming any other topic makes the event dead.
     #[serde(default)]
     pub allowed_topics: Vec<String>,
 }

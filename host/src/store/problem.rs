@@ -11,13 +11,20 @@ pub fn hint(e: &sqlx::Error) -> &'static str {
     let Some(code) = db.code() else {
         return "";
     };
-    // Postgres reports a SQLSTATE, SQLite its extended result code, whose
-    // low byte is the primary code.
-    let sqlite_primary = code.parse::<i32>().ok().map(|c| c & 0xff);
-    match (code.as_ref(), sqlite_primary) {
-        ("25006", _) | (_, Some(8)) => READ_ONLY,
-        ("53100", _) | (_, Some(13)) => FULL,
-        ("28000" | "28P01", _) => CREDENTIALS,
+    // SQLite reports its extended result code, whose low byte is the
+    // primary code; Postgres a SQLSTATE (some are digits only, so the two
+    // must not be mixed up).
+    if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+        return match code.parse::<i32>().map(|c| c & 0xff) {
+            Ok(8) => READ_ONLY,
+            Ok(13) => FULL,
+            _ => "",
+        };
+    }
+    match code.as_ref() {
+        "25006" => READ_ONLY,
+        "53100" => FULL,
+        "28000" | "28P01" => CREDENTIALS,
         _ => "",
     }
 }
@@ -32,3 +39,37 @@ const FULL: &str = "; the database is full: free disk space (or raise the quota,
 
 const CREDENTIALS: &str = "; the database refused the user or password: fix them in \
      database.url (or OUTBOXD__DATABASE__URL)";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// SQLite's extended codes are numbers like some SQLSTATEs; 275 (a
+    /// CHECK violation) is neither read-only nor full, 8 is read-only.
+    #[tokio::test]
+    async fn sqlite_codes_are_read_as_sqlite_codes() {
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect("sqlite::memory:")
+            .await
+            .expect("open");
+        sqlx::raw_sql("CREATE TABLE t (x TEXT CHECK (x <> 'bad'))")
+            .execute(&pool)
+            .await
+            .expect("create");
+        let e = sqlx::query("INSERT INTO t VALUES ('bad')")
+            .execute(&pool)
+            .await
+            .expect_err("check");
+        assert_eq!(hint(&e), "", "{e}");
+        sqlx::raw_sql("PRAGMA query_only = 1")
+            .execute(&pool)
+            .await
+            .expect("pragma");
+        let e = sqlx::query("INSERT INTO t VALUES ('ok')")
+            .execute(&pool)
+            .await
+            .expect_err("read-only");
+        assert_eq!(hint(&e), READ_ONLY, "{e}");
+    }
+}
