@@ -94,6 +94,19 @@ async fn a_read_only_database_is_refused_with_the_fix_and_loses_nothing(t: TestD
         broker.sent().is_empty(),
         "nothing is published without a claim"
     );
+    // A consumer cannot write its inbox mark: retried, with the fix.
+    let err = outboxd::consumer::process(
+        &ro,
+        "billing",
+        &crate::consumer_plugins::order(0, "o1"),
+        &outboxd::domain::billing::BillingHandler,
+    )
+    .await
+    .expect_err("the inbox cannot be written");
+    assert!(
+        matches!(&err, outboxd::consumer::HandlerError::Retryable(text) if text.contains(READ_ONLY_FIX)),
+        "{err:?}"
+    );
     ro.close().await;
 
     if t.is_postgres() {
