@@ -538,6 +538,12 @@ impl Config {
                     "event_type and topic must not be empty".into(),
                 );
             }
+            if let Some(j) = r.allowed_topics.iter().position(|t| t.trim().is_empty()) {
+                return bad(
+                    &format!("routes[{i}].allowed_topics[{j}]"),
+                    "must not be empty; list topic names, or remove the entry".into(),
+                );
+            }
         }
         for (i, p) in self.plugins.iter().enumerate() {
             if p.name.is_empty() {

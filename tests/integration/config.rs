@@ -183,3 +183,14 @@ fn consumer_plugin_handler_keys_are_named() {
     assert_eq!(key, "consumers[0].handler");
     assert!(msg.contains("also a route's transformer"), "{msg}");
 }
+
+#[test]
+fn empty_allowed_topic_is_named() {
+    let (key, msg) = key_error(Config::from_toml(
+        "t.toml",
+        "[[routes]]\nevent_type = \"order.*\"\ntopic = \"orders\"\nallowed_topics = [\"orders.large\", \" \"]\n",
+        env(&[]),
+    ));
+    assert_eq!(key, "routes[0].allowed_topics[1]");
+    assert!(msg.contains("must not be empty"), "{msg}");
+}

@@ -33,7 +33,7 @@ fn billing_plugin() -> PluginHandler {
     handler("billing", &[], TxnPolicy::default())
 }
 
-fn order(offset: i64, order_id: &str) -> Delivery {
+pub fn order(offset: i64, order_id: &str) -> Delivery {
     Delivery {
         attempt: 0,
         topic: "order.confirmed".into(),
@@ -49,7 +49,7 @@ fn order(offset: i64, order_id: &str) -> Delivery {
     }
 }
 
-async fn counts(t: &TestDb) -> (i64, i64, i64) {
+pub async fn counts(t: &TestDb) -> (i64, i64, i64) {
     (
         t.count("SELECT count(*) FROM invoices").await,
         t.count("SELECT count(*) FROM inbox").await,

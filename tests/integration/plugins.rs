@@ -49,7 +49,7 @@ pub fn engine() -> &'static PluginEngine {
     })
 }
 
-fn spec(name: &str) -> PluginSpec {
+pub fn spec(name: &str) -> PluginSpec {
     let mut s = PluginSpec::new(name, plugin_path(name));
     s.version = Some("test-1".into());
     s
@@ -341,7 +341,7 @@ async fn python_transformer_runs() {
 
 // ---- the relay with chains ---------------------------------------------
 
-async fn put(db: &Db, agg: &str, ty: &str, payload: Value) -> uuid::Uuid {
+pub async fn put(db: &Db, agg: &str, ty: &str, payload: Value) -> uuid::Uuid {
     let ev = NewEvent::new(agg, ty, payload);
     let r = match db {
         Db::Postgres(p) => {
@@ -367,7 +367,11 @@ fn relay_with_chain(
     chain: &[&str],
     config: RelayConfig,
 ) -> Relay<AnyStore, Arc<ScriptedPublisher>> {
-    let routes = vec![Route::new("order.*", "orders").with_transformers(chain)];
+    let routes = vec![
+        Route::new("order.*", "orders")
+            .with_transformers(chain)
+            .allowing_topics(&["orders.large"]),
+    ];
     let chains = build_chains(engine(), &plugins, &routes).expect("chains");
     Relay::new(
         t.store(),

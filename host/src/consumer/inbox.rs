@@ -34,7 +34,10 @@ pub enum HandlerError {
 
 impl From<sqlx::Error> for HandlerError {
     fn from(e: sqlx::Error) -> Self {
-        HandlerError::Retryable(format!("database error in handler: {e}"))
+        HandlerError::Retryable(format!(
+            "database error in handler: {e}{}",
+            crate::store::problem::hint(&e)
+        ))
     }
 }
 

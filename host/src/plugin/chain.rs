@@ -1,6 +1,8 @@
 //! A route's chain of transformers. Each message a plugin returns becomes
 //! the event the next plugin sees (same id, type and time; new payload,
 //! headers and key); the last plugin's messages are what the relay sends.
+//! A chain built for a route also checks every topic a plugin names against
+//! that route's [`TopicPolicy`], and names the plugin that broke it.
 
 use std::sync::Arc;
 
@@ -16,6 +18,32 @@ pub struct ChainError {
     pub error: PluginError,
 }
 
+/// The topics a route's plugins may send to: the route's own topic and its
+/// `allowed_topics`. A plugin that names any other topic fails the event
+/// permanently (it is dead-lettered with the reason), so a compromised or
+/// buggy plugin cannot publish into another service's topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicPolicy {
+    /// The config key of the route, for example `routes[0]`.
+    pub route_key: String,
+    pub route_topic: String,
+    pub allowed: Vec<String>,
+}
+
+impl TopicPolicy {
+    pub fn allows(&self, topic: &str) -> bool {
+        topic == self.route_topic || self.allowed.iter().any(|t| t == topic)
+    }
+
+    fn refuse(&self, topic: String) -> PluginError {
+        PluginError::TopicNotAllowed {
+            topic,
+            route_key: self.route_key.clone(),
+            route_topic: self.route_topic.clone(),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Chain {
     plugins: Vec<Arc<TransformerPlugin>>,
@@ -24,6 +52,9 @@ pub struct Chain {
     /// Set when a registry plugin of the chain has no active version: every
     /// event fails with this (retryable) reason until one is activated.
     unavailable: Option<ChainError>,
+    /// `None` (a chain run outside a route, as by `outboxd plugin test`)
+    /// lets outputs name any topic.
+    topics: Option<Arc<TopicPolicy>>,
 }
 
 impl Chain {
@@ -37,7 +68,14 @@ impl Chain {
             plugins,
             label,
             unavailable: None,
+            topics: None,
         }
+    }
+
+    /// Restricts the topics this chain's plugins may name to `policy`.
+    pub fn with_topics(mut self, policy: TopicPolicy) -> Self {
+        self.topics = Some(Arc::new(policy));
+        self
     }
 
     /// A chain that cannot run yet: `plugin` (a registry name) has no
@@ -55,6 +93,7 @@ impl Chain {
                             .into(),
                 },
             }),
+            topics: None,
         }
     }
 
@@ -83,6 +122,16 @@ impl Chain {
                     error,
                 })?;
                 for m in outputs {
+                    if let (Some(policy), Some(t)) = (&self.topics, &m.topic)
+                        && !policy.allows(t)
+                    {
+                        let error = policy.refuse(t.clone());
+                        plugin.metrics().error(error.kind());
+                        return Err(ChainError {
+                            plugin: plugin.label(),
+                            error,
+                        });
+                    }
                     let topic = m.topic.or_else(|| topic.clone());
                     next.push((
                         GuestEvent {

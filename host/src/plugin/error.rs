@@ -19,6 +19,17 @@ pub enum PluginError {
     /// The call returned more messages than allowed.
     #[error("{count} messages exceed the fan-out cap of {cap} (limits.max_outputs)")]
     TooManyOutputs { count: usize, cap: usize },
+    /// An output names a topic its route does not allow (see
+    /// [`super::chain::TopicPolicy`]).
+    #[error(
+        "output topic `{topic}` is not allowed: {route_key} publishes to `{route_topic}`; \
+         add `{topic}` to {route_key}.allowed_topics if this plugin may send there"
+    )]
+    TopicNotAllowed {
+        topic: String,
+        route_key: String,
+        route_topic: String,
+    },
     /// The guest refused the event.
     #[error("{}: {message}", if *.retryable { "retryable" } else { "permanent" })]
     Guest { retryable: bool, message: String },
@@ -35,16 +46,16 @@ pub enum PluginError {
 }
 
 impl PluginError {
-    /// A guest's `permanent` error: retrying cannot help. Traps and limits
-    /// are retried (a host under pressure can time a plugin out), and the
-    /// relay's `max_attempts` bounds them.
+    /// A guest's `permanent` error or a forbidden topic: retrying cannot
+    /// help. Traps and limits are retried (a host under pressure can time a
+    /// plugin out), and the relay's `max_attempts` bounds them.
     pub fn is_permanent(&self) -> bool {
         matches!(
             self,
             PluginError::Guest {
                 retryable: false,
                 ..
-            }
+            } | PluginError::TopicNotAllowed { .. }
         )
     }
 
@@ -56,6 +67,7 @@ impl PluginError {
             PluginError::OutOfMemory { .. } => ErrorKind::OutOfMemory,
             PluginError::OutputTooLarge { .. } => ErrorKind::OutputTooLarge,
             PluginError::TooManyOutputs { .. } => ErrorKind::TooManyOutputs,
+            PluginError::TopicNotAllowed { .. } => ErrorKind::TopicNotAllowed,
             PluginError::Guest {
                 retryable: true, ..
             } => ErrorKind::GuestRetryable,
@@ -76,6 +88,7 @@ pub enum ErrorKind {
     OutOfMemory,
     OutputTooLarge,
     TooManyOutputs,
+    TopicNotAllowed,
     GuestRetryable,
     GuestPermanent,
     Instantiate,
@@ -83,12 +96,13 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 9] = [
+    pub const ALL: [ErrorKind; 10] = [
         ErrorKind::Trap,
         ErrorKind::Timeout,
         ErrorKind::OutOfMemory,
         ErrorKind::OutputTooLarge,
         ErrorKind::TooManyOutputs,
+        ErrorKind::TopicNotAllowed,
         ErrorKind::GuestRetryable,
         ErrorKind::GuestPermanent,
         ErrorKind::Instantiate,
@@ -102,6 +116,7 @@ impl ErrorKind {
             ErrorKind::OutOfMemory => "out_of_memory",
             ErrorKind::OutputTooLarge => "output_too_large",
             ErrorKind::TooManyOutputs => "too_many_outputs",
+            ErrorKind::TopicNotAllowed => "topic_not_allowed",
             ErrorKind::GuestRetryable => "guest_retryable",
             ErrorKind::GuestPermanent => "guest_permanent",
             ErrorKind::Instantiate => "instantiate",

@@ -56,9 +56,15 @@ impl PluginMetrics {
         self.nanos
             .fetch_add(elapsed.as_nanos() as u64, Ordering::Relaxed);
         if let Some(kind) = error {
-            let i = ErrorKind::ALL.iter().position(|k| *k == kind).unwrap_or(0);
-            self.errors[i].fetch_add(1, Ordering::Relaxed);
+            self.error(kind);
         }
+    }
+
+    /// Counts an error the host found after a call had returned (a topic
+    /// the route does not allow).
+    pub(crate) fn error(&self, kind: ErrorKind) {
+        let i = ErrorKind::ALL.iter().position(|k| *k == kind).unwrap_or(0);
+        self.errors[i].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Remembers the memory an instance holds, keeping the largest.

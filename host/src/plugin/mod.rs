@@ -44,7 +44,7 @@ pub mod validate;
 pub use bindings::transformer::outbox::plugin::types::{
     Event as GuestEvent, OutgoingMessage as GuestMessage,
 };
-pub use chain::{Chain, ChainError};
+pub use chain::{Chain, ChainError, TopicPolicy};
 pub use consumer::ConsumerPlugin;
 pub use engine::{EngineConfig, PluginEngine};
 pub use error::{ErrorKind, PluginError};

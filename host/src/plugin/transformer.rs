@@ -318,5 +318,11 @@ pub(crate) fn classify(e: wasmtime::Error, memory_hit: bool, limits: &Limits) ->
             cap_bytes: limits.memory_bytes(),
         };
     }
-    PluginError::Trap(format!("{e:#}"))
+    // The cause alone: the wasm backtrace around it can fill a dead
+    // reason's 500 characters by itself (a stack overflow has thousands of
+    // frames) and cut the cause off.
+    match e.downcast_ref::<wasmtime::Trap>() {
+        Some(trap) => PluginError::Trap(trap.to_string()),
+        None => PluginError::Trap(format!("{e:#}")),
+    }
 }

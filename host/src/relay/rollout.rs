@@ -280,11 +280,12 @@ impl Rollout {
     /// Builds every route's chain from the file plugins and `desired`.
     fn table(&self, desired: &Desired) -> ChainTable {
         let mut by_route = Vec::with_capacity(self.routes.len());
-        for route in &self.routes {
+        for (ri, route) in self.routes.iter().enumerate() {
             if route.transformers.is_empty() {
                 by_route.push(None);
                 continue;
             }
+            let topics = route.topic_policy(ri);
             let mut active = Vec::new();
             let mut missing = None;
             // At most one plugin of a chain runs in shadow at a time.
@@ -318,9 +319,9 @@ impl Rollout {
                     shadow: None,
                 },
                 None => RouteChain {
-                    active: Arc::new(Chain::new(active)),
+                    active: Arc::new(Chain::new(active).with_topics(topics.clone())),
                     shadow: shadow.map(|(plugins, name, v)| Shadow {
-                        chain: Arc::new(Chain::new(plugins)),
+                        chain: Arc::new(Chain::new(plugins).with_topics(topics)),
                         stats: self.stats_for(&name, v),
                     }),
                 },

@@ -3,6 +3,8 @@
 
 use serde::Deserialize;
 
+use crate::plugin::TopicPolicy;
+
 /// `event_type` is an exact type, `*`, or a prefix pattern such as `order.*`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -13,6 +15,10 @@ pub struct Route {
     /// publishes the event as it is.
     #[serde(default)]
     pub transformers: Vec<String>,
+    /// Topics other than `topic` that the route's transformers may send
+    /// to. A plugin output naming any other topic makes the event dead.
+    #[serde(default)]
+    pub allowed_topics: Vec<String>,
 }
 
 impl Route {
@@ -21,6 +27,23 @@ impl Route {
             event_type: event_type.into(),
             topic: topic.into(),
             transformers: Vec::new(),
+            allowed_topics: Vec::new(),
+        }
+    }
+
+    /// Lets the route's transformers also send to `topics`.
+    pub fn allowing_topics(mut self, topics: &[&str]) -> Self {
+        self.allowed_topics = topics.iter().map(|t| t.to_string()).collect();
+        self
+    }
+
+    /// The topics this route's plugins may name; `index` is the route's
+    /// position in the config, for error messages.
+    pub fn topic_policy(&self, index: usize) -> TopicPolicy {
+        TopicPolicy {
+            route_key: format!("routes[{index}]"),
+            route_topic: self.topic.clone(),
+            allowed: self.allowed_topics.clone(),
         }
     }
 

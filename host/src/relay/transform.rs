@@ -141,7 +141,7 @@ pub fn build_chains(
             chain.push(plugin);
         }
         by_route.push(Some(RouteChain {
-            active: Arc::new(Chain::new(chain)),
+            active: Arc::new(Chain::new(chain).with_topics(route.topic_policy(ri))),
             shadow: None,
         }));
     }

@@ -11,6 +11,7 @@ mod enqueue;
 mod fingerprint;
 mod migrate;
 pub mod postgres;
+pub mod problem;
 pub mod sqlite;
 
 use std::future::Future;
@@ -30,7 +31,7 @@ use crate::event::OutboxEvent;
 /// its callers branch on idempotency conflicts.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("database error: {0}")]
+    #[error("database error: {source}{hint}", source = .0, hint = problem::hint(.0))]
     Database(#[from] sqlx::Error),
     #[error(
         "unsupported database URL `{0}`: use postgres://USER@HOST/DB or sqlite://PATH (sqlite::memory: for a throwaway store)"
@@ -60,7 +61,7 @@ pub enum EnqueueError {
         key: String,
         existing: uuid::Uuid,
     },
-    #[error("database error while enqueueing: {0}")]
+    #[error("database error while enqueueing: {source}{hint}", source = .0, hint = problem::hint(.0))]
     Database(#[from] sqlx::Error),
 }
 
