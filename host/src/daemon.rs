@@ -162,7 +162,11 @@ pub async fn spawn_pipeline(
     }
     let mut consumer_engine = None;
     for c in &config.consumers {
-        billing::create_schema(db).await?;
+        if c.plugin_name().is_none() {
+            // The built-in example handler writes `invoices`; plugins bring
+            // their own tables.
+            billing::create_schema(db).await?;
+        }
         let handler = Arc::new(consumer_handler(
             config,
             c,

@@ -425,3 +425,22 @@ async fn plugin_consumer_killed_mid_batch_has_exactly_one_effect(t: TestDb) {
     );
 }
 on_both!(plugin_consumer_killed_mid_batch_has_exactly_one_effect);
+
+/// Found by the chaos soak: two consumer processes starting together both
+/// ran `CREATE TABLE IF NOT EXISTS invoices`, and one died on Postgres's
+/// catalog unique index. Eight concurrent creators must all succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn processes_starting_together_create_the_example_schema_once() {
+    let t = TestDb::postgres().await;
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..8 {
+        let db = t.db.clone();
+        set.spawn(async move { outboxd::domain::billing::create_schema(&db).await });
+    }
+    while let Some(joined) = set.join_next().await {
+        joined
+            .expect("join")
+            .expect("create_schema under concurrency");
+    }
+    assert_eq!(t.count("SELECT count(*) FROM invoices").await, 0);
+}

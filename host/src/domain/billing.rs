@@ -29,9 +29,18 @@ CREATE TABLE IF NOT EXISTS invoices (
   issued_at    INTEGER NOT NULL
 )";
 
+/// Safe when several processes start at once: on Postgres two concurrent
+/// `CREATE TABLE IF NOT EXISTS` can both miss the table and one then fails
+/// on the catalog's unique index, so creators take an advisory lock first.
 pub async fn create_schema(db: &Db) -> Result<(), sqlx::Error> {
     match db {
-        Db::Postgres(p) => p.execute(PG_SCHEMA).await.map(|_| ()),
+        Db::Postgres(p) => {
+            let mut tx = p.begin().await?;
+            tx.execute("SELECT pg_advisory_xact_lock(7262817392)")
+                .await?;
+            tx.execute(PG_SCHEMA).await?;
+            tx.commit().await
+        }
         Db::Sqlite(p) => p.execute(SQLITE_SCHEMA).await.map(|_| ()),
     }
 }
