@@ -77,7 +77,9 @@ struct Kills {
 #[derive(Debug, Clone, Copy)]
 enum Fault {
     KillProc(usize),
+    StartProc(usize),
     Broker,
+    BrokerBack,
     PgTerminate,
     SwapTransformer,
     SwapConsumer,
@@ -207,7 +209,9 @@ async fn main() -> anyhow::Result<()> {
     let mut last_fault = start;
     let mut max_backlog_ms = 0i64;
     let mut next_sample = start;
-    for (when, fault) in plan {
+    let mut plan = plan;
+    plan.reverse(); // popped from the end, earliest first
+    while let Some((when, fault)) = plan.pop() {
         while start.elapsed() < when {
             if Instant::now() >= next_sample {
                 max_backlog_ms = max_backlog_ms.max(checks::backlog_age_ms(&pool).await?);
@@ -218,23 +222,23 @@ async fn main() -> anyhow::Result<()> {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        let now = start.elapsed();
+        // Restarts are scheduled like faults, so a slow one never delays
+        // the rest of the plan.
+        let mut later = None;
         match fault {
             Fault::KillProc(i) => {
                 procs[i].kill().await;
-                if i < 2 {
-                    kills.relay += 1
-                } else {
-                    kills.consumer += 1
-                }
-                tokio::time::sleep(rng.millis(200, 1_500)).await;
-                procs[i].start()?;
+                if i < 2 { kills.relay += 1 } else { kills.consumer += 1 }
+                later = Some((now + rng.millis(200, 1_500), Fault::StartProc(i)));
             }
+            Fault::StartProc(i) => procs[i].start()?,
             Fault::Broker => {
                 broker.kill().await?;
                 kills.broker += 1;
-                tokio::time::sleep(rng.millis(1_000, 4_000)).await;
-                broker.restart().await?;
+                later = Some((now + rng.millis(1_000, 4_000), Fault::BrokerBack));
             }
+            Fault::BrokerBack => broker.restart().await?,
             Fault::PgTerminate => {
                 let n: i64 = sqlx::query_scalar(
                     "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
@@ -246,34 +250,26 @@ async fn main() -> anyhow::Result<()> {
                 .await?;
                 kills.pg_backends += n as u32;
             }
-            Fault::SwapTransformer => {
-                let out = cluster::deploy(
-                    &args.outboxd,
-                    &relay_cfg,
-                    &wasm("cloudevents.wasm"),
-                    "shape",
-                )
-                .await?;
+            Fault::SwapTransformer | Fault::SwapConsumer => {
+                let (cfg, file, name) = match fault {
+                    Fault::SwapTransformer => (&relay_cfg, "cloudevents.wasm", "shape"),
+                    _ => (&consumer_cfg, "ledger-v2.wasm", "ledger"),
+                };
+                let out = cluster::deploy(&args.outboxd, cfg, &wasm(file), name).await?;
                 println!("chaos: [{:>5.1}s] {out}", start.elapsed().as_secs_f64());
                 kills.swaps += 1;
             }
-            Fault::SwapConsumer => {
-                let out = cluster::deploy(
-                    &args.outboxd,
-                    &consumer_cfg,
-                    &wasm("ledger-v2.wasm"),
-                    "ledger",
-                )
-                .await?;
-                println!("chaos: [{:>5.1}s] {out}", start.elapsed().as_secs_f64());
-                kills.swaps += 1;
-            }
+        }
+        if let Some(event) = later {
+            let at = plan.partition_point(|(t, _)| *t > event.0);
+            plan.insert(at, event);
         }
         last_fault = Instant::now();
     }
     while start.elapsed() < run {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    let fault_phase = start.elapsed();
     let _ = stop_tx.send(true);
     while producer_set.join_next().await.is_some() {}
 
@@ -302,9 +298,10 @@ async fn main() -> anyhow::Result<()> {
         .load(std::sync::atomic::Ordering::Relaxed)
         + produced.orders.load(std::sync::atomic::Ordering::Relaxed);
     let line = format!(
-        "chaos: events={} relay_kills={} consumer_kills={} broker_kills={} pg_kills={} swaps={} \
+        "chaos: seconds={} events={} relay_kills={} consumer_kills={} broker_kills={} pg_kills={} swaps={} \
          lost={} duplicate_effects={} order_violations={} atomicity_violations={} unpublished={} \
          dead={} consumer_dead_letters={} max_backlog_age_ms={} drain_ms={}{}",
+        fault_phase.as_secs(),
         verdict.events,
         kills.relay,
         kills.consumer,
