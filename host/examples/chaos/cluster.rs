@@ -76,9 +76,27 @@ impl Proc {
 /// The broker, driven through tests/tansu.sh with durable storage.
 pub struct Broker {
     pub script: PathBuf,
+    /// tansu's log, and how much of it has been read.
+    pub log: PathBuf,
+    pub read: u64,
 }
 
 impl Broker {
+    /// Whether tansu logged a panic since the last look. tansu 0.6.0's
+    /// libsql engine can panic in `update_group` ("more or less than one
+    /// row", lite.rs:503) when consumer-group members churn; its storage
+    /// task is then gone and the broker fails every request while its port
+    /// stays open. The soak restarts it, like a supervisor would, and
+    /// reports those restarts apart from its own kills.
+    pub fn crashed(&mut self) -> bool {
+        let Ok(text) = std::fs::read(&self.log) else {
+            return false;
+        };
+        let new = &text[(self.read as usize).min(text.len())..];
+        self.read = text.len() as u64;
+        new.windows(9).any(|w| w == b"panicked ")
+    }
+
     async fn run(&self, verb: &str) -> anyhow::Result<()> {
         let out = Command::new("bash")
             .arg(&self.script)
@@ -125,8 +143,8 @@ kind = "kafka"
 "bootstrap.servers" = "{bootstrap}"
 "enable.auto.commit" = "false"
 "enable.auto.offset.store" = "false"
-"session.timeout.ms" = "6000"
-"heartbeat.interval.ms" = "1000"
+"session.timeout.ms" = "30000"
+"heartbeat.interval.ms" = "3000"
 
 [[plugins]]
 name = "shape"
@@ -161,7 +179,7 @@ workers = 2
 batch_size = 100
 poll_interval_ms = 100
 publish_timeout_ms = 4000
-max_attempts = 10
+max_attempts = 40
 [relay.backoff]
 base_seconds = 0.2
 max_seconds = 5

@@ -72,6 +72,8 @@ struct Kills {
     broker: u32,
     pg_backends: u32,
     swaps: u32,
+    /// Restarts after tansu itself panicked (not counted in `broker`).
+    broker_crashes: u32,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -111,6 +113,15 @@ fn schedule(rng: &mut Rng, run: Duration) -> Vec<(Duration, Fault)> {
     }
     plan.sort_by_key(|(t, _)| *t);
     plan
+}
+
+/// Restarts a broker that crashed by itself.
+async fn supervise(broker: &mut Broker, kills: &mut Kills) -> anyhow::Result<()> {
+    eprintln!("chaos: tansu panicked (see its log); restarting it");
+    broker.kill().await?;
+    broker.restart().await?;
+    kills.broker_crashes += 1;
+    Ok(())
 }
 
 #[tokio::main]
@@ -180,8 +191,13 @@ async fn main() -> anyhow::Result<()> {
     for p in &mut procs {
         p.start()?;
     }
-    let broker = Broker {
+    let tansu_log = std::env::var_os("TANSU_STATE_DIR")
+        .map_or_else(|| PathBuf::from("/tmp/outboxd-tansu"), PathBuf::from)
+        .join("log");
+    let mut broker = Broker {
         script: args.tansu_script.clone(),
+        read: std::fs::metadata(&tansu_log).map_or(0, |m| m.len()),
+        log: tansu_log,
     };
     println!(
         "chaos: seed {seed}, {} s at {} events/s over {} aggregates; logs in {}",
@@ -220,6 +236,9 @@ async fn main() -> anyhow::Result<()> {
             for p in &mut procs {
                 p.check_alive()?;
             }
+            if broker.crashed() {
+                supervise(&mut broker, &mut kills).await?;
+            }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         let now = start.elapsed();
@@ -229,7 +248,11 @@ async fn main() -> anyhow::Result<()> {
         match fault {
             Fault::KillProc(i) => {
                 procs[i].kill().await;
-                if i < 2 { kills.relay += 1 } else { kills.consumer += 1 }
+                if i < 2 {
+                    kills.relay += 1
+                } else {
+                    kills.consumer += 1
+                }
                 later = Some((now + rng.millis(200, 1_500), Fault::StartProc(i)));
             }
             Fault::StartProc(i) => procs[i].start()?,
@@ -281,6 +304,10 @@ async fn main() -> anyhow::Result<()> {
         for p in &mut procs {
             p.check_alive()?;
         }
+        if broker.crashed() {
+            supervise(&mut broker, &mut kills).await?;
+            last_fault = Instant::now();
+        }
         max_backlog_ms = max_backlog_ms.max(checks::backlog_age_ms(&pool).await?);
         if checks::outstanding(&pool).await? == 0 {
             drained = true;
@@ -298,7 +325,7 @@ async fn main() -> anyhow::Result<()> {
         .load(std::sync::atomic::Ordering::Relaxed)
         + produced.orders.load(std::sync::atomic::Ordering::Relaxed);
     let line = format!(
-        "chaos: seconds={} events={} relay_kills={} consumer_kills={} broker_kills={} pg_kills={} swaps={} \
+        "chaos: seconds={} events={} relay_kills={} consumer_kills={} broker_kills={} broker_crashes={} pg_kills={} swaps={} \
          lost={} duplicate_effects={} order_violations={} atomicity_violations={} unpublished={} \
          dead={} consumer_dead_letters={} max_backlog_age_ms={} drain_ms={}{}",
         fault_phase.as_secs(),
@@ -306,6 +333,7 @@ async fn main() -> anyhow::Result<()> {
         kills.relay,
         kills.consumer,
         kills.broker,
+        kills.broker_crashes,
         kills.pg_backends,
         kills.swaps,
         verdict.lost,
