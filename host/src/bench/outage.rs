@@ -151,3 +151,35 @@ pub(crate) const MIB: f64 = 1024.0 * 1024.0;
 
 /// How often the table and RSS are sampled.
 pub(crate) const SAMPLE_EVERY: Duration = Duration::from_millis(500);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::broker::NullPublisher;
+
+    fn msg() -> OutgoingMessage {
+        OutgoingMessage {
+            topic: "t".into(),
+            key: b"k".to_vec(),
+            payload: b"{}".to_vec(),
+            headers: Vec::new(),
+            message_id: uuid::Uuid::new_v4(),
+            created_at: chrono::Utc::now(),
+        }
+    }
+
+    #[tokio::test]
+    async fn refuses_as_retryable_in_the_window_and_notes_the_first_ack_after() {
+        let p = OutagePublisher::new(NullPublisher);
+        assert!(p.publish(msg()).await.is_ok());
+        assert_eq!(p.first_ack_after_up(), None, "no window closed yet");
+        p.go_down();
+        let err = p.publish(msg()).await.expect_err("the broker is down");
+        assert!(!err.is_permanent(), "an outage must be retried: {err}");
+        assert_eq!(p.failed(), 1);
+        p.come_up();
+        assert_eq!(p.first_ack_after_up(), None, "nothing acknowledged yet");
+        assert!(p.publish(msg()).await.is_ok());
+        assert!(p.first_ack_after_up().is_some_and(|s| s < 1.0));
+    }
+}
