@@ -103,6 +103,8 @@ pub struct DrainReport {
     pub drain_ratio: f64,
     /// Handled per second during the measured drain.
     pub drain_consumed_eps: f64,
+    /// Committed by producers per second during the measured drain.
+    pub drain_arrival_eps: f64,
     /// End of the outage → the first acknowledged publish.
     pub first_publish_after_outage_seconds: f64,
     /// Publishes refused during the outage (relay attempts).
@@ -168,6 +170,7 @@ async fn measure_capacity(
             cfg.event_type(),
             rate,
             Duration::from_secs(900),
+            false,
             stop.clone(),
             c.produced.clone(),
         ))
@@ -209,7 +212,7 @@ pub async fn drain(args: &DrainBenchArgs) -> Result<DrainReport, BenchError> {
             args.load
         )));
     }
-    let db = Db::connect(&args.url, 24).await?;
+    let db = Db::connect(&args.url, 48).await?;
     let Db::Postgres(pool) = &db else {
         return Err(BenchError::Refused(
             "the drain benchmark needs a postgres:// URL".into(),
@@ -265,6 +268,7 @@ pub async fn drain(args: &DrainBenchArgs) -> Result<DrainReport, BenchError> {
         cfg.event_type(),
         rate,
         Duration::from_secs_f64(args.warmup_seconds + args.outage_seconds + max_drain + 10.0),
+        false,
         stop.clone(),
         c.produced.clone(),
     ));
@@ -305,6 +309,7 @@ pub async fn drain(args: &DrainBenchArgs) -> Result<DrainReport, BenchError> {
     publisher.come_up();
     let ended = Instant::now();
     let handled_at_end = c.handled();
+    let produced_at_end = c.produced();
 
     // Phase 3: recovery, until the backlog is back at the steady level.
     let mut drain_samples = Samples::default();
@@ -314,7 +319,7 @@ pub async fn drain(args: &DrainBenchArgs) -> Result<DrainReport, BenchError> {
         let b = c.backlog();
         peak_backlog = peak_backlog.max(b);
         if b <= steady_backlog {
-            drained = Some((ended.elapsed().as_secs_f64(), c.handled()));
+            drained = Some((ended.elapsed().as_secs_f64(), c.handled(), c.produced()));
             break;
         }
         if Instant::now() >= next_sample {
@@ -351,9 +356,13 @@ pub async fn drain(args: &DrainBenchArgs) -> Result<DrainReport, BenchError> {
 
     let predicted_backlog = arrival_rate * args.outage_seconds;
     let predicted_drain = predicted_backlog / (capacity - arrival_rate);
-    let (measured_drain, drain_consumed) = match drained {
-        Some((s, h)) => (s, (h - handled_at_end) as f64 / s.max(1e-3)),
-        None => (f64::NAN, f64::NAN),
+    let (measured_drain, drain_consumed, drain_arrivals) = match drained {
+        Some((s, h, p)) => (
+            s,
+            (h - handled_at_end) as f64 / s.max(1e-3),
+            (p - produced_at_end) as f64 / s.max(1e-3),
+        ),
+        None => (f64::NAN, f64::NAN, f64::NAN),
     };
     let (peak_pending, peak_lag) = split(peak.0, peak.1);
     let report = DrainReport {
@@ -375,6 +384,7 @@ pub async fn drain(args: &DrainBenchArgs) -> Result<DrainReport, BenchError> {
         measured_drain_seconds: measured_drain,
         drain_ratio: measured_drain / predicted_drain,
         drain_consumed_eps: drain_consumed,
+        drain_arrival_eps: drain_arrivals,
         first_publish_after_outage_seconds: publisher.first_ack_after_up().unwrap_or(f64::NAN),
         failed_publishes: publisher.failed(),
         outage_samples,
@@ -393,7 +403,7 @@ fn print(r: &DrainReport, max_drain: f64) {
     let mib = |b: i64| b as f64 / MIB;
     let rss_growth = (o.max_rss_kib as f64 - o.first.rss_kib as f64) / 1024.0;
     println!(
-        "drain: capacity {:.0} ev/s, arrivals {:.0} ev/s ({:.0} %), outage T {:.1} s; \
+        "drain: capacity {:.0} ev/s, arrivals {:.0} ev/s ({:.0} %, target {:.0}), outage T {:.1} s; \
          backlog predicted {:.0} (rate × T), measured peak {} ({} outbox pending + {} transport lag); \
          drain predicted {:.1} s (backlog / (capacity − rate)), measured {:.1} s, measured/predicted {:.2}; \
          during the outage RSS max {:.1} MiB (+{:.1} MiB), outbox table {:.2} / {:.2} / {:.2} MiB \
@@ -401,6 +411,7 @@ fn print(r: &DrainReport, max_drain: f64) {
         r.capacity_eps,
         r.arrival_rate_eps,
         100.0 * r.arrival_rate_eps / r.capacity_eps,
+        r.target_rate_eps,
         r.outage_seconds,
         r.predicted_backlog,
         r.peak_backlog,
@@ -433,7 +444,8 @@ fn print(r: &DrainReport, max_drain: f64) {
     );
     println!(
         "  drain = end of the outage → backlog (committed − handled) back at the steady level {} \
-         (highest in the warm-up){}; consumed {:.0} ev/s while draining; {} events, each handled once",
+         (highest in the warm-up){}; while draining {:.0} ev/s consumed, {:.0} ev/s arrived; \
+         {} events, each handled once",
         r.steady_backlog,
         if r.measured_drain_seconds.is_nan() {
             format!(", NOT reached within {max_drain:.0} s")
@@ -441,6 +453,7 @@ fn print(r: &DrainReport, max_drain: f64) {
             String::new()
         },
         r.drain_consumed_eps,
+        r.drain_arrival_eps,
         r.events,
     );
 }

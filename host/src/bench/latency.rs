@@ -88,6 +88,7 @@ async fn run_one(
         cfg.event_type(),
         rate as f64,
         Duration::from_secs(args.seconds),
+        true,
         Arc::new(AtomicBool::new(false)),
         produced.clone(),
     )

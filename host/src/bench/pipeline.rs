@@ -174,18 +174,21 @@ impl Pipeline {
 }
 
 /// Producer transactions in flight at once, at most.
-const IN_FLIGHT: usize = 16;
+const IN_FLIGHT: usize = 32;
 
 /// A paced producer: `rate` events/s in 10 ms ticks, each event its own
 /// transaction, up to [`IN_FLIGHT`] of them committing at once so the rate
 /// does not hinge on one commit's latency. It stops after `max` or once
-/// `stop` is set. A tick that falls behind is made up in a burst, so
+/// `stop` is set. With `catch_up`, ticks that fell behind are made up in a
+/// burst (a fixed number of events); without, they are skipped, so the
+/// rate never exceeds `rate` (a steady arrival rate). Either way
 /// `produced` / elapsed is the rate actually reached.
 pub(crate) async fn produce(
     pool: PgPool,
     event_type: String,
     rate: f64,
     max: Duration,
+    catch_up: bool,
     stop: Arc<AtomicBool>,
     produced: Arc<AtomicU64>,
 ) {
@@ -196,7 +199,10 @@ pub(crate) async fn produce(
     let mut next: u64 = 0;
     let slots = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
     let mut interval = tokio::time::interval(tick);
-    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    interval.set_missed_tick_behavior(match catch_up {
+        true => tokio::time::MissedTickBehavior::Burst,
+        false => tokio::time::MissedTickBehavior::Skip,
+    });
     'ticks: for t in 0..ticks {
         interval.tick().await;
         owed += per_tick;
