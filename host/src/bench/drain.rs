@@ -404,7 +404,7 @@ fn print(r: &DrainReport, max_drain: f64) {
     let rss_growth = (o.max_rss_kib as f64 - o.first.rss_kib as f64) / 1024.0;
     println!(
         "drain: capacity {:.0} ev/s, arrivals {:.0} ev/s ({:.0} %, target {:.0}), outage T {:.1} s; \
-         backlog predicted {:.0} (rate × T), measured peak {} ({} outbox pending + {} transport lag); \
+         backlog predicted {:.0} (rate × T), measured peak {} (at the peak 0.5 s sample: {} outbox pending + {} transport lag); \
          drain predicted {:.1} s (backlog / (capacity − rate)), measured {:.1} s, measured/predicted {:.2}; \
          during the outage RSS max {:.1} MiB (+{:.1} MiB), outbox table {:.2} / {:.2} / {:.2} MiB \
          (start / peak / end, {:.0} rows/MiB)",
