@@ -16,6 +16,7 @@
 mod claim;
 mod consumer;
 mod drain;
+mod drain_report;
 mod latency;
 mod memory;
 mod outage;
@@ -24,7 +25,8 @@ mod relay;
 
 pub use claim::{ClaimBenchArgs, ClaimBenchReport, claim};
 pub use consumer::{ConsumerBenchArgs, consumer};
-pub use drain::{DrainBenchArgs, DrainReport, drain};
+pub use drain::{DrainBenchArgs, drain};
+pub use drain_report::DrainReport;
 pub use latency::{LatencyBenchArgs, LatencyRow, latency};
 pub use memory::{MemoryBenchArgs, MemoryRow, memory};
 pub use relay::{RelayBenchArgs, relay};
