@@ -27,7 +27,7 @@ sink=(--sink null)
 if [ -n "${OUTBOXD_TEST_KAFKA:-}" ]; then
   sink=(--sink kafka --brokers "$OUTBOXD_TEST_KAFKA")
 fi
-# claim needs the empty database; relay and memory empty the outbox first.
+# claim needs the empty database; relay, memory and drain empty the outbox first.
 bench claim --url "$url" --published 20000 --pending 1000 --claims 20
 bench relay --url "$url" --events 2000 --seed-events 200 --aggregates 200 \
   --batch 100 --workers 2 --pipeline false,true \
@@ -36,3 +36,5 @@ bench consumer --url "$url" --plugin plugins/dist/billing.wasm \
   --messages 200 --batch 20 --partitions 2 --repeat 1
 bench latency --url "$url" --rates 100 --seconds 2 --poll-ms 200
 bench memory --url "$url" --backlogs 1000,4000
+bench drain --url "$url" --capacity-events 1000 --warmup-seconds 1 --outage-seconds 1 \
+  --load 0.5 --max-drain-seconds 20

@@ -56,14 +56,7 @@ async fn fill(pool: &PgPool, events: i64) -> Result<(), BenchError> {
 
 /// `VmHWM` (peak RSS) of `pid`, in KiB.
 fn peak_rss_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
+    super::proc_status_kib(Some(pid), "VmHWM")
 }
 
 pub async fn memory(args: &MemoryBenchArgs) -> Result<Vec<MemoryRow>, BenchError> {

@@ -3,6 +3,9 @@
 //! - `claim`: the claim query on a table with millions of published rows.
 //! - `consumer`: inbox throughput, per-message against savepoint batches,
 //!   native billing against the billing plugin.
+//! - `drain`: seed 001's outage arithmetic, measured: capacity, arrivals at
+//!   a fraction of it, a broker outage, and the drain afterwards, against
+//!   backlog = rate × T and drain = backlog / (capacity − rate).
 //! - `latency`: commit-to-effect latency at fixed arrival rates, with
 //!   LISTEN/NOTIFY and with polling only.
 //! - `memory`: peak RSS of `outboxd run` draining backlogs of several sizes.
@@ -12,12 +15,18 @@
 
 mod claim;
 mod consumer;
+mod drain;
+mod drain_report;
 mod latency;
 mod memory;
+mod outage;
+mod pipeline;
 mod relay;
 
 pub use claim::{ClaimBenchArgs, ClaimBenchReport, claim};
 pub use consumer::{ConsumerBenchArgs, consumer};
+pub use drain::{DrainBenchArgs, drain};
+pub use drain_report::DrainReport;
 pub use latency::{LatencyBenchArgs, LatencyRow, latency};
 pub use memory::{MemoryBenchArgs, MemoryRow, memory};
 pub use relay::{RelayBenchArgs, relay};
@@ -43,4 +52,21 @@ pub(crate) fn write_json<T: serde::Serialize>(
         .map_err(|e| BenchError::Refused(format!("cannot encode the results: {e}")))?;
     std::fs::write(path, text)
         .map_err(|e| BenchError::Refused(format!("cannot write {}: {e}", path.display())))
+}
+
+/// A `kB` field of `/proc/PID/status` (`VmRSS`, `VmHWM`), in KiB; `pid`
+/// `None` reads this process. `None` off Linux or for a gone process.
+pub(crate) fn proc_status_kib(pid: Option<u32>, field: &str) -> Option<u64> {
+    let path = match pid {
+        Some(pid) => format!("/proc/{pid}/status"),
+        None => "/proc/self/status".to_string(),
+    };
+    let status = std::fs::read_to_string(path).ok()?;
+    status
+        .lines()
+        .find(|l| l.strip_prefix(field).is_some_and(|r| r.starts_with(':')))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod bench;
 mod dead;
 mod plugin;
 
@@ -97,7 +98,7 @@ enum Command {
     Cleanup,
     /// Benchmarks that print numbers (see BENCHMARKS.md).
     #[command(subcommand)]
-    Bench(BenchCommand),
+    Bench(bench::BenchCommand),
     /// Inspect and act on dead events (the relay gave up on them).
     #[command(subcommand)]
     Dead(DeadCommand),
@@ -108,20 +109,6 @@ enum Command {
         #[arg(long)]
         enqueue: bool,
     },
-}
-
-#[derive(Debug, Subcommand)]
-enum BenchCommand {
-    /// Claim-query latency with many published rows and a pending backlog.
-    Claim(crate::bench::ClaimBenchArgs),
-    /// Relay throughput over batch sizes and workers, against seed 000's design.
-    Relay(crate::bench::RelayBenchArgs),
-    /// Consumer throughput: per message against batched, native against plugin.
-    Consumer(crate::bench::ConsumerBenchArgs),
-    /// End-to-end latency at fixed arrival rates, LISTEN/NOTIFY against polling.
-    Latency(crate::bench::LatencyBenchArgs),
-    /// Peak RSS of `outboxd run` draining backlogs of several sizes.
-    Memory(crate::bench::MemoryBenchArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -245,42 +232,9 @@ fn faults_from_env() -> anyhow::Result<Faults> {
 }
 
 async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
-    if let Command::Bench(BenchCommand::Claim(args)) = &cli.command {
+    if let Command::Bench(cmd) = &cli.command {
         init_logging(LogFormat::Human);
-        let r = crate::bench::claim(args).await?;
-        println!(
-            "claim latency: {} published + {} pending rows, batch {}: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms over {} claims (fill {:.1} s)",
-            r.published_rows,
-            r.pending_rows,
-            r.batch,
-            r.p50_ms,
-            r.p99_ms,
-            r.max_ms,
-            r.claims,
-            r.fill_seconds
-        );
-        println!("{}", serde_json::to_string(&r)?);
-        return Ok(ExitCode::SUCCESS);
-    }
-    if let Command::Bench(BenchCommand::Consumer(args)) = &cli.command {
-        init_logging(LogFormat::Human);
-        crate::bench::consumer(args).await?;
-        return Ok(ExitCode::SUCCESS);
-    }
-    if let Command::Bench(BenchCommand::Memory(args)) = &cli.command {
-        init_logging(LogFormat::Human);
-        crate::bench::memory(args).await?;
-        return Ok(ExitCode::SUCCESS);
-    }
-    if let Command::Bench(BenchCommand::Latency(args)) = &cli.command {
-        init_logging(LogFormat::Human);
-        crate::bench::latency(args).await?;
-        return Ok(ExitCode::SUCCESS);
-    }
-    if let Command::Bench(BenchCommand::Relay(args)) = &cli.command {
-        init_logging(LogFormat::Human);
-        crate::bench::relay(args).await?;
-        return Ok(ExitCode::SUCCESS);
+        return bench::bench_command(cmd).await;
     }
     if let Command::Demo(args) = &cli.command {
         init_logging(if cli.log_json {

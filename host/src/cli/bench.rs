@@ -1,0 +1,56 @@
+//! `outboxd bench …`: the benchmark subcommands (see BENCHMARKS.md).
+
+use std::process::ExitCode;
+
+use clap::Subcommand;
+
+#[derive(Debug, Subcommand)]
+pub(super) enum BenchCommand {
+    /// Claim-query latency with many published rows and a pending backlog.
+    Claim(crate::bench::ClaimBenchArgs),
+    /// Relay throughput over batch sizes and workers, against seed 000's design.
+    Relay(crate::bench::RelayBenchArgs),
+    /// Consumer throughput: per message against batched, native against plugin.
+    Consumer(crate::bench::ConsumerBenchArgs),
+    /// End-to-end latency at fixed arrival rates, LISTEN/NOTIFY against polling.
+    Latency(crate::bench::LatencyBenchArgs),
+    /// Peak RSS of `outboxd run` draining backlogs of several sizes.
+    Memory(crate::bench::MemoryBenchArgs),
+    /// Seed 001's outage arithmetic, measured: backlog and drain time after a
+    /// broker outage, against backlog = rate × T, drain = backlog / (capacity − rate).
+    Drain(crate::bench::DrainBenchArgs),
+}
+
+pub(super) async fn bench_command(cmd: &BenchCommand) -> anyhow::Result<ExitCode> {
+    match cmd {
+        BenchCommand::Claim(args) => {
+            let r = crate::bench::claim(args).await?;
+            println!(
+                "claim latency: {} published + {} pending rows, batch {}: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms over {} claims (fill {:.1} s)",
+                r.published_rows,
+                r.pending_rows,
+                r.batch,
+                r.p50_ms,
+                r.p99_ms,
+                r.max_ms,
+                r.claims,
+                r.fill_seconds
+            );
+            println!("{}", serde_json::to_string(&r)?);
+        }
+        BenchCommand::Consumer(args) => crate::bench::consumer(args).await?,
+        BenchCommand::Memory(args) => {
+            crate::bench::memory(args).await?;
+        }
+        BenchCommand::Latency(args) => {
+            crate::bench::latency(args).await?;
+        }
+        BenchCommand::Relay(args) => {
+            crate::bench::relay(args).await?;
+        }
+        BenchCommand::Drain(args) => {
+            crate::bench::drain(args).await?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
