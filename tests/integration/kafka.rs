@@ -651,7 +651,8 @@ impl Tansu {
             return b;
         }
         let home = std::env::var("HOME").unwrap_or_default();
-        let installed = format!("{home}/.cargo/bin/tansu");
+        // Where tests/tansu.sh installs it (TANSU_ROOT).
+        let installed = format!("{home}/.cache/outboxd/tansu-0.6.0/bin/tansu");
         if std::path::Path::new(&installed).exists() {
             return installed;
         }

@@ -130,7 +130,7 @@ impl Broker {
 pub const TOPIC: &str = "chaos.events";
 
 /// Settings both process kinds share: the store, the broker, the plugins.
-fn common(url: &str, bootstrap: &str, cache: &Path) -> String {
+fn common(url: &str, bootstrap: &str, cache: &Path, kafka_extra: &str) -> String {
     format!(
         r#"[database]
 url = "{url}"
@@ -143,8 +143,10 @@ kind = "kafka"
 "bootstrap.servers" = "{bootstrap}"
 "enable.auto.commit" = "false"
 "enable.auto.offset.store" = "false"
-"session.timeout.ms" = "30000"
-"heartbeat.interval.ms" = "3000"
+"session.timeout.ms" = "10000"
+"heartbeat.interval.ms" = "2000"
+"max.poll.interval.ms" = "20000"
+{kafka_extra}
 
 [[plugins]]
 name = "shape"
@@ -169,9 +171,17 @@ transformers = ["shape"]
     )
 }
 
-/// Writes relay.toml (relay only) and consumer.toml (consumers only).
-pub fn write_configs(dir: &Path, url: &str, bootstrap: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
-    let base = common(url, bootstrap, &dir.join("cache"));
+/// Writes relay.toml (relay only) and consumer-N.toml (consumers only).
+/// Each consumer process has a static group membership
+/// (`group.instance.id`): restarted after a SIGKILL, it takes its old place
+/// in the group at once instead of waiting out the dead member's session.
+pub fn write_configs(
+    dir: &Path,
+    url: &str,
+    bootstrap: &str,
+) -> anyhow::Result<(PathBuf, [PathBuf; 2])> {
+    let cache = dir.join("cache");
+    let base = common(url, bootstrap, &cache, "");
     let relay = format!(
         "{base}
 [relay]
@@ -185,8 +195,15 @@ base_seconds = 0.2
 max_seconds = 5
 "
     );
-    let consumer = format!(
-        "{base}
+    let consumer = |n: usize| {
+        let base = common(
+            url,
+            bootstrap,
+            &cache,
+            &format!("\"group.instance.id\" = \"consumer-{n}\""),
+        );
+        format!(
+            "{base}
 [relay]
 workers = 0
 
@@ -197,12 +214,15 @@ handler = \"plugin:ledger\"
 batch_in_transaction = 10
 max_attempts = 20
 "
-    );
+        )
+    };
     let relay_path = dir.join("relay.toml");
-    let consumer_path = dir.join("consumer.toml");
     std::fs::write(&relay_path, relay)?;
-    std::fs::write(&consumer_path, consumer)?;
-    Ok((relay_path, consumer_path))
+    let consumers = [1, 2].map(|n| dir.join(format!("consumer-{n}.toml")));
+    for (i, path) in consumers.iter().enumerate() {
+        std::fs::write(path, consumer(i + 1))?;
+    }
+    Ok((relay_path, consumers))
 }
 
 /// `outboxd plugin deploy FILE --name NAME [--activate]`, as an operator would.

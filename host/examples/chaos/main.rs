@@ -104,7 +104,10 @@ fn schedule(rng: &mut Rng, run: Duration) -> Vec<(Duration, Fault)> {
         // Every process is hit in turn; the gaps are random.
         plan.push((t, Fault::KillProc(next_proc % 4)));
         next_proc += 1;
-        t += rng.millis(2_500, 7_000);
+        // A group needs about a session timeout (10 s) to drop a killed
+        // member and rebalance; killing faster than that only measures
+        // rebalancing.
+        t += rng.millis(4_000, 12_000);
     }
     let mut t = Duration::from_secs(2);
     while t < at(0.9) {
@@ -171,7 +174,8 @@ async fn main() -> anyhow::Result<()> {
         .await
         .map_err(|e| anyhow::anyhow!("create {}: {e}", cluster::TOPIC))?;
 
-    let (relay_cfg, consumer_cfg) = cluster::write_configs(&dir_path, &url, &args.bootstrap)?;
+    let (relay_cfg, [consumer_cfg, consumer2_cfg]) =
+        cluster::write_configs(&dir_path, &url, &args.bootstrap)?;
     let wasm = |f: &str| args.plugins.join(f);
     for (cfg, file, plugin) in [
         (&relay_cfg, "redact-pii.wasm", "shape"),
@@ -186,7 +190,7 @@ async fn main() -> anyhow::Result<()> {
         Proc::new("relay-1", &args.outboxd, &relay_cfg, &dir_path),
         Proc::new("relay-2", &args.outboxd, &relay_cfg, &dir_path),
         Proc::new("consumer-1", &args.outboxd, &consumer_cfg, &dir_path),
-        Proc::new("consumer-2", &args.outboxd, &consumer_cfg, &dir_path),
+        Proc::new("consumer-2", &args.outboxd, &consumer2_cfg, &dir_path),
     ];
     for p in &mut procs {
         p.start()?;
