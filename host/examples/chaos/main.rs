@@ -56,6 +56,10 @@ struct Args {
     tansu_script: PathBuf,
     #[arg(long, default_value = "plugins/dist")]
     plugins: PathBuf,
+    /// Broker kills (at least 3 for the soak; 0 isolates the other
+    /// faults when diagnosing).
+    #[arg(long, default_value_t = 3)]
+    broker_kills: u32,
     /// Keeps the database and the logs for a post-mortem.
     #[arg(long)]
     keep: bool,
@@ -89,15 +93,17 @@ enum Fault {
 
 /// The fault plan: the broker three times and each swap once at fixed
 /// points, processes and connections at random moments in between.
-fn schedule(rng: &mut Rng, run: Duration) -> Vec<(Duration, Fault)> {
+fn schedule(rng: &mut Rng, run: Duration, broker_kills: u32) -> Vec<(Duration, Fault)> {
     let at = |f: f64| run.mul_f64(f);
     let mut plan = vec![
-        (at(0.15), Fault::Broker),
-        (at(0.42), Fault::Broker),
-        (at(0.70), Fault::Broker),
         (at(0.30), Fault::SwapTransformer),
         (at(0.55), Fault::SwapConsumer),
     ];
+    // Spread over 15 %–70 % of the run.
+    for k in 0..broker_kills {
+        let f = 0.15 + 0.55 * f64::from(k) / f64::from(broker_kills.saturating_sub(1).max(1));
+        plan.push((at(f), Fault::Broker));
+    }
     let mut t = Duration::from_secs(3);
     let mut next_proc = 0usize;
     while t < at(0.9) {
@@ -223,7 +229,7 @@ async fn main() -> anyhow::Result<()> {
     );
 
     let run = Duration::from_secs(args.seconds);
-    let plan = schedule(&mut rng, run);
+    let plan = schedule(&mut rng, run, args.broker_kills);
     let start = Instant::now();
     let mut kills = Kills::default();
     let mut last_fault = start;
@@ -366,7 +372,7 @@ async fn main() -> anyhow::Result<()> {
         std::fs::write(path, serde_json::to_vec_pretty(&doc)?)?;
     }
     let swapped = verdict.by_writer.len() == 2 && verdict.by_shape.len() == 2;
-    let ok = drained && verdict.ok() && kills.broker >= 3 && swapped;
+    let ok = drained && verdict.ok() && kills.broker >= args.broker_kills && swapped;
     pool.close().await;
     if !args.keep {
         admin
