@@ -7,23 +7,19 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::broker::Publisher;
-use crate::broker::embedded::{EmbeddedConsumer, EmbeddedConsumerConfig, EmbeddedPublisher};
-use crate::broker::kafka::{KafkaConsumer, KafkaConsumerConfig, KafkaPublisher, KafkaSetupError};
-use crate::clock::SystemClock;
-use crate::config::{Config, ConsumerSection, TransportKind};
-use crate::consumer::{
-    ActiveConsumer, Consumer, ConsumerConfig, ConsumerHandler, ConsumerStats, PluginHandler,
-};
-use crate::domain::billing::{self, BillingHandler};
+mod consumers;
+mod relays;
+
+use relays::spawn_relays_for;
+
+use crate::broker::embedded::EmbeddedPublisher;
+use crate::broker::kafka::{KafkaPublisher, KafkaSetupError};
+use crate::config::{Config, TransportKind};
+use crate::consumer::{ActiveConsumer, ConsumerStats};
 use crate::fault::Faults;
 use crate::metrics::Metrics;
-use crate::plugin::{ConsumerPlugin, PluginEngine};
-use crate::relay::worker::{self, WorkerConfig};
-use crate::relay::{Chains, Relay, Router, build_chains};
-use crate::store::postgres::{PgStore, listen_for_events};
-use crate::store::sqlite::SqliteStore;
-use crate::store::{AnyStore, Db, OutboxStore, migrate};
+use crate::relay::{Chains, build_chains};
+use crate::store::{AnyStore, Db, migrate};
 
 /// What a running pipeline exposes to its caller (the demo and tests read it).
 #[derive(Default)]
@@ -160,115 +156,17 @@ pub async fn spawn_pipeline(
             Ok(())
         });
     }
-    let mut consumer_engine = None;
-    for c in &config.consumers {
-        if c.plugin_name().is_none() {
-            // The built-in example handler writes `invoices`; plugins bring
-            // their own tables.
-            billing::create_schema(db).await?;
-        }
-        let handler = Arc::new(consumer_handler(
-            config,
-            c,
-            &registry_consumers,
-            &mut consumer_engine,
-        )?);
-        let consumer_cfg = ConsumerConfig {
-            name: c.name.clone(),
-            handler_id: handler.id(),
-            batch_in_transaction: c.batch_in_transaction,
-            max_attempts: c.max_attempts,
-            ..ConsumerConfig::default()
-        };
-        let consumer_metrics = handles.metrics.consumer(&c.name);
-        match config.transport.kind {
-            TransportKind::Embedded => {
-                let source = EmbeddedConsumer::new(
-                    db.clone(),
-                    EmbeddedConsumerConfig {
-                        group: c.name.clone(),
-                        topics: c.topics.clone(),
-                        partitions: config.transport.partitions,
-                        lease: Duration::from_millis(config.transport.consumer_lease_ms),
-                    },
-                );
-                let mut consumer = Consumer::new(db.clone(), source, handler, consumer_cfg)
-                    .with_faults(faults.clone())
-                    .with_metrics(consumer_metrics);
-                handles
-                    .consumer_stats
-                    .push((c.name.clone(), consumer.stats()));
-                let shutdown = shutdown.clone();
-                set.spawn(async move {
-                    let result = consumer.run(shutdown).await.map_err(|e| e.to_string());
-                    let _ = consumer.source_mut().release().await;
-                    result
-                });
-            }
-            TransportKind::Kafka => {
-                // The consumer group is the consumer's name, as in the inbox.
-                let source = KafkaConsumer::new(
-                    &config.transport.kafka,
-                    KafkaConsumerConfig::new(c.name.clone(), c.topics.clone()),
-                )?;
-                let dlq = Arc::new(KafkaPublisher::new(
-                    &config.transport.kafka,
-                    Duration::from_secs(10),
-                )?);
-                let mut consumer = Consumer::new(db.clone(), source, handler, consumer_cfg)
-                    .with_faults(faults.clone())
-                    .with_metrics(consumer_metrics)
-                    .with_dead_letter_topic(Arc::new(move |m| {
-                        let dlq = dlq.clone();
-                        Box::pin(async move { dlq.publish(m).await })
-                    }));
-                handles
-                    .consumer_stats
-                    .push((c.name.clone(), consumer.stats()));
-                let shutdown = shutdown.clone();
-                set.spawn(async move { consumer.run(shutdown).await.map_err(|e| e.to_string()) });
-            }
-        }
-    }
+    consumers::spawn_consumers(
+        &mut set,
+        config,
+        db,
+        &faults,
+        &registry_consumers,
+        &mut handles,
+        &shutdown,
+    )
+    .await?;
     Ok((set, handles))
-}
-
-/// Loads `consumers[].handler`: a registry plugin gets its rollout slot
-/// (`registry`), a file plugin is loaded here, on an engine created on first
-/// use.
-fn consumer_handler(
-    config: &Config,
-    c: &ConsumerSection,
-    registry: &[ActiveConsumer],
-    engine: &mut Option<PluginEngine>,
-) -> Result<ConsumerHandler, DaemonError> {
-    let Some(name) = c.plugin_name() else {
-        return Ok(ConsumerHandler::Billing(BillingHandler));
-    };
-    if let Some(slot) = registry.iter().find(|s| s.name() == name) {
-        return Ok(ConsumerHandler::Plugin(PluginHandler::swappable(
-            slot.clone(),
-            c.txn_policy(),
-        )));
-    }
-    let spec = config
-        .plugins
-        .iter()
-        .find(|p| p.name == name)
-        .ok_or_else(|| DaemonError::Plugin(format!("no [[plugins]] entry is named `{name}`")))?;
-    let engine = match engine {
-        Some(e) => e,
-        None => engine.insert(
-            PluginEngine::new(config.plugin_engine_config())
-                .map_err(|e| DaemonError::Plugin(e.to_string()))?,
-        ),
-    };
-    let plugin =
-        ConsumerPlugin::load(engine, spec).map_err(|e| DaemonError::Plugin(e.to_string()))?;
-    Ok(ConsumerHandler::Plugin(PluginHandler::new(
-        Arc::new(plugin),
-        c.txn_policy(),
-    )))
 }
 
 /// Builds every route's transformer chain; no engine when no route has one.
@@ -358,54 +256,6 @@ async fn start_rollout(
     Ok(Some((chains, slots)))
 }
 
-/// Spawns the relay workers over the store that matches `db`.
-#[allow(clippy::too_many_arguments)] // Distinct handles; a struct would only rename them.
-async fn spawn_relays_for<P: Publisher + Clone>(
-    set: &mut JoinSet<Result<(), String>>,
-    config: &Config,
-    db: &Db,
-    publisher: P,
-    faults: &Faults,
-    chains: &Chains,
-    metrics: &Arc<Metrics>,
-    shutdown: &watch::Receiver<bool>,
-) {
-    if config.relay.workers == 0 {
-        tracing::info!("relay.workers = 0: this process only consumes");
-        return;
-    }
-    match db {
-        Db::Postgres(pool) => {
-            let wake = listen_for_events(pool).await.ok();
-            let store = PgStore::new(pool.clone());
-            spawn_relays(
-                set,
-                config,
-                store,
-                publisher,
-                wake,
-                (faults.clone(), chains.clone()),
-                metrics.clone(),
-                shutdown.clone(),
-            );
-        }
-        Db::Sqlite(pool) => {
-            let store =
-                SqliteStore::new(pool.clone(), Duration::from_millis(config.relay.lease_ms));
-            spawn_relays(
-                set,
-                config,
-                store,
-                publisher,
-                None,
-                (faults.clone(), chains.clone()),
-                metrics.clone(),
-                shutdown.clone(),
-            );
-        }
-    }
-}
-
 /// Retention and reconciliation on their schedules.
 fn spawn_jobs(
     set: &mut JoinSet<Result<(), String>>,
@@ -468,45 +318,6 @@ fn spawn_jobs(
                     return Ok(());
                 }
             }
-        });
-    }
-}
-
-#[allow(clippy::too_many_arguments)] // Each argument is a distinct handle; a struct would only rename them.
-fn spawn_relays<S: OutboxStore, P: Publisher + Clone>(
-    set: &mut JoinSet<Result<(), String>>,
-    config: &Config,
-    store: S,
-    publisher: P,
-    wake: Option<watch::Receiver<u64>>,
-    (faults, chains): (Faults, Chains),
-    metrics: Arc<Metrics>,
-    shutdown: watch::Receiver<bool>,
-) {
-    let router = Router::new(config.routes.clone());
-    let worker_cfg = WorkerConfig {
-        poll_interval: Duration::from_millis(config.relay.poll_interval_ms),
-        pipeline: config.relay.pipeline,
-        ..WorkerConfig::default()
-    };
-    for _ in 0..config.relay.workers {
-        let relay = Relay::new(
-            store.clone(),
-            publisher.clone(),
-            router.clone(),
-            config.relay_config(),
-            Arc::new(SystemClock),
-        )
-        .with_faults(faults.clone())
-        .with_metrics(metrics.clone())
-        .with_chains(chains.clone());
-        let wake = wake.clone();
-        let shutdown = shutdown.clone();
-        let worker_cfg = worker_cfg.clone();
-        set.spawn(async move {
-            worker::run(&relay, &worker_cfg, wake, shutdown)
-                .await
-                .map_err(|e| e.to_string())
         });
     }
 }

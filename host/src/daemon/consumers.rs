@@ -1,0 +1,142 @@
+//! The `[[consumers]]` of `outboxd run`: each one's handler (the built-in
+//! example, a file plugin or a registry plugin's rollout slot) and its
+//! source (the embedded transport or a Kafka consumer group).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use super::{DaemonError, PipelineHandles};
+use crate::broker::Publisher;
+use crate::broker::embedded::{EmbeddedConsumer, EmbeddedConsumerConfig};
+use crate::broker::kafka::{KafkaConsumer, KafkaConsumerConfig, KafkaPublisher};
+use crate::config::{Config, ConsumerSection, TransportKind};
+use crate::consumer::{ActiveConsumer, Consumer, ConsumerConfig, ConsumerHandler, PluginHandler};
+use crate::domain::billing::{self, BillingHandler};
+use crate::fault::Faults;
+use crate::plugin::{ConsumerPlugin, PluginEngine};
+use crate::store::Db;
+
+/// Spawns one task per configured consumer; they stop when `shutdown` turns
+/// true.
+pub(super) async fn spawn_consumers(
+    set: &mut JoinSet<Result<(), String>>,
+    config: &Config,
+    db: &Db,
+    faults: &Faults,
+    registry_consumers: &[ActiveConsumer],
+    handles: &mut PipelineHandles,
+    shutdown: &watch::Receiver<bool>,
+) -> Result<(), DaemonError> {
+    let mut consumer_engine = None;
+    for c in &config.consumers {
+        if c.plugin_name().is_none() {
+            // The built-in example handler writes `invoices`; plugins bring
+            // their own tables.
+            billing::create_schema(db).await?;
+        }
+        let handler = Arc::new(consumer_handler(
+            config,
+            c,
+            registry_consumers,
+            &mut consumer_engine,
+        )?);
+        let consumer_cfg = ConsumerConfig {
+            name: c.name.clone(),
+            handler_id: handler.id(),
+            batch_in_transaction: c.batch_in_transaction,
+            max_attempts: c.max_attempts,
+            ..ConsumerConfig::default()
+        };
+        let consumer_metrics = handles.metrics.consumer(&c.name);
+        match config.transport.kind {
+            TransportKind::Embedded => {
+                let source = EmbeddedConsumer::new(
+                    db.clone(),
+                    EmbeddedConsumerConfig {
+                        group: c.name.clone(),
+                        topics: c.topics.clone(),
+                        partitions: config.transport.partitions,
+                        lease: Duration::from_millis(config.transport.consumer_lease_ms),
+                    },
+                );
+                let mut consumer = Consumer::new(db.clone(), source, handler, consumer_cfg)
+                    .with_faults(faults.clone())
+                    .with_metrics(consumer_metrics);
+                handles
+                    .consumer_stats
+                    .push((c.name.clone(), consumer.stats()));
+                let shutdown = shutdown.clone();
+                set.spawn(async move {
+                    let result = consumer.run(shutdown).await.map_err(|e| e.to_string());
+                    let _ = consumer.source_mut().release().await;
+                    result
+                });
+            }
+            TransportKind::Kafka => {
+                // The consumer group is the consumer's name, as in the inbox.
+                let source = KafkaConsumer::new(
+                    &config.transport.kafka,
+                    KafkaConsumerConfig::new(c.name.clone(), c.topics.clone()),
+                )?;
+                let dlq = Arc::new(KafkaPublisher::new(
+                    &config.transport.kafka,
+                    Duration::from_secs(10),
+                )?);
+                let mut consumer = Consumer::new(db.clone(), source, handler, consumer_cfg)
+                    .with_faults(faults.clone())
+                    .with_metrics(consumer_metrics)
+                    .with_dead_letter_topic(Arc::new(move |m| {
+                        let dlq = dlq.clone();
+                        Box::pin(async move { dlq.publish(m).await })
+                    }));
+                handles
+                    .consumer_stats
+                    .push((c.name.clone(), consumer.stats()));
+                let shutdown = shutdown.clone();
+                set.spawn(async move { consumer.run(shutdown).await.map_err(|e| e.to_string()) });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Loads `consumers[].handler`: a registry plugin gets its rollout slot
+/// (`registry`), a file plugin is loaded here, on an engine created on first
+/// use.
+fn consumer_handler(
+    config: &Config,
+    c: &ConsumerSection,
+    registry: &[ActiveConsumer],
+    engine: &mut Option<PluginEngine>,
+) -> Result<ConsumerHandler, DaemonError> {
+    let Some(name) = c.plugin_name() else {
+        return Ok(ConsumerHandler::Billing(BillingHandler));
+    };
+    if let Some(slot) = registry.iter().find(|s| s.name() == name) {
+        return Ok(ConsumerHandler::Plugin(PluginHandler::swappable(
+            slot.clone(),
+            c.txn_policy(),
+        )));
+    }
+    let spec = config
+        .plugins
+        .iter()
+        .find(|p| p.name == name)
+        .ok_or_else(|| DaemonError::Plugin(format!("no [[plugins]] entry is named `{name}`")))?;
+    let engine = match engine {
+        Some(e) => e,
+        None => engine.insert(
+            PluginEngine::new(config.plugin_engine_config())
+                .map_err(|e| DaemonError::Plugin(e.to_string()))?,
+        ),
+    };
+    let plugin =
+        ConsumerPlugin::load(engine, spec).map_err(|e| DaemonError::Plugin(e.to_string()))?;
+    Ok(ConsumerHandler::Plugin(PluginHandler::new(
+        Arc::new(plugin),
+        c.txn_policy(),
+    )))
+}
