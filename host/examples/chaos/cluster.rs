@@ -89,11 +89,16 @@ impl Broker {
     /// stays open. The soak restarts it, like a supervisor would, and
     /// reports those restarts apart from its own kills.
     pub fn crashed(&mut self) -> bool {
-        let Ok(text) = std::fs::read(&self.log) else {
+        use std::io::{Read, Seek, SeekFrom};
+        let Ok(mut file) = std::fs::File::open(&self.log) else {
             return false;
         };
-        let new = &text[(self.read as usize).min(text.len())..];
-        self.read = text.len() as u64;
+        // Only what was appended since the last look.
+        let mut new = Vec::new();
+        if file.seek(SeekFrom::Start(self.read)).is_err() || file.read_to_end(&mut new).is_err() {
+            return false;
+        }
+        self.read += new.len() as u64;
         new.windows(9).any(|w| w == b"panicked ")
     }
 
