@@ -6,6 +6,7 @@ mod support;
 mod admin;
 
 mod backoff;
+mod batches;
 mod config;
 mod consumer_plugins;
 mod consumer_swap;

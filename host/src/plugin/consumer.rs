@@ -19,7 +19,7 @@ use super::host::HostState;
 use super::limits::Limits;
 use super::log::{LineBudget, drain};
 use super::metrics::PluginMetrics;
-use super::transaction::{ActiveTransaction, TxnPolicy, TxnServer, link};
+use super::transaction::{ActiveTransaction, TxnPolicy, TxnServer, link, next_request};
 use super::transformer::{PluginSpec, classify};
 use super::{cache, validate};
 use crate::consumer::InboxTx;
@@ -187,8 +187,8 @@ impl ConsumerPlugin {
         slot.store.data_mut().memory.hit = false;
         slot.store
             .set_epoch_deadline(self.deadline_ticks(self.limits.timeout_ms));
-        let (sender, mut requests) = link();
-        slot.store.data_mut().txn = Some(sender);
+        let mailbox = link();
+        slot.store.data_mut().txn = Some(mailbox.clone());
         let resource = slot
             .store
             .data_mut()
@@ -215,7 +215,7 @@ impl ConsumerPlugin {
                     tokio::select! {
                         biased;
                         r = &mut call => break r,
-                        Some(req) = requests.recv() => server.serve(req).await,
+                        op = next_request(&mailbox) => server.serve(&mailbox, op).await,
                     }
                 }
             };

@@ -1,10 +1,9 @@
 //! The host side of the `transaction` resource a consumer plugin borrows
 //! during `handle`. The plugin never holds the database transaction: its
-//! calls travel over a channel to [`TxnServer`], which owns the borrow of
+//! calls travel through a [`Mailbox`] to [`TxnServer`], which owns the borrow of
 //! the host's [`InboxTx`] for the length of one call and checks, budgets
 //! and runs each statement.
 
-use tokio::sync::{mpsc, oneshot};
 use wasmtime::component::Resource;
 
 use super::bindings::consumer::outbox::plugin::transaction::{self as wit, DbError, Rows, Value};
@@ -54,16 +53,51 @@ pub(crate) enum Reply {
     Emitted(String),
 }
 
-pub(crate) struct Request {
-    op: Op,
-    reply: oneshot::Sender<Result<Reply, DbError>>,
+/// The one statement in flight between the guest and [`TxnServer`], and
+/// its answer.
+///
+/// No waker is involved: the guest's call and the server run in the same
+/// task, and the loop in `ConsumerPlugin::call` polls them in turn. A host
+/// call leaves its request here and returns `Pending` with the wasm call
+/// suspended; the loop finds the request as soon as the call returns,
+/// serves it and polls the call again, which then finds the reply. A
+/// channel would wake the task on every send, and on tokio's multi-thread
+/// runtime each wake can hand the task to another worker thread: that cost
+/// more than the statement itself.
+#[derive(Default)]
+pub(crate) struct Mailbox {
+    request: std::sync::Mutex<Option<Op>>,
+    reply: std::sync::Mutex<Option<Result<Reply, DbError>>>,
+}
+
+impl Mailbox {
+    /// The request the guest left, if any.
+    pub(crate) fn take_request(&self) -> Option<Op> {
+        self.request.lock().ok()?.take()
+    }
+
+    fn put_reply(&self, reply: Result<Reply, DbError>) {
+        if let Ok(mut slot) = self.reply.lock() {
+            *slot = Some(reply);
+        }
+    }
 }
 
 /// The guest's way to the transaction while a `handle` call runs.
-pub(crate) type TxnLink = mpsc::Sender<Request>;
+pub(crate) type TxnLink = std::sync::Arc<Mailbox>;
 
-pub(crate) fn link() -> (TxnLink, mpsc::Receiver<Request>) {
-    mpsc::channel(1)
+pub(crate) fn link() -> TxnLink {
+    TxnLink::default()
+}
+
+/// Resolves once the loop has left a request in `link`, without
+/// registering a waker (see [`Mailbox`]): it is polled right after the
+/// guest's call returned `Pending`, which is when a request appears.
+pub(crate) fn next_request(link: &TxnLink) -> impl std::future::Future<Output = Op> + '_ {
+    std::future::poll_fn(move |_| match link.take_request() {
+        Some(op) => std::task::Poll::Ready(op),
+        None => std::task::Poll::Pending,
+    })
 }
 
 fn inactive() -> DbError {
@@ -74,12 +108,18 @@ fn inactive() -> DbError {
 
 impl HostState {
     async fn request(&mut self, op: Op) -> Result<Reply, DbError> {
-        let link = self.txn.as_ref().ok_or_else(inactive)?;
-        let (reply, answer) = oneshot::channel();
-        link.send(Request { op, reply })
-            .await
-            .map_err(|_| inactive())?;
-        answer.await.map_err(|_| inactive())?
+        let link = self.txn.clone().ok_or_else(inactive)?;
+        match link.request.lock() {
+            Ok(mut slot) => *slot = Some(op),
+            Err(_) => return Err(inactive()),
+        }
+        std::future::poll_fn(
+            |_| match link.reply.lock().ok().and_then(|mut r| r.take()) {
+                Some(reply) => std::task::Poll::Ready(reply),
+                None => std::task::Poll::Pending,
+            },
+        )
+        .await
     }
 }
 
@@ -172,14 +212,15 @@ impl<'a> TxnServer<'a> {
         }
     }
 
-    pub(crate) async fn serve(&mut self, request: Request) {
-        let result = self.run(request.op).await;
+    /// Runs one request and leaves its answer in `link`.
+    pub(crate) async fn serve(&mut self, link: &TxnLink, op: Op) {
+        let result = self.run(op).await;
         if let Err(e) = &result
             && self.failure.is_none()
         {
             self.failure = Some(describe(e));
         }
-        let _ = request.reply.send(result);
+        link.put_reply(result);
     }
 
     async fn run(&mut self, op: Op) -> Result<Reply, DbError> {

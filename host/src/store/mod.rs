@@ -89,6 +89,27 @@ pub struct BatchOutcome {
     pub transformed: Vec<(i64, String)>,
 }
 
+impl BatchOutcome {
+    /// Every published and filtered event as `(seq, outcome, label)`, for
+    /// the one statement that marks a batch that went through plugins (the
+    /// label is `None` for an event whose route has no transformers). Each
+    /// row is then written once rather than once to mark it and once more
+    /// to record its label.
+    pub fn done_rows(&self) -> Vec<(i64, &'static str, Option<&str>)> {
+        let labels: std::collections::HashMap<i64, &str> = self
+            .transformed
+            .iter()
+            .map(|(seq, label)| (*seq, label.as_str()))
+            .collect();
+        let published = self.published.iter().map(|s| (*s, "published"));
+        let filtered = self.filtered.iter().map(|s| (*s, "filtered"));
+        published
+            .chain(filtered)
+            .map(|(seq, outcome)| (seq, outcome, labels.get(&seq).copied()))
+            .collect()
+    }
+}
+
 /// A batch of claimed events. Dropping it without `complete` releases the
 /// claim (Postgres rolls back; SQLite leases expire), so a crash between
 /// publish and mark republishes: at least once, never lost.

@@ -46,10 +46,12 @@ const MARK_PUBLISHED: &str = "UPDATE outbox SET published_at = $2, outcome = 'pu
 
 const MARK_FILTERED: &str = "UPDATE outbox SET published_at = $2, outcome = 'filtered' WHERE seq = ANY($1) AND published_at IS NULL";
 
-const MARK_TRANSFORMED: &str = "
-UPDATE outbox o SET transformed_by = t.label
-  FROM unnest($1::bigint[], $2::text[]) AS t(seq, label)
- WHERE o.seq = t.seq";
+/// Published and filtered events of a batch that went through plugins,
+/// with each one's chain label, in one statement.
+const MARK_DONE: &str = "
+UPDATE outbox o SET published_at = $4, outcome = d.outcome, transformed_by = d.label
+  FROM unnest($1::bigint[], $2::text[], $3::text[]) AS d(seq, outcome, label)
+ WHERE o.seq = d.seq AND o.published_at IS NULL";
 
 const MARK_FAILED: &str = "
 UPDATE outbox o
@@ -79,28 +81,33 @@ impl ClaimedBatch for PgBatch {
         let Some(mut tx) = self.tx.take() else {
             return Ok(());
         };
-        if !outcome.published.is_empty() {
-            sqlx::query(MARK_PUBLISHED)
-                .bind(&outcome.published)
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
-        }
-        if !outcome.filtered.is_empty() {
-            sqlx::query(MARK_FILTERED)
-                .bind(&outcome.filtered)
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
-        }
         if !outcome.transformed.is_empty() {
-            let seqs: Vec<i64> = outcome.transformed.iter().map(|t| t.0).collect();
-            let labels: Vec<&str> = outcome.transformed.iter().map(|t| t.1.as_str()).collect();
-            sqlx::query(MARK_TRANSFORMED)
+            let rows = outcome.done_rows();
+            let seqs: Vec<i64> = rows.iter().map(|r| r.0).collect();
+            let outcomes: Vec<&str> = rows.iter().map(|r| r.1).collect();
+            let labels: Vec<Option<&str>> = rows.iter().map(|r| r.2).collect();
+            sqlx::query(MARK_DONE)
                 .bind(&seqs)
+                .bind(&outcomes)
                 .bind(&labels)
+                .bind(now)
                 .execute(&mut *tx)
                 .await?;
+        } else {
+            if !outcome.published.is_empty() {
+                sqlx::query(MARK_PUBLISHED)
+                    .bind(&outcome.published)
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            if !outcome.filtered.is_empty() {
+                sqlx::query(MARK_FILTERED)
+                    .bind(&outcome.filtered)
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await?;
+            }
         }
         if !outcome.failed.is_empty() {
             let seqs: Vec<i64> = outcome.failed.iter().map(|f| f.seq).collect();

@@ -65,10 +65,15 @@ const MARK_FILTERED: &str = "
 UPDATE outbox SET published_at = $2, outcome = 'filtered', lease_owner = NULL, lease_until = NULL
  WHERE seq IN (SELECT value FROM json_each($1)) AND published_at IS NULL";
 
-const MARK_TRANSFORMED: &str = "
-UPDATE outbox SET transformed_by = json_extract(t.value, '$[1]')
-  FROM json_each($1) AS t
- WHERE outbox.seq = json_extract(t.value, '$[0]')";
+/// Published and filtered events of a batch that went through plugins,
+/// with each one's chain label (`[seq, outcome, label]`), in one statement.
+const MARK_DONE: &str = "
+UPDATE outbox SET published_at = $2,
+       outcome = json_extract(d.value, '$[1]'),
+       transformed_by = json_extract(d.value, '$[2]'),
+       lease_owner = NULL, lease_until = NULL
+  FROM json_each($1) AS d
+ WHERE outbox.seq = json_extract(d.value, '$[0]') AND published_at IS NULL";
 
 const MARK_FAILED: &str = "
 UPDATE outbox
@@ -102,25 +107,27 @@ impl ClaimedBatch for SqliteBatch {
             return Ok(());
         }
         let mut tx = self.pool.begin().await?;
-        if !outcome.published.is_empty() {
-            sqlx::query(MARK_PUBLISHED)
-                .bind(serde_json::to_string(&outcome.published).unwrap_or_default())
-                .bind(micros(now))
-                .execute(&mut *tx)
-                .await?;
-        }
-        if !outcome.filtered.is_empty() {
-            sqlx::query(MARK_FILTERED)
-                .bind(serde_json::to_string(&outcome.filtered).unwrap_or_default())
-                .bind(micros(now))
-                .execute(&mut *tx)
-                .await?;
-        }
         if !outcome.transformed.is_empty() {
-            sqlx::query(MARK_TRANSFORMED)
-                .bind(serde_json::to_string(&outcome.transformed).unwrap_or_default())
+            sqlx::query(MARK_DONE)
+                .bind(serde_json::to_string(&outcome.done_rows()).unwrap_or_default())
+                .bind(micros(now))
                 .execute(&mut *tx)
                 .await?;
+        } else {
+            if !outcome.published.is_empty() {
+                sqlx::query(MARK_PUBLISHED)
+                    .bind(serde_json::to_string(&outcome.published).unwrap_or_default())
+                    .bind(micros(now))
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            if !outcome.filtered.is_empty() {
+                sqlx::query(MARK_FILTERED)
+                    .bind(serde_json::to_string(&outcome.filtered).unwrap_or_default())
+                    .bind(micros(now))
+                    .execute(&mut *tx)
+                    .await?;
+            }
         }
         if !outcome.failed.is_empty() {
             let failed: Vec<serde_json::Value> = outcome
