@@ -38,3 +38,6 @@ bench latency --url "$url" --rates 100 --seconds 2 --poll-ms 200
 bench memory --url "$url" --backlogs 1000,4000
 bench drain --url "$url" --capacity-events 1000 --warmup-seconds 1 --outage-seconds 1 \
   --load 0.5 --max-drain-seconds 20
+# The criterion micro-benchmarks of one plugin call, in criterion's test
+# mode (each benchmark runs once; `cargo bench` measures them).
+cargo test -q -p outboxd --bench plugin_calls
