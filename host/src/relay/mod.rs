@@ -170,7 +170,15 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         if batch.events().is_empty() {
             return Ok(None);
         }
-        let results = join_all(batch.events().iter().map(|ev| self.handle_event(ev))).await;
+        let transformed = self.run_chains(batch.events()).await;
+        let results = join_all(
+            batch
+                .events()
+                .iter()
+                .zip(transformed)
+                .map(|(ev, t)| self.handle_event(ev, t)),
+        )
+        .await;
         Ok(Some(Sent { batch, results }))
     }
 
@@ -266,10 +274,13 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         }
     }
 
-    async fn handle_event(&self, ev: &OutboxEvent) -> EventResult {
-        // Read once: this event runs entirely on the versions of this snapshot.
-        if let Some(route) = self.chains.for_event(&self.router, &ev.event_type) {
-            return self.transform_and_publish(ev, &route).await;
+    async fn handle_event(
+        &self,
+        ev: &OutboxEvent,
+        transformed: Option<(RouteChain, transform::ChainOutput)>,
+    ) -> EventResult {
+        if let Some((route, output)) = transformed {
+            return self.publish_outputs(ev, &route, output).await;
         }
         match self.publish(self.message_for(ev)).await {
             Ok(()) => EventResult::Published(None),

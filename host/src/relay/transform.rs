@@ -185,28 +185,107 @@ const RESERVED: [&str; 5] = [
     SOURCE_ID_HEADER,
 ];
 
+/// What a chain made of one event: its outputs or its error, or the text of
+/// a chain task that stopped.
+pub(super) type ChainOutput = Result<Result<Vec<GuestMessage>, crate::plugin::ChainError>, String>;
+
+/// One event's chain, ready to run on a task.
+enum Job {
+    Plain(GuestEvent),
+    Shadowed(Box<OutboxEvent>),
+}
+
+async fn run_job(
+    route: &RouteChain,
+    job: Job,
+) -> Result<Vec<GuestMessage>, crate::plugin::ChainError> {
+    match (job, &route.shadow) {
+        (Job::Plain(event), _) => route.active.run(event).await,
+        (Job::Shadowed(ev), Some(shadow)) => run_with_shadow(&ev, &route.active, shadow).await,
+        (Job::Shadowed(ev), None) => route.active.run(guest_event(&ev)).await,
+    }
+}
+
 impl<S: OutboxStore, P: Publisher> Relay<S, P> {
-    pub(super) async fn transform_and_publish(
+    /// Runs the chain of every event of a batch that has one, before any of
+    /// them is published. Plugin calls are CPU work: the events are split
+    /// into one contiguous run per runtime worker thread, each on its own
+    /// task, so a batch's calls use every core while costing a task spawn
+    /// (and its cross-thread wake) per thread rather than per event. Each
+    /// event reads the chain table once here and runs entirely on that
+    /// snapshot. The result is aligned with `events`; `None` for an event
+    /// whose route has no chain.
+    pub(super) async fn run_chains(
+        &self,
+        events: &[OutboxEvent],
+    ) -> Vec<Option<(RouteChain, ChainOutput)>> {
+        let mut out: Vec<Option<(RouteChain, ChainOutput)>> = events.iter().map(|_| None).collect();
+        let jobs: Vec<(usize, RouteChain, Job)> = events
+            .iter()
+            .enumerate()
+            .filter_map(|(i, ev)| {
+                let route = self.chains.for_event(&self.router, &ev.event_type)?;
+                let job = if route.shadow.is_some() {
+                    Job::Shadowed(Box::new(ev.clone()))
+                } else {
+                    Job::Plain(guest_event(ev))
+                };
+                Some((i, route, job))
+            })
+            .collect();
+        if jobs.is_empty() {
+            return out;
+        }
+        let threads = tokio::runtime::Handle::current()
+            .metrics()
+            .num_workers()
+            .clamp(1, 16);
+        let per_task = jobs.len().div_ceil(threads);
+        let mut jobs = jobs.into_iter();
+        let mut tasks = Vec::with_capacity(threads);
+        loop {
+            let chunk: Vec<(usize, RouteChain, Job)> = jobs.by_ref().take(per_task).collect();
+            if chunk.is_empty() {
+                break;
+            }
+            let routes: Vec<(usize, RouteChain)> =
+                chunk.iter().map(|(i, r, _)| (*i, r.clone())).collect();
+            let task = tokio::spawn(async move {
+                let mut results = Vec::with_capacity(chunk.len());
+                for (_, route, job) in chunk {
+                    results.push(run_job(&route, job).await);
+                }
+                results
+            });
+            tasks.push((routes, task));
+        }
+        for (routes, task) in tasks {
+            match task.await {
+                Ok(results) => {
+                    for ((i, route), result) in routes.into_iter().zip(results) {
+                        out[i] = Some((route, Ok(result)));
+                    }
+                }
+                Err(join) => {
+                    for (i, route) in routes {
+                        let text = format!("plugin chain {} stopped: {join}", route.active.label());
+                        out[i] = Some((route, Err(text)));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Publishes what an event's chain returned.
+    pub(super) async fn publish_outputs(
         &self,
         ev: &OutboxEvent,
         route: &RouteChain,
+        output: ChainOutput,
     ) -> EventResult {
         let chain = &route.active;
-        // Plugin calls are CPU work: run each event's chain on its own task,
-        // so the calls of one batch spread over every runtime thread instead
-        // of taking turns on the relay's.
-        let task = match &route.shadow {
-            None => {
-                let active = route.active.clone();
-                let event = guest_event(ev);
-                tokio::spawn(async move { active.run(event).await })
-            }
-            Some(shadow) => {
-                let (active, shadow, ev) = (route.active.clone(), shadow.clone(), ev.clone());
-                tokio::spawn(async move { run_with_shadow(&ev, &active, &shadow).await })
-            }
-        };
-        let outputs = match task.await {
+        let outputs = match output {
             Ok(Ok(outputs)) => outputs,
             Ok(Err(e)) => {
                 return EventResult::Failed {
@@ -214,10 +293,10 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                     error: e.to_string(),
                 };
             }
-            Err(join) => {
+            Err(stopped) => {
                 return EventResult::Failed {
                     permanent: false,
-                    error: format!("plugin chain {} stopped: {join}", chain.label()),
+                    error: stopped,
                 };
             }
         };
