@@ -44,7 +44,7 @@ run claim claim --url "$url"
 psql "$base" -qc "DROP DATABASE IF EXISTS $db" >/dev/null
 psql "$base" -qc "CREATE DATABASE $db" >/dev/null
 run relay relay --url "$url" --sink kafka --brokers "$KAFKA_BOOTSTRAP" \
-  --plugin plugins/dist/cloudevents.wasm --json "$out/relay.json"
+  --plugin plugins/dist/cloudevents.wasm --seed-events 20000 --json "$out/relay.json"
 run consumer consumer --url "$url" --plugin plugins/dist/billing.wasm --partitions 1 --repeat 5
 run consumer-4 consumer --url "$url" --plugin plugins/dist/billing.wasm --partitions 4 --repeat 3
 run latency latency --url "$url" --json "$out/latency.json"
