@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds every plugin from source into plugins/dist/*.wasm (components).
 # Rust plugins: cargo, wasm32-wasip2, release. Python: componentize-py
-# 0.25.1 (pip install componentize-py==0.25.1); skipped with a warning only
-# when PLUGINS_SKIP_PYTHON=1.
+# 0.25.1 (pip install componentize-py==0.25.1); skipped only when
+# PLUGINS_SKIP_PYTHON=1. JavaScript: componentize-js 0.18.5 from npm
+# (plugins/js-tag); skipped only when PLUGINS_SKIP_JS=1.
 set -euo pipefail
 cd "$(dirname "$0")"
 export CARGO_TARGET_DIR="$PWD/target"
@@ -34,6 +35,25 @@ if [[ "${PLUGINS_SKIP_PYTHON:-0}" != 1 ]]; then
   if [[ ! -f "$out" || python-tag/app.py -nt "$out" || ../wit/outbox-plugin.wit -nt "$out" ]]; then
     (cd python-tag && componentize-py -d ../../wit -w transformer componentize app -o "$out.tmp" >/dev/null)
     mv "$out.tmp" "$out"
+  fi
+fi
+if [[ "${PLUGINS_SKIP_JS:-0}" != 1 ]]; then
+  # JavaScript: componentize-js from npm (pinned by js-tag/package-lock.json),
+  # installed once into js-tag/node_modules; the build itself is offline.
+  if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+    echo "plugins/build.sh: node and npm are needed for plugins/js-tag (Debian: apt-get install nodejs npm), or set PLUGINS_SKIP_JS=1" >&2
+    exit 1
+  fi
+  if [[ ! -d js-tag/node_modules/@bytecodealliance/componentize-js ]]; then
+    echo "plugins/build.sh: installing componentize-js from npm (js-tag/package-lock.json)" >&2
+    (cd js-tag && npm ci --no-audit --no-fund >&2) || {
+      echo "plugins/build.sh: cannot install componentize-js; run: (cd plugins/js-tag && npm ci)" >&2
+      exit 1
+    }
+  fi
+  out="$dist/js-tag.wasm"
+  if [[ ! -f "$out" || js-tag/src/app.js -nt "$out" || js-tag/build.mjs -nt "$out" || ../wit/outbox-plugin.wit -nt "$out" ]]; then
+    (cd js-tag && node build.mjs ../../wit "$out" >/dev/null)
   fi
 fi
 ls -l "$dist"

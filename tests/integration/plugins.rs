@@ -339,6 +339,32 @@ async fn python_transformer_runs() {
     assert!(err.is_permanent(), "{err:?}");
 }
 
+#[tokio::test]
+async fn javascript_transformer_runs() {
+    let mut s = spec("js-tag");
+    s.limits.memory_mib = 256;
+    s.limits.timeout_ms = 1000;
+    let p = load(&s);
+    let out = p
+        .transform(&event(json!({"n": 1})))
+        .await
+        .expect("javascript transform");
+    assert_eq!(out.len(), 1);
+    assert_eq!(
+        json_of(&out[0].payload),
+        json!({"n": 1, "tagged_by": "javascript"})
+    );
+    let err = p
+        .transform(&event(json!({"reject": true})))
+        .await
+        .expect_err("javascript reports a permanent error");
+    assert!(err.is_permanent(), "{err:?}");
+    assert!(
+        format!("{err}").contains("rejected by the javascript plugin"),
+        "{err}"
+    );
+}
+
 // ---- the relay with chains ---------------------------------------------
 
 pub async fn put(db: &Db, agg: &str, ty: &str, payload: Value) -> uuid::Uuid {
