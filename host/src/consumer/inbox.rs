@@ -235,10 +235,10 @@ pub(crate) async fn exec(tx: &mut InboxTx, sql: &str) -> Result<(), sqlx::Error>
 ///
 /// The common case, where every message succeeds, runs without savepoints
 /// (two statements per message instead of four). When a message fails, that
-/// transaction is rolled back whole and the batch runs again with a
-/// savepoint per message, which keeps the prefix; the handlers of the
-/// prefix therefore run twice in that case, inside transactions, so only
-/// one of the two runs ever commits.
+/// transaction is rolled back whole, the messages before it run again with
+/// a savepoint each and commit, and the failed message's result is the one
+/// it already had: its handler runs once per attempt, while the handlers of
+/// the prefix run twice, inside transactions of which only one commits.
 pub async fn process_batch<H: Handler>(
     db: &Db,
     consumer: &str,
@@ -256,12 +256,34 @@ pub async fn attempt_batch<H: Handler>(
     deliveries: &[Delivery],
     handler: &H,
 ) -> Result<Vec<Attempt>, sqlx::Error> {
-    if deliveries.len() > 1
-        && let Some(attempts) = attempt_all(db, consumer, deliveries, handler).await?
-    {
-        return Ok(attempts);
+    if deliveries.len() <= 1 {
+        return attempt_with_savepoints(db, consumer, deliveries, handler).await;
     }
-    attempt_with_savepoints(db, consumer, deliveries, handler).await
+    match attempt_all(db, consumer, deliveries, handler).await? {
+        AllOrFailure::All(attempts) => Ok(attempts),
+        AllOrFailure::Failed { index, failure } => {
+            let mut attempts = if index == 0 {
+                Vec::new()
+            } else {
+                attempt_with_savepoints(db, consumer, &deliveries[..index], handler).await?
+            };
+            // The prefix ran again; if it all succeeded, the batch stops at
+            // the failure it already met, without running that handler again.
+            if attempts.len() == index && attempts.iter().all(|a| a.result.is_ok()) {
+                attempts.push(failure);
+            }
+            Ok(attempts)
+        }
+    }
+}
+
+/// The outcome of [`attempt_all`].
+enum AllOrFailure {
+    /// Committed: one entry per attempted message.
+    All(Vec<Attempt>),
+    /// Message `index` failed after it may have written; the transaction
+    /// was rolled back and nothing of the batch took effect.
+    Failed { index: usize, failure: Attempt },
 }
 
 async fn begin_batch<H: Handler>(db: &Db, handler: &H) -> Result<InboxTx, sqlx::Error> {
@@ -280,15 +302,13 @@ async fn commit(tx: InboxTx) -> Result<(), sqlx::Error> {
     }
 }
 
-/// The whole batch in one transaction without savepoints. `None` when a
-/// message failed after it may have written: the transaction was rolled
-/// back and nothing of the batch took effect.
+/// The whole batch in one transaction without savepoints.
 async fn attempt_all<H: Handler>(
     db: &Db,
     consumer: &str,
     deliveries: &[Delivery],
     handler: &H,
-) -> Result<Option<Vec<Attempt>>, sqlx::Error> {
+) -> Result<AllOrFailure, sqlx::Error> {
     let mut tx = begin_batch(db, handler).await?;
     let mut results = Vec::with_capacity(deliveries.len());
     for d in deliveries {
@@ -307,12 +327,15 @@ async fn attempt_all<H: Handler>(
         let (handled_by, result) = mark_and_handle(&mut tx, consumer, message_id, d, handler).await;
         if result.is_err() {
             rollback(tx).await?;
-            return Ok(None);
+            return Ok(AllOrFailure::Failed {
+                index: results.len(),
+                failure: Attempt { result, handled_by },
+            });
         }
         results.push(Attempt { result, handled_by });
     }
     commit(tx).await?;
-    Ok(Some(results))
+    Ok(AllOrFailure::All(results))
 }
 
 /// The batch with a savepoint around each message, so a failed message
