@@ -122,7 +122,11 @@ async fn a_failure_keeps_the_prefix_applied_once_and_rolls_back_its_own_write(t:
         "a duplicate never reaches the handler"
     );
     assert_eq!(handler.calls("after"), 0, "nothing after the failure runs");
-    assert_eq!(handler.calls("poison"), 1, "a failing handler runs once per attempt");
+    assert_eq!(
+        handler.calls("poison"),
+        1,
+        "a failing handler runs once per attempt"
+    );
     let effects = t
         .count("SELECT COUNT(*) FROM batch_effects WHERE payload IN ('a', 'b')")
         .await;
