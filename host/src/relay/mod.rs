@@ -6,6 +6,7 @@
 //! ([`transform`]); the others take the plain path, untouched.
 
 pub mod backoff;
+pub mod chains;
 pub mod rollout;
 pub mod route;
 pub mod transform;
@@ -23,9 +24,9 @@ use crate::fault::{FaultPoint, Faults, InjectedFault};
 use crate::store::{BatchOutcome, ClaimedBatch, FailedEvent, OutboxStore, StoreError};
 
 pub use backoff::Backoff;
+pub use chains::{ChainTable, Chains, RouteChain, Shadow, build_chains};
 pub use rollout::{Refreshed, Rollout};
 pub use route::{Route, Router};
-pub use transform::{ChainTable, Chains, RouteChain, Shadow, build_chains};
 
 /// `last_error` is cut to this many characters (seed 000).
 pub const MAX_ERROR_CHARS: usize = 500;

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use super::chains::{ChainTable, Chains, RouteChain, Shadow};
 use super::route::Route;
-use super::transform::{ChainTable, Chains, RouteChain, Shadow};
 use crate::consumer::{ActiveConsumer, ConsumerVersions};
 use crate::plugin::registry::{Desired, NOTIFY_CHANNEL, Registry, RegistryError};
 use crate::plugin::shadow::ShadowStats;

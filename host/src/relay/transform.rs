@@ -3,150 +3,21 @@
 //! of several outputs gets a deterministic message id, so a republish after
 //! a crash produces the same ids and consumers still deduplicate.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use futures_util::future::join_all;
 use uuid::Uuid;
 
-use super::{EventResult, Relay, Route, Router};
+use super::chains::{RouteChain, Shadow};
+use super::{EventResult, Relay};
 use crate::broker::{OutgoingMessage, Publisher, headers};
 use crate::event::OutboxEvent;
-use crate::plugin::shadow::{self, ShadowStats};
-use crate::plugin::{Chain, GuestEvent, GuestMessage, PluginEngine, PluginSpec, TransformerPlugin};
+use crate::plugin::shadow;
+use crate::plugin::{Chain, GuestEvent, GuestMessage};
 use crate::store::OutboxStore;
 
 /// Split outputs carry the outbox id they came from in this header.
 pub const SOURCE_ID_HEADER: &str = "source-message-id";
-
-/// What one route runs: its chain and, while a candidate is in shadow, the
-/// same chain with the candidate in place of the active version.
-#[derive(Debug, Clone)]
-pub struct RouteChain {
-    pub active: Arc<Chain>,
-    pub shadow: Option<Shadow>,
-}
-
-#[derive(Debug, Clone)]
-pub struct Shadow {
-    pub chain: Arc<Chain>,
-    pub stats: Arc<ShadowStats>,
-}
-
-/// The chain of each route, by route index; empty when no route has one,
-/// which keeps the plain path to one `is_empty` check.
-#[derive(Debug, Clone, Default)]
-pub struct ChainTable {
-    pub by_route: Vec<Option<RouteChain>>,
-}
-
-/// The chains every relay worker of a host shares. A registry rollout
-/// replaces the whole table at once; a worker reads it once per event, so
-/// each event runs entirely on one version and calls in flight finish on
-/// the version they started with.
-#[derive(Debug, Clone, Default)]
-pub struct Chains {
-    table: Arc<RwLock<Arc<ChainTable>>>,
-}
-
-impl Chains {
-    pub fn new(table: ChainTable) -> Self {
-        Self {
-            table: Arc::new(RwLock::new(Arc::new(table))),
-        }
-    }
-
-    /// The current table; hold it for one event.
-    pub fn snapshot(&self) -> Arc<ChainTable> {
-        match self.table.read() {
-            Ok(t) => t.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        }
-    }
-
-    /// Swaps in a new table for every worker sharing these chains.
-    pub fn replace(&self, table: ChainTable) {
-        let table = Arc::new(table);
-        match self.table.write() {
-            Ok(mut t) => *t = table,
-            Err(poisoned) => *poisoned.into_inner() = table,
-        }
-    }
-
-    pub fn for_event(&self, router: &Router, event_type: &str) -> Option<RouteChain> {
-        let table = self.snapshot();
-        if table.by_route.is_empty() {
-            return None;
-        }
-        let i = router.route_index(event_type)?;
-        table.by_route.get(i)?.clone()
-    }
-
-    /// Every plugin loaded for these chains, once each.
-    pub fn plugins(&self) -> Vec<Arc<TransformerPlugin>> {
-        let table = self.snapshot();
-        let mut seen: Vec<Arc<TransformerPlugin>> = Vec::new();
-        for rc in table.by_route.iter().flatten() {
-            for p in rc.active.plugins() {
-                if !seen.iter().any(|s| Arc::ptr_eq(s, p)) {
-                    seen.push(p.clone());
-                }
-            }
-        }
-        seen
-    }
-}
-
-/// Loads every plugin some route uses (each once) and builds the chains.
-/// Errors name the config key.
-pub fn build_chains(
-    engine: &PluginEngine,
-    plugins: &[PluginSpec],
-    routes: &[Route],
-) -> Result<Chains, String> {
-    if routes.iter().all(|r| r.transformers.is_empty()) {
-        return Ok(Chains::default());
-    }
-    let mut loaded: BTreeMap<&str, Arc<TransformerPlugin>> = BTreeMap::new();
-    let mut by_route = Vec::with_capacity(routes.len());
-    for (ri, route) in routes.iter().enumerate() {
-        if route.transformers.is_empty() {
-            by_route.push(None);
-            continue;
-        }
-        let mut chain = Vec::new();
-        for (ti, name) in route.transformers.iter().enumerate() {
-            let plugin = match loaded.get(name.as_str()) {
-                Some(p) => p.clone(),
-                None => {
-                    let (pi, spec) = plugins
-                        .iter()
-                        .enumerate()
-                        .find(|(_, p)| p.name == *name)
-                        .ok_or_else(|| {
-                            format!(
-                                "config key `routes[{ri}].transformers[{ti}]`: no [[plugins]] entry is named `{name}`"
-                            )
-                        })?;
-                    let p = Arc::new(
-                        TransformerPlugin::load(engine, spec)
-                            .map_err(|e| format!("config key `plugins[{pi}]`: {e}"))?,
-                    );
-                    tracing::info!(plugin = %p.label(), sha256 = %p.sha256(), "transformer plugin loaded");
-                    loaded.insert(spec.name.as_str(), p.clone());
-                    p
-                }
-            };
-            chain.push(plugin);
-        }
-        by_route.push(Some(RouteChain {
-            active: Arc::new(Chain::new(chain).with_topics(route.topic_policy(ri))),
-            shadow: None,
-        }));
-    }
-    Ok(Chains::new(ChainTable { by_route }))
-}
 
 /// The event as a guest sees it.
 pub fn guest_event(ev: &OutboxEvent) -> GuestEvent {
