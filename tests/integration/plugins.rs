@@ -317,52 +317,38 @@ async fn redact_pii_drops_and_masks_configured_fields() {
     );
 }
 
-#[tokio::test]
-async fn python_transformer_runs() {
-    let mut s = spec("python-tag");
+/// A transformer in another language (`python-tag`, `js-tag`): adds
+/// `"tagged_by": <tag>` and refuses `"reject": true` permanently.
+async fn tagging_transformer_runs(plugin: &str, tag: &str) {
+    let mut s = spec(plugin);
     s.limits.memory_mib = 256;
     s.limits.timeout_ms = 1000;
     let p = load(&s);
     let out = p
         .transform(&event(json!({"n": 1})))
         .await
-        .expect("python transform");
+        .unwrap_or_else(|e| panic!("{tag} transform: {e}"));
     assert_eq!(out.len(), 1);
-    assert_eq!(
-        json_of(&out[0].payload),
-        json!({"n": 1, "tagged_by": "python"})
-    );
+    assert_eq!(json_of(&out[0].payload), json!({"n": 1, "tagged_by": tag}));
     let err = p
         .transform(&event(json!({"reject": true})))
         .await
-        .expect_err("python reports a permanent error");
+        .expect_err("a permanent error");
     assert!(err.is_permanent(), "{err:?}");
+    assert!(
+        format!("{err}").contains(&format!("rejected by the {tag} plugin")),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn python_transformer_runs() {
+    tagging_transformer_runs("python-tag", "python").await;
 }
 
 #[tokio::test]
 async fn javascript_transformer_runs() {
-    let mut s = spec("js-tag");
-    s.limits.memory_mib = 256;
-    s.limits.timeout_ms = 1000;
-    let p = load(&s);
-    let out = p
-        .transform(&event(json!({"n": 1})))
-        .await
-        .expect("javascript transform");
-    assert_eq!(out.len(), 1);
-    assert_eq!(
-        json_of(&out[0].payload),
-        json!({"n": 1, "tagged_by": "javascript"})
-    );
-    let err = p
-        .transform(&event(json!({"reject": true})))
-        .await
-        .expect_err("javascript reports a permanent error");
-    assert!(err.is_permanent(), "{err:?}");
-    assert!(
-        format!("{err}").contains("rejected by the javascript plugin"),
-        "{err}"
-    );
+    tagging_transformer_runs("js-tag", "javascript").await;
 }
 
 // ---- the relay with chains ---------------------------------------------

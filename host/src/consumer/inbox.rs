@@ -302,6 +302,14 @@ async fn commit(tx: InboxTx) -> Result<(), sqlx::Error> {
     }
 }
 
+/// The message id of `d`, or the permanent failure of a message without one.
+fn usable_id(d: &Delivery) -> Result<uuid::Uuid, Attempt> {
+    d.message_id().map_err(|reason| Attempt {
+        result: Err(HandlerError::Permanent(reason)),
+        handled_by: None,
+    })
+}
+
 /// The whole batch in one transaction without savepoints.
 async fn attempt_all<H: Handler>(
     db: &Db,
@@ -312,15 +320,12 @@ async fn attempt_all<H: Handler>(
     let mut tx = begin_batch(db, handler).await?;
     let mut results = Vec::with_capacity(deliveries.len());
     for d in deliveries {
-        let message_id = match d.message_id() {
+        // A message without a usable id is refused before anything of it
+        // is written: the prefix can commit as it is.
+        let message_id = match usable_id(d) {
             Ok(id) => id,
-            Err(reason) => {
-                // Refused before anything of it was written: the prefix
-                // can commit as it is.
-                results.push(Attempt {
-                    result: Err(HandlerError::Permanent(reason)),
-                    handled_by: None,
-                });
+            Err(refused) => {
+                results.push(refused);
                 break;
             }
         };
@@ -349,13 +354,10 @@ async fn attempt_with_savepoints<H: Handler>(
     let mut tx = begin_batch(db, handler).await?;
     let mut results = Vec::with_capacity(deliveries.len());
     for d in deliveries {
-        let message_id = match d.message_id() {
+        let message_id = match usable_id(d) {
             Ok(id) => id,
-            Err(reason) => {
-                results.push(Attempt {
-                    result: Err(HandlerError::Permanent(reason)),
-                    handled_by: None,
-                });
+            Err(refused) => {
+                results.push(refused);
                 break;
             }
         };
