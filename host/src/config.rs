@@ -209,6 +209,11 @@ pub struct ConsumerSection {
     /// Plugin handlers: rows queries may return for one message.
     #[serde(default = "default_max_rows")]
     pub max_rows: u64,
+    /// Kafka only: read these partitions of every topic without joining a
+    /// consumer group, with offsets kept in the database. Unset: the
+    /// consumer is a member of the group named after it.
+    #[serde(default)]
+    pub kafka_partitions: Option<Vec<i32>>,
 }
 
 impl ConsumerSection {
@@ -224,6 +229,7 @@ impl ConsumerSection {
             statement_timeout_ms: default_statement_timeout_ms(),
             max_statements: default_max_statements(),
             max_rows: default_max_rows(),
+            kafka_partitions: None,
         }
     }
 
@@ -677,6 +683,24 @@ impl Config {
                     &format!("consumers[{i}].topics"),
                     "list at least one topic".into(),
                 );
+            }
+            if let Some(parts) = &c.kafka_partitions {
+                let key = format!("consumers[{i}].kafka_partitions");
+                if self.transport.kind != TransportKind::Kafka {
+                    return bad(
+                        &key,
+                        "applies to transport.kind = \"kafka\" only; remove it".into(),
+                    );
+                }
+                let mut seen = std::collections::BTreeSet::new();
+                if parts.is_empty() || parts.iter().any(|p| *p < 0 || !seen.insert(*p)) {
+                    return bad(
+                        &key,
+                        format!(
+                            "{parts:?}: list distinct partition numbers, 0 or more, at least one (or remove the key to join the consumer group)"
+                        ),
+                    );
+                }
             }
         }
         Ok(())

@@ -194,3 +194,34 @@ fn empty_allowed_topic_is_named() {
     assert_eq!(key, "routes[0].allowed_topics[1]");
     assert!(msg.contains("must not be empty"), "{msg}");
 }
+
+#[test]
+fn kafka_partitions_are_checked() {
+    let consumer = |parts: &str| {
+        format!(
+            "[[consumers]]\nname = \"c\"\ntopics = [\"t\"]\nhandler = \"builtin:billing\"\nkafka_partitions = {parts}\n"
+        )
+    };
+    let kafka =
+        "[transport]\nkind = \"kafka\"\n[transport.kafka]\n\"bootstrap.servers\" = \"b:9092\"\n";
+    let c = Config::from_toml(
+        "t.toml",
+        &format!("{kafka}{}", consumer("[0, 2]")),
+        env(&[]),
+    )
+    .expect("assigned partitions on kafka");
+    assert_eq!(c.consumers[0].kafka_partitions, Some(vec![0, 2]));
+
+    let (key, msg) = key_error(Config::from_toml("t.toml", &consumer("[0]"), env(&[])));
+    assert_eq!(key, "consumers[0].kafka_partitions");
+    assert!(msg.contains("kafka"), "{msg}");
+    for bad in ["[]", "[1, 1]", "[-1]"] {
+        let (key, msg) = key_error(Config::from_toml(
+            "t.toml",
+            &format!("{kafka}{}", consumer(bad)),
+            env(&[]),
+        ));
+        assert_eq!(key, "consumers[0].kafka_partitions", "{bad}");
+        assert!(msg.contains("distinct partition numbers"), "{bad}: {msg}");
+    }
+}

@@ -46,7 +46,7 @@ fn unique(prefix: &str) -> String {
 
 /// Client properties; `OUTBOXD_TEST_KAFKA_DEBUG=eos,msg` turns on
 /// librdkafka debug logs, shown with `RUST_LOG=debug`.
-fn props(bootstrap: &str) -> BTreeMap<String, String> {
+pub(crate) fn props(bootstrap: &str) -> BTreeMap<String, String> {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
@@ -58,7 +58,7 @@ fn props(bootstrap: &str) -> BTreeMap<String, String> {
     p
 }
 
-async fn create_topic(bootstrap: &str, topic: &str, partitions: i32) {
+pub(crate) async fn create_topic(bootstrap: &str, topic: &str, partitions: i32) {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .create()
@@ -358,7 +358,7 @@ async fn kafka_relay_republishes_when_it_fails_between_publish_and_mark() {
 }
 
 /// Publishes `n` messages per key straight to `topic`.
-async fn produce(bootstrap: &str, topic: &str, keys: &[&str], n: usize) {
+pub(crate) async fn produce(bootstrap: &str, topic: &str, keys: &[&str], n: usize) {
     let outbox = Outbox::new().await;
     for i in 0..n {
         for k in keys {

@@ -20,6 +20,7 @@ mod hostile_consumers;
 mod hot_swap;
 mod idempotency;
 mod kafka;
+mod kafka_assigned;
 mod matrix;
 mod ops;
 mod ordering;

@@ -148,9 +148,6 @@ kind = "kafka"
 "bootstrap.servers" = "{bootstrap}"
 "enable.auto.commit" = "false"
 "enable.auto.offset.store" = "false"
-"session.timeout.ms" = "10000"
-"heartbeat.interval.ms" = "2000"
-"max.poll.interval.ms" = "20000"
 {kafka_extra}
 
 [[plugins]]
@@ -177,9 +174,11 @@ transformers = ["shape"]
 }
 
 /// Writes relay.toml (relay only) and consumer-N.toml (consumers only).
-/// Each consumer process has a static group membership
-/// (`group.instance.id`): restarted after a SIGKILL, it takes its old place
-/// in the group at once instead of waiting out the dead member's session.
+/// The two consumer processes split the topic's four partitions statically
+/// (`kafka_partitions`), with offsets in Postgres: they join no consumer
+/// group, so a broker restart cannot stall them in a rebalance (tansu
+/// 0.6.0's group coordinator stopped answering after restarts, and its
+/// libsql engine panicked in `UpdateGroup`; see RELIABILITY.md).
 pub fn write_configs(
     dir: &Path,
     url: &str,
@@ -201,12 +200,8 @@ max_seconds = 5
 "
     );
     let consumer = |n: usize| {
-        let base = common(
-            url,
-            bootstrap,
-            &cache,
-            &format!("\"group.instance.id\" = \"consumer-{n}\""),
-        );
+        let base = common(url, bootstrap, &cache, "");
+        let partitions = if n == 1 { "[0, 1]" } else { "[2, 3]" };
         format!(
             "{base}
 [relay]
@@ -218,6 +213,7 @@ topics = [\"{TOPIC}\"]
 handler = \"plugin:ledger\"
 batch_in_transaction = 10
 max_attempts = 20
+kafka_partitions = {partitions}
 "
         )
     };

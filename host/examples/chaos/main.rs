@@ -110,9 +110,8 @@ fn schedule(rng: &mut Rng, run: Duration, broker_kills: u32) -> Vec<(Duration, F
         // Every process is hit in turn; the gaps are random.
         plan.push((t, Fault::KillProc(next_proc % 4)));
         next_proc += 1;
-        // A group needs about a session timeout (10 s) to drop a killed
-        // member and rebalance; killing faster than that only measures
-        // rebalancing.
+        // Each restarted process gets a few seconds to make progress
+        // before the next kill.
         t += rng.millis(4_000, 12_000);
     }
     let mut t = Duration::from_secs(2);

@@ -1,6 +1,7 @@
 //! The `[[consumers]]` of `outboxd run`: each one's handler (the built-in
 //! example, a file plugin or a registry plugin's rollout slot) and its
-//! source (the embedded transport or a Kafka consumer group).
+//! source (the embedded transport, a Kafka consumer group, or statically
+//! assigned Kafka partitions).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -77,10 +78,16 @@ pub(super) async fn spawn_consumers(
             }
             TransportKind::Kafka => {
                 // The consumer group is the consumer's name, as in the inbox.
-                let source = KafkaConsumer::new(
-                    &config.transport.kafka,
-                    KafkaConsumerConfig::new(c.name.clone(), c.topics.clone()),
-                )?;
+                let mut kafka_cfg = KafkaConsumerConfig::new(c.name.clone(), c.topics.clone());
+                let source = match &c.kafka_partitions {
+                    // Static assignment: no group, offsets in the database.
+                    Some(parts) => {
+                        kafka_cfg.partitions = Some(parts.clone());
+                        KafkaConsumer::assigned(&config.transport.kafka, kafka_cfg, db.clone())
+                            .await?
+                    }
+                    None => KafkaConsumer::new(&config.transport.kafka, kafka_cfg)?,
+                };
                 let dlq = Arc::new(KafkaPublisher::new(
                     &config.transport.kafka,
                     Duration::from_secs(10),

@@ -51,6 +51,11 @@ const POSTGRES: &[Migration] = &[
         name: "inbox_handled_by",
         sql: include_str!("../../../migrations/postgres/0007_inbox_handled_by.sql"),
     },
+    Migration {
+        version: 8,
+        name: "consumer_offsets",
+        sql: include_str!("../../../migrations/postgres/0008_consumer_offsets.sql"),
+    },
 ];
 
 const SQLITE: &[Migration] = &[
@@ -88,6 +93,11 @@ const SQLITE: &[Migration] = &[
         version: 7,
         name: "inbox_handled_by",
         sql: include_str!("../../../migrations/sqlite/0007_inbox_handled_by.sql"),
+    },
+    Migration {
+        version: 8,
+        name: "consumer_offsets",
+        sql: include_str!("../../../migrations/sqlite/0008_consumer_offsets.sql"),
     },
 ];
 

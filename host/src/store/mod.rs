@@ -10,6 +10,7 @@ mod db;
 mod enqueue;
 mod fingerprint;
 mod migrate;
+pub mod offsets;
 pub mod postgres;
 pub mod problem;
 pub mod sqlite;

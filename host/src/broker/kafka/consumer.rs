@@ -1,5 +1,14 @@
-//! The Kafka consumer: consumer groups, with offsets committed only after
-//! the handler's transaction commits.
+//! The Kafka consumer: a consumer group member, or a reader of statically
+//! assigned partitions. Either way offsets are committed only after the
+//! handler's transaction commits.
+//!
+//! A group member commits its offsets to the broker's group coordinator. A
+//! consumer with assigned partitions (`consumers[].kafka_partitions`) joins
+//! no group: it keeps its offsets in its own database
+//! ([`crate::store::offsets`]) and starts from them, so it depends on no
+//! coordinator and no rebalance. Running two processes with the same
+//! partitions is a configuration error that costs work, not correctness:
+//! the inbox drops the second effect.
 //!
 //! It never lets librdkafka commit or store offsets. It keeps every message
 //! it has handed out and not yet seen committed in a per-partition buffer,
@@ -13,7 +22,6 @@
 //! membership after `max.poll.interval.ms`.
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
-use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,11 +30,12 @@ use rdkafka::client::ClientContext;
 use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
 };
-use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::{KafkaSetupError, base_config, require, setup_error};
+use super::KafkaSetupError;
+use super::client::{client, to_delivery};
 use crate::broker::{ConsumeError, Delivery, MessageSource};
+use crate::store::{Db, offsets};
 
 /// Settings of one Kafka consumer.
 #[derive(Debug, Clone)]
@@ -39,6 +48,9 @@ pub struct KafkaConsumerConfig {
     /// commits bring it under half of that, so a partition whose handler
     /// keeps failing cannot grow the buffer without bound.
     pub partition_limit: usize,
+    /// Read these partitions of every topic without joining a group, with
+    /// offsets in the database (`None`: be a member of the group `group`).
+    pub partitions: Option<Vec<i32>>,
 }
 
 impl KafkaConsumerConfig {
@@ -48,6 +60,7 @@ impl KafkaConsumerConfig {
             topics,
             fetch_wait: Duration::from_millis(250),
             partition_limit: 1_000,
+            partitions: None,
         }
     }
 }
@@ -56,7 +69,7 @@ type PartitionKey = (String, i32);
 
 /// Records revoked partitions so `fetch` can drop what it buffered for them.
 #[derive(Default)]
-struct GroupContext {
+pub(super) struct GroupContext {
     revoked: Mutex<Vec<PartitionKey>>,
 }
 
@@ -85,6 +98,9 @@ pub struct KafkaConsumer {
     /// Rotates which partition is served first, so one stuck partition with
     /// a full buffer cannot starve the others.
     rotation: usize,
+    /// Where offsets go for statically assigned partitions; `None` for a
+    /// group member, which commits them to the group coordinator.
+    offsets_db: Option<Db>,
 }
 
 impl std::fmt::Debug for KafkaConsumer {
@@ -103,27 +119,7 @@ impl KafkaConsumer {
         props: &BTreeMap<String, String>,
         cfg: KafkaConsumerConfig,
     ) -> Result<Self, KafkaSetupError> {
-        let why = "offsets are committed only after the handler's transaction commits";
-        require(props, "enable.auto.commit", &["false"], why)?;
-        require(props, "enable.auto.offset.store", &["false"], why)?;
-        if props.contains_key("group.id") {
-            return Err(KafkaSetupError::Property {
-                key: "group.id".into(),
-                message: "each consumer's group is its name; remove this property".into(),
-            });
-        }
-        let mut config = base_config(props);
-        config
-            .set("group.id", &cfg.group)
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false");
-        if !props.contains_key("auto.offset.reset") {
-            // A new group must see events published before it first joined.
-            config.set("auto.offset.reset", "earliest");
-        }
-        let consumer: StreamConsumer<GroupContext> = config
-            .create_with_context(GroupContext::default())
-            .map_err(|e| setup_error("consumer", e))?;
+        let consumer = client(props, &cfg)?;
         let topics: Vec<&str> = cfg.topics.iter().map(String::as_str).collect();
         consumer
             .subscribe(&topics)
@@ -131,13 +127,75 @@ impl KafkaConsumer {
                 role: "consumer",
                 message: format!("group `{}` cannot subscribe to {topics:?}: {e}", cfg.group),
             })?;
-        Ok(Self {
+        Ok(Self::with_client(consumer, cfg, None))
+    }
+
+    /// Reads `cfg.partitions` of every topic in `cfg.topics` without joining
+    /// a group, from the offsets `cfg.group` (the consumer's name) stored in
+    /// `db`, or from the start of a partition it never committed.
+    pub async fn assigned(
+        props: &BTreeMap<String, String>,
+        cfg: KafkaConsumerConfig,
+        db: Db,
+    ) -> Result<Self, KafkaSetupError> {
+        let partitions = cfg.partitions.clone().unwrap_or_default();
+        if partitions.is_empty() {
+            return Err(KafkaSetupError::Property {
+                key: "kafka_partitions".into(),
+                message: "list at least one partition to read".into(),
+            });
+        }
+        let consumer = client(props, &cfg)?;
+        let mut list = TopicPartitionList::new();
+        for topic in &cfg.topics {
+            let stored = offsets::load_offsets(&db, &cfg.group, topic)
+                .await
+                .map_err(|e| KafkaSetupError::Client {
+                    role: "consumer",
+                    message: format!(
+                        "consumer `{}` cannot read its stored offsets of `{topic}` (table consumer_offsets; run the migrations): {e}",
+                        cfg.group
+                    ),
+                })?;
+            for &p in &partitions {
+                let offset = stored
+                    .get(&p)
+                    .map_or(Offset::Beginning, |&next| Offset::Offset(next));
+                list.add_partition_offset(topic, p, offset).map_err(|e| {
+                    KafkaSetupError::Client {
+                        role: "consumer",
+                        message: format!("{topic}/{p}: {e}"),
+                    }
+                })?;
+            }
+        }
+        consumer
+            .assign(&list)
+            .map_err(|e| KafkaSetupError::Client {
+                role: "consumer",
+                message: format!(
+                    "consumer `{}` cannot be assigned partitions {partitions:?} of {:?}: {e}",
+                    cfg.group, cfg.topics
+                ),
+            })?;
+        tracing::info!(consumer = %cfg.group, topics = ?cfg.topics, ?partitions,
+            "reading assigned partitions; offsets are kept in the database");
+        Ok(Self::with_client(consumer, cfg, Some(db)))
+    }
+
+    fn with_client(
+        consumer: StreamConsumer<GroupContext>,
+        cfg: KafkaConsumerConfig,
+        offsets_db: Option<Db>,
+    ) -> Self {
+        Self {
             consumer: Arc::new(consumer),
             cfg,
             buffer: BTreeMap::new(),
             paused: HashSet::new(),
             rotation: 0,
-        })
+            offsets_db,
+        }
     }
 
     /// How many messages are handed out and not yet committed.
@@ -235,38 +293,6 @@ impl KafkaConsumer {
     }
 }
 
-fn to_delivery(m: &BorrowedMessage<'_>) -> Delivery {
-    let mut headers = Vec::new();
-    if let Some(h) = m.headers() {
-        for idx in 0..h.count() {
-            // rdkafka panics on a header name that is not UTF-8; such a header
-            // cannot be one of ours, so it is dropped instead of the message.
-            match std::panic::catch_unwind(AssertUnwindSafe(|| {
-                h.try_get(idx)
-                    .map(|x| (x.key.to_string(), x.value.map(<[u8]>::to_vec)))
-            })) {
-                Ok(Some((name, value))) => headers.push((name, value.unwrap_or_default())),
-                Ok(None) => {}
-                Err(_) => tracing::warn!(
-                    topic = m.topic(),
-                    partition = m.partition(),
-                    offset = m.offset(),
-                    "dropped a header whose name is not UTF-8"
-                ),
-            }
-        }
-    }
-    Delivery {
-        attempt: 0,
-        topic: m.topic().to_string(),
-        partition: m.partition(),
-        offset: m.offset(),
-        key: m.key().map(<[u8]>::to_vec),
-        payload: m.payload().map(<[u8]>::to_vec).unwrap_or_default(),
-        headers,
-    }
-}
-
 impl MessageSource for KafkaConsumer {
     async fn fetch(&mut self, max: usize) -> Result<Vec<Delivery>, ConsumeError> {
         self.drop_revoked();
@@ -303,22 +329,36 @@ impl MessageSource for KafkaConsumer {
                 d.topic, d.partition, d.offset, self.cfg.group
             )));
         }
-        let mut list = TopicPartitionList::new();
-        list.add_partition_offset(&d.topic, d.partition, Offset::Offset(d.offset + 1))
-            .map_err(|e| ConsumeError::Transport(e.to_string()))?;
-        let consumer = self.consumer.clone();
-        tokio::task::spawn_blocking(move || consumer.commit(&list, CommitMode::Sync))
-            .await
-            .map_err(|e| ConsumeError::Transport(format!("commit task failed: {e}")))?
-            .map_err(|e| {
-                ConsumeError::Transport(format!(
-                    "group `{}` cannot commit {}/{}@{}: {e}",
-                    self.cfg.group,
-                    d.topic,
-                    d.partition,
-                    d.offset + 1
-                ))
-            })?;
+        if let Some(db) = &self.offsets_db {
+            offsets::save_offset(db, &self.cfg.group, &d.topic, d.partition, d.offset + 1)
+                .await
+                .map_err(|e| {
+                    ConsumeError::Transport(format!(
+                        "consumer `{}` cannot store its offset {}/{}@{} in the database: {e}",
+                        self.cfg.group,
+                        d.topic,
+                        d.partition,
+                        d.offset + 1
+                    ))
+                })?;
+        } else {
+            let mut list = TopicPartitionList::new();
+            list.add_partition_offset(&d.topic, d.partition, Offset::Offset(d.offset + 1))
+                .map_err(|e| ConsumeError::Transport(e.to_string()))?;
+            let consumer = self.consumer.clone();
+            tokio::task::spawn_blocking(move || consumer.commit(&list, CommitMode::Sync))
+                .await
+                .map_err(|e| ConsumeError::Transport(format!("commit task failed: {e}")))?
+                .map_err(|e| {
+                    ConsumeError::Transport(format!(
+                        "group `{}` cannot commit {}/{}@{}: {e}",
+                        self.cfg.group,
+                        d.topic,
+                        d.partition,
+                        d.offset + 1
+                    ))
+                })?;
+        }
         let mut left = 0;
         if let Some(queue) = self.buffer.get_mut(&key) {
             while queue.front().is_some_and(|x| x.offset <= d.offset) {

@@ -18,6 +18,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer, PurgeConfig};
 use rdkafka::types::RDKafkaErrorCode;
 
+mod client;
 mod consumer;
 pub use consumer::{KafkaConsumer, KafkaConsumerConfig};
 
