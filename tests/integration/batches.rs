@@ -90,6 +90,43 @@ async fn a_successful_batch_runs_each_handler_once_and_commits_everything(t: Tes
 }
 on_both!(a_successful_batch_runs_each_handler_once_and_commits_everything);
 
+async fn duplicates_in_a_successful_batch_never_reach_the_handler(t: TestDb) {
+    schema(&t).await;
+    let handler = Writer::default();
+    let old = uuid::Uuid::new_v4();
+    let results = process_batch(&t.db, "c1", &[delivery("old", old)], &handler)
+        .await
+        .expect("first batch");
+    assert!(matches!(results[..], [Ok(Processed::Handled)]));
+    let twice = uuid::Uuid::new_v4();
+    let batch = vec![
+        delivery("old-again", old),
+        delivery("new", twice),
+        delivery("new-again", twice),
+        delivery("last", uuid::Uuid::new_v4()),
+    ];
+    let results = process_batch(&t.db, "c1", &batch, &handler)
+        .await
+        .expect("batch");
+    let kinds: Vec<_> = results.iter().map(|r| *r.as_ref().expect("ok")).collect();
+    assert_eq!(
+        kinds,
+        [
+            Processed::Duplicate,
+            Processed::Handled,
+            Processed::Duplicate,
+            Processed::Handled
+        ],
+        "an id handled before, and the second of one id in the batch, are duplicates"
+    );
+    for (p, n) in [("old-again", 0), ("new", 1), ("new-again", 0), ("last", 1)] {
+        assert_eq!(handler.calls(p), n, "{p}");
+    }
+    assert_eq!(t.count("SELECT COUNT(*) FROM batch_effects").await, 3);
+    assert_eq!(t.count("SELECT COUNT(*) FROM inbox").await, 3);
+}
+on_both!(duplicates_in_a_successful_batch_never_reach_the_handler);
+
 async fn a_failure_keeps_the_prefix_applied_once_and_rolls_back_its_own_write(t: TestDb) {
     schema(&t).await;
     let handler = Writer::default();

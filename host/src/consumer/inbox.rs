@@ -1,5 +1,6 @@
 //! One message through the inbox: begin, mark, handle, commit.
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
@@ -173,6 +174,8 @@ pub async fn attempt<H: Handler>(
     }
 }
 
+const INSERT_MARK: &str = "INSERT INTO inbox (consumer, message_id, handled_by) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING";
+
 /// Inside `tx`: pick the version, write the inbox mark naming it, run the
 /// handler on it. A duplicate is `Ok(Duplicate)`, and the caller rolls back
 /// anything that is not `Ok(Handled)`.
@@ -184,7 +187,7 @@ async fn mark_and_handle<H: Handler>(
     handler: &H,
 ) -> (Option<String>, Result<Processed, HandlerError>) {
     let pinned = handler.pin();
-    let sql = "INSERT INTO inbox (consumer, message_id, handled_by) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING";
+    let sql = INSERT_MARK;
     let inserted = match tx {
         InboxTx::Postgres(t) => sqlx::query(sql)
             .bind(consumer)
@@ -233,8 +236,10 @@ pub(crate) async fn exec(tx: &mut InboxTx, sql: &str) -> Result<(), sqlx::Error>
 /// The result has one entry per attempted message; the offset may advance
 /// past the successful prefix only.
 ///
-/// The common case, where every message succeeds, runs without savepoints
-/// (two statements per message instead of four). When a message fails, that
+/// The common case, where every message succeeds, runs without savepoints,
+/// and on Postgres writes every inbox mark of the batch in one statement:
+/// one round trip per message for the handler's own write, instead of two
+/// (four with savepoints). When a message fails, that
 /// transaction is rolled back whole, the messages before it run again with
 /// a savepoint each and commit, and the failed message's result is the one
 /// it already had: its handler runs once per attempt, while the handlers of
@@ -310,26 +315,49 @@ fn usable_id(d: &Delivery) -> Result<uuid::Uuid, Attempt> {
     })
 }
 
-/// The whole batch in one transaction without savepoints.
+/// The whole batch in one transaction without savepoints: the inbox marks
+/// of every message first (one statement on Postgres), then the handlers in
+/// order, skipping the duplicates.
 async fn attempt_all<H: Handler>(
     db: &Db,
     consumer: &str,
     deliveries: &[Delivery],
     handler: &H,
 ) -> Result<AllOrFailure, sqlx::Error> {
-    let mut tx = begin_batch(db, handler).await?;
-    let mut results = Vec::with_capacity(deliveries.len());
+    // A message without a usable id is refused before anything of it is
+    // written: the prefix before it can commit as it is.
+    let mut ids = Vec::with_capacity(deliveries.len());
+    let mut refused = None;
     for d in deliveries {
-        // A message without a usable id is refused before anything of it
-        // is written: the prefix can commit as it is.
-        let message_id = match usable_id(d) {
-            Ok(id) => id,
-            Err(refused) => {
-                results.push(refused);
+        match usable_id(d) {
+            Ok(id) => ids.push(id),
+            Err(r) => {
+                refused = Some(r);
                 break;
             }
-        };
-        let (handled_by, result) = mark_and_handle(&mut tx, consumer, message_id, d, handler).await;
+        }
+    }
+    // Each message pins its version before its mark, as in `mark_and_handle`.
+    let pins: Vec<Pinned> = ids.iter().map(|_| handler.pin()).collect();
+    let labels: Vec<Option<String>> = pins.iter().map(|p| p.label.clone()).collect();
+    let mut tx = begin_batch(db, handler).await?;
+    let mut fresh = mark_all(&mut tx, consumer, &ids, &labels).await?;
+    let mut results = Vec::with_capacity(deliveries.len());
+    for ((d, id), pinned) in deliveries.iter().zip(&ids).zip(&pins) {
+        // The first of several deliveries of one id in the batch is the one
+        // that was marked; the others are duplicates.
+        if !fresh.remove(id) {
+            results.push(Attempt {
+                result: Ok(Processed::Duplicate),
+                handled_by: None,
+            });
+            continue;
+        }
+        let result = handler
+            .handle_pinned(pinned, &mut tx, d)
+            .await
+            .map(|()| Processed::Handled);
+        let handled_by = pinned.label.clone();
         if result.is_err() {
             rollback(tx).await?;
             return Ok(AllOrFailure::Failed {
@@ -339,8 +367,52 @@ async fn attempt_all<H: Handler>(
         }
         results.push(Attempt { result, handled_by });
     }
+    results.extend(refused);
     commit(tx).await?;
     Ok(AllOrFailure::All(results))
+}
+
+/// Writes the inbox marks of `ids` (with each one's handler label) and
+/// returns the ids that were new, so not duplicates. Postgres takes them in
+/// one statement; SQLite, which is in-process, one at a time.
+async fn mark_all(
+    tx: &mut InboxTx,
+    consumer: &str,
+    ids: &[uuid::Uuid],
+    labels: &[Option<String>],
+) -> Result<HashSet<uuid::Uuid>, sqlx::Error> {
+    let mut fresh = HashSet::with_capacity(ids.len());
+    match tx {
+        InboxTx::Postgres(t) => {
+            let inserted: Vec<uuid::Uuid> = sqlx::query_scalar(
+                "INSERT INTO inbox (consumer, message_id, handled_by)
+                 SELECT $1, m.id, m.label FROM unnest($2::uuid[], $3::text[]) AS m(id, label)
+                 ON CONFLICT DO NOTHING
+                 RETURNING message_id",
+            )
+            .bind(consumer)
+            .bind(ids)
+            .bind(labels)
+            .fetch_all(&mut **t)
+            .await?;
+            fresh.extend(inserted);
+        }
+        InboxTx::Sqlite(t) => {
+            for (id, label) in ids.iter().zip(labels) {
+                let n = sqlx::query(INSERT_MARK)
+                    .bind(consumer)
+                    .bind(id.to_string())
+                    .bind(label)
+                    .execute(&mut **t)
+                    .await?
+                    .rows_affected();
+                if n > 0 {
+                    fresh.insert(*id);
+                }
+            }
+        }
+    }
+    Ok(fresh)
 }
 
 /// The batch with a savepoint around each message, so a failed message
