@@ -1,0 +1,374 @@
+//! One typed configuration: a TOML file, then `OUTBOXD__SECTION__KEY`
+//! environment overrides, then command-line flags. Unknown keys are errors,
+//! and every error names the key and what is wrong with it.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+mod consumer;
+mod env;
+mod validate;
+
+pub use consumer::ConsumerSection;
+pub use env::is_secret;
+use env::{apply_env, syntax_message};
+
+use crate::plugin::PluginSpec;
+use crate::relay::{Backoff, Route};
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub database: DatabaseConfig,
+    #[serde(default)]
+    pub transport: TransportConfig,
+    #[serde(default)]
+    pub relay: RelaySection,
+    /// Event type pattern → transformer chain → topic; the first match wins.
+    #[serde(default)]
+    pub routes: Vec<Route>,
+    /// Transformer plugins that routes may name.
+    #[serde(default)]
+    pub plugins: Vec<PluginSpec>,
+    #[serde(default)]
+    pub plugin_runtime: PluginRuntimeSection,
+    #[serde(default)]
+    pub consumers: Vec<ConsumerSection>,
+    #[serde(default)]
+    pub log: LogConfig,
+    #[serde(default)]
+    pub retention: crate::ops::retention::RetentionConfig,
+    /// Queries that find business rows missing their event.
+    #[serde(default)]
+    pub reconcile: Vec<crate::ops::reconcile::ReconcileRule>,
+    #[serde(default)]
+    pub admin: AdminConfig,
+}
+
+/// The admin HTTP API and dashboard: off by default, loopback by default,
+/// and a bearer token is required whenever it is on.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    #[serde(default)]
+    pub enabled: bool,
+    #[serde(default = "default_admin_listen")]
+    pub listen: String,
+    /// Prefer OUTBOXD__ADMIN__TOKEN to writing it in the file.
+    #[serde(default)]
+    pub token: Option<String>,
+    /// How often the dashboard's history samples the outbox, in seconds.
+    #[serde(default = "default_sample_seconds")]
+    pub sample_seconds: u64,
+    /// How often reconciliation rules run inside `outboxd run`; 0 = never.
+    #[serde(default)]
+    pub reconcile_interval_seconds: u64,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            listen: default_admin_listen(),
+            token: None,
+            sample_seconds: default_sample_seconds(),
+            reconcile_interval_seconds: 0,
+        }
+    }
+}
+
+fn default_admin_listen() -> String {
+    "127.0.0.1:9464".into()
+}
+fn default_sample_seconds() -> u64 {
+    5
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseConfig {
+    /// `sqlite://PATH` (the embedded default) or `postgres://USER@HOST/DB`.
+    #[serde(default = "default_db_url")]
+    pub url: String,
+    #[serde(default = "default_max_connections")]
+    pub max_connections: u32,
+    /// Apply pending migrations when `outboxd run` starts.
+    #[serde(default = "yes")]
+    pub migrate_on_start: bool,
+}
+
+impl Default for DatabaseConfig {
+    fn default() -> Self {
+        Self {
+            url: default_db_url(),
+            max_connections: default_max_connections(),
+            migrate_on_start: true,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum TransportKind {
+    #[default]
+    Embedded,
+    Kafka,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TransportConfig {
+    #[serde(default)]
+    pub kind: TransportKind,
+    /// Partitions per topic of the embedded transport.
+    #[serde(default = "default_partitions")]
+    pub partitions: i32,
+    /// Embedded transport: how long a consumer owns a partition without
+    /// renewing; a crashed consumer's partitions move after this.
+    #[serde(default = "default_consumer_lease_ms")]
+    pub consumer_lease_ms: u64,
+    /// librdkafka properties, passed through as they are
+    /// (`bootstrap.servers`, `security.protocol`, `sasl.*` ...).
+    #[serde(default)]
+    pub kafka: std::collections::BTreeMap<String, String>,
+}
+
+impl Default for TransportConfig {
+    fn default() -> Self {
+        Self {
+            kind: TransportKind::Embedded,
+            partitions: default_partitions(),
+            consumer_lease_ms: default_consumer_lease_ms(),
+            kafka: Default::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RelaySection {
+    #[serde(default = "default_batch")]
+    pub batch_size: usize,
+    #[serde(default = "default_poll_ms")]
+    pub poll_interval_ms: u64,
+    #[serde(default = "default_publish_timeout_ms")]
+    pub publish_timeout_ms: u64,
+    #[serde(default = "default_max_attempts")]
+    pub max_attempts: i32,
+    /// Relay tasks in this process; 0 for a consumer-only process (relays
+    /// and consumers scale separately).
+    #[serde(default = "default_workers")]
+    pub workers: usize,
+    /// SQLite only: how long a claim is leased before another task may take it.
+    #[serde(default = "default_lease_ms")]
+    pub lease_ms: u64,
+    #[serde(default)]
+    pub backoff: Backoff,
+    /// Claim and send the next batch while the previous one is marked:
+    /// faster, but a crash republishes up to two batches instead of one.
+    #[serde(default)]
+    pub pipeline: bool,
+}
+
+impl Default for RelaySection {
+    fn default() -> Self {
+        Self {
+            batch_size: default_batch(),
+            poll_interval_ms: default_poll_ms(),
+            publish_timeout_ms: default_publish_timeout_ms(),
+            max_attempts: default_max_attempts(),
+            workers: default_workers(),
+            lease_ms: default_lease_ms(),
+            backoff: Backoff::default(),
+            pipeline: false,
+        }
+    }
+}
+
+fn one() -> usize {
+    1
+}
+fn five() -> u32 {
+    5
+}
+
+/// Engine-wide plugin settings.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct PluginRuntimeSection {
+    /// Where compiled components are cached (by sha256); unset compiles at
+    /// every start.
+    #[serde(default)]
+    pub cache_dir: Option<std::path::PathBuf>,
+    /// Use wasmtime's pooling instance allocator.
+    #[serde(default)]
+    pub pooling: bool,
+    /// How often registry plugins are re-read when no Postgres notification
+    /// arrives (SQLite relies on this alone). Default 1000.
+    #[serde(default)]
+    pub registry_poll_ms: Option<u64>,
+    /// Development mode: every `NAME.wasm` dropped in this directory is
+    /// deployed to the registry as plugin NAME and activated.
+    #[serde(default)]
+    pub watch_dir: Option<std::path::PathBuf>,
+}
+
+impl PluginRuntimeSection {
+    pub fn registry_poll(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.registry_poll_ms.unwrap_or(1000).max(10))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Human,
+    Json,
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct LogConfig {
+    #[serde(default)]
+    pub format: LogFormat,
+}
+
+fn default_db_url() -> String {
+    "sqlite://outboxd.db".into()
+}
+fn default_max_connections() -> u32 {
+    8
+}
+fn yes() -> bool {
+    true
+}
+fn default_partitions() -> i32 {
+    8
+}
+fn default_consumer_lease_ms() -> u64 {
+    15_000
+}
+fn default_batch() -> usize {
+    100
+}
+fn default_poll_ms() -> u64 {
+    500
+}
+fn default_publish_timeout_ms() -> u64 {
+    10_000
+}
+fn default_max_attempts() -> i32 {
+    10
+}
+fn default_workers() -> usize {
+    2
+}
+fn default_lease_ms() -> u64 {
+    30_000
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("config file {path} is not valid TOML: {message}")]
+    Syntax { path: String, message: String },
+    #[error("config key `{key}`: {message}")]
+    Key { key: String, message: String },
+}
+
+impl Config {
+    /// Defaults, then `path` if given, then the environment.
+    pub fn load(
+        path: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        let (origin, text) = match path {
+            Some(p) => (
+                p.display().to_string(),
+                std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
+                    path: p.display().to_string(),
+                    source,
+                })?,
+            ),
+            None => ("(defaults)".to_string(), String::new()),
+        };
+        Self::from_toml(&origin, &text, env)
+    }
+
+    pub fn from_toml(
+        origin: &str,
+        text: &str,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        let mut table: toml::Table =
+            text.parse()
+                .map_err(|e: toml::de::Error| ConfigError::Syntax {
+                    path: origin.to_string(),
+                    message: syntax_message(text, &e),
+                })?;
+        apply_env(&mut table, env)?;
+        let config: Config =
+            serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
+                let key = e.path().to_string();
+                // serde quotes the offending value; for a secret that could
+                // be the secret itself.
+                let secret = key == "database.url" || key.rsplit('.').next().is_some_and(is_secret);
+                ConfigError::Key {
+                    message: if secret {
+                        "must be a string (the value is not shown: it may be a secret)".into()
+                    } else {
+                        e.into_inner().to_string()
+                    },
+                    key: if key == "." {
+                        "(top level)".into()
+                    } else {
+                        key
+                    },
+                }
+            })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn relay_config(&self) -> crate::relay::RelayConfig {
+        crate::relay::RelayConfig {
+            batch_size: self.relay.batch_size,
+            backoff: self.relay.backoff,
+            max_attempts: self.relay.max_attempts,
+            publish_timeout: Duration::from_millis(self.relay.publish_timeout_ms),
+        }
+    }
+
+    pub fn plugin_engine_config(&self) -> crate::plugin::EngineConfig {
+        crate::plugin::EngineConfig {
+            cache_dir: self.plugin_runtime.cache_dir.clone(),
+            pooling: self.plugin_runtime.pooling,
+        }
+    }
+
+    /// The config with secrets masked, for logs and `--help` output.
+    pub fn redacted_kafka(&self) -> Vec<(String, String)> {
+        self.transport
+            .kafka
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.clone(),
+                    if is_secret(k) {
+                        "***".into()
+                    } else {
+                        v.clone()
+                    },
+                )
+            })
+            .collect()
+    }
+}

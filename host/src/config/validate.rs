@@ -1,0 +1,305 @@
+//! The checks a parsed [`Config`] must pass before anything starts: every
+//! error names the key and the fix.
+
+use super::{Config, ConfigError, TransportKind};
+use crate::store::DbKind;
+
+impl Config {
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |key: &str, message: String| {
+            Err(ConfigError::Key {
+                key: key.into(),
+                message,
+            })
+        };
+        if let Err(e) = DbKind::from_url(&self.database.url) {
+            return bad("database.url", e.to_string());
+        }
+        if self.database.max_connections == 0 {
+            return bad("database.max_connections", "must be at least 1".into());
+        }
+        if self.relay.batch_size == 0 || self.relay.batch_size > 10_000 {
+            return bad(
+                "relay.batch_size",
+                format!(
+                    "{} is out of range; use 1 to 10000 (default 100)",
+                    self.relay.batch_size
+                ),
+            );
+        }
+        if self.relay.workers > 64 {
+            return bad(
+                "relay.workers",
+                format!("{} is out of range; use 0 to 64", self.relay.workers),
+            );
+        }
+        if self.relay.workers == 0 && self.consumers.is_empty() {
+            return bad(
+                "relay.workers",
+                "0 runs no relay, and no [[consumers]] are configured, so this process \
+                 would do nothing; use 1 to 64, or add a consumer"
+                    .into(),
+            );
+        }
+        if self.relay.max_attempts < 1 {
+            return bad("relay.max_attempts", "must be at least 1".into());
+        }
+        if self.relay.publish_timeout_ms == 0 {
+            return bad("relay.publish_timeout_ms", "must be more than 0".into());
+        }
+        if self.relay.lease_ms <= self.relay.publish_timeout_ms {
+            return bad(
+                "relay.lease_ms",
+                format!(
+                    "{} must exceed relay.publish_timeout_ms ({}), or a slow batch could be claimed twice",
+                    self.relay.lease_ms, self.relay.publish_timeout_ms
+                ),
+            );
+        }
+        let b = self.relay.backoff;
+        if !(b.base_seconds > 0.0 && b.max_seconds >= b.base_seconds) {
+            return bad(
+                "relay.backoff",
+                "need 0 < base_seconds <= max_seconds".into(),
+            );
+        }
+        if self.transport.consumer_lease_ms < 300 {
+            return bad(
+                "transport.consumer_lease_ms",
+                "use at least 300 ms (default 15000)".into(),
+            );
+        }
+        if self.transport.partitions < 1 || self.transport.partitions > 1024 {
+            return bad("transport.partitions", "use 1 to 1024".into());
+        }
+        if self.transport.kind == TransportKind::Kafka
+            && !self.transport.kafka.contains_key("bootstrap.servers")
+        {
+            return bad(
+                "transport.kafka",
+                "set \"bootstrap.servers\" when transport.kind = \"kafka\"".into(),
+            );
+        }
+        if self.admin.enabled {
+            if self.admin.listen.parse::<std::net::SocketAddr>().is_err() {
+                return bad(
+                    "admin.listen",
+                    format!(
+                        "`{}` is not an address such as 127.0.0.1:9464",
+                        self.admin.listen
+                    ),
+                );
+            }
+            match &self.admin.token {
+                Some(t) if t.len() >= 16 => {}
+                _ => {
+                    return bad(
+                        "admin.token",
+                        "the admin API needs a bearer token of at least 16 characters; set OUTBOXD__ADMIN__TOKEN".into(),
+                    );
+                }
+            }
+        }
+        let r = &self.retention;
+        if r.batch_size < 1 || r.published_days <= 0.0 || r.inbox_days <= 0.0 {
+            return bad(
+                "retention",
+                "batch_size, published_days and inbox_days must be positive".into(),
+            );
+        }
+        if r.purge_payload_days
+            .is_some_and(|d| d <= 0.0 || d > r.published_days)
+        {
+            return bad(
+                "retention.purge_payload_days",
+                "must be positive and at most retention.published_days".into(),
+            );
+        }
+        for (i, rule) in self.reconcile.iter().enumerate() {
+            if rule.name.is_empty() || rule.query.trim().is_empty() {
+                return bad(
+                    &format!("reconcile[{i}]"),
+                    "name and query must not be empty".into(),
+                );
+            }
+        }
+        for (i, r) in self.routes.iter().enumerate() {
+            if r.topic.is_empty() || r.event_type.is_empty() {
+                return bad(
+                    &format!("routes[{i}]"),
+                    "event_type and topic must not be empty".into(),
+                );
+            }
+            if let Some(j) = r.allowed_topics.iter().position(|t| t.trim().is_empty()) {
+                return bad(
+                    &format!("routes[{i}].allowed_topics[{j}]"),
+                    "must not be empty; list topic names, or remove the entry".into(),
+                );
+            }
+        }
+        for (i, p) in self.plugins.iter().enumerate() {
+            if p.name.is_empty() {
+                return bad(&format!("plugins[{i}].name"), "must not be empty".into());
+            }
+            if self.plugins[..i].iter().any(|q| q.name == p.name) {
+                return bad(
+                    &format!("plugins[{i}].name"),
+                    format!("`{}` is used by an earlier [[plugins]] entry", p.name),
+                );
+            }
+            let path_set = !p.path.as_os_str().is_empty();
+            match p.source {
+                crate::plugin::PluginSource::File if !path_set => {
+                    return bad(
+                        &format!("plugins[{i}].path"),
+                        "is required for a file plugin; or set source = \"registry\" to run the registry's active version".into(),
+                    );
+                }
+                crate::plugin::PluginSource::Registry if path_set => {
+                    return bad(
+                        &format!("plugins[{i}].path"),
+                        "a registry plugin takes its component from `outboxd plugin deploy`; remove path".into(),
+                    );
+                }
+                _ => {}
+            }
+            let l = p.limits;
+            if l.timeout_ms == 0 || l.timeout_ms > 60_000 {
+                return bad(
+                    &format!("plugins[{i}].limits.timeout_ms"),
+                    format!(
+                        "{} is out of range; use 1 to 60000 (default 50)",
+                        l.timeout_ms
+                    ),
+                );
+            }
+            if l.memory_mib == 0 || l.memory_mib > 4096 {
+                return bad(
+                    &format!("plugins[{i}].limits.memory_mib"),
+                    format!(
+                        "{} is out of range; use 1 to 4096 (default 64)",
+                        l.memory_mib
+                    ),
+                );
+            }
+            if l.max_outputs == 0 || l.max_output_bytes == 0 {
+                return bad(
+                    &format!("plugins[{i}].limits"),
+                    "max_outputs and max_output_bytes must be at least 1".into(),
+                );
+            }
+        }
+        for (ri, r) in self.routes.iter().enumerate() {
+            for (ti, t) in r.transformers.iter().enumerate() {
+                if !self.plugins.iter().any(|p| p.name == *t) {
+                    return bad(
+                        &format!("routes[{ri}].transformers[{ti}]"),
+                        format!("no [[plugins]] entry is named `{t}`"),
+                    );
+                }
+            }
+        }
+        for (i, c) in self.consumers.iter().enumerate() {
+            match c.plugin_name() {
+                Some(name) if !self.plugins.iter().any(|p| p.name == name) => {
+                    return bad(
+                        &format!("consumers[{i}].handler"),
+                        format!("no [[plugins]] entry is named `{name}`"),
+                    );
+                }
+                Some(name)
+                    if self
+                        .routes
+                        .iter()
+                        .any(|r| r.transformers.iter().any(|t| t == name)) =>
+                {
+                    return bad(
+                        &format!("consumers[{i}].handler"),
+                        format!(
+                            "`{name}` is also a route's transformer; a plugin is a transformer or a consumer, give each its own [[plugins]] entry"
+                        ),
+                    );
+                }
+                Some(_) => {}
+                None if c.handler != "builtin:billing" => {
+                    return bad(
+                        &format!("consumers[{i}].handler"),
+                        format!(
+                            "unknown handler `{}`; use builtin:billing or plugin:NAME",
+                            c.handler
+                        ),
+                    );
+                }
+                None => {}
+            }
+            if let Some(role) = &c.db_role
+                && !is_plain_identifier(role)
+            {
+                return bad(
+                    &format!("consumers[{i}].db_role"),
+                    format!("`{role}` is not a plain identifier (lower-case letters, digits, _)"),
+                );
+            }
+            if c.statement_timeout_ms == 0 || c.statement_timeout_ms > 600_000 {
+                return bad(
+                    &format!("consumers[{i}].statement_timeout_ms"),
+                    "use 1 to 600000 (default 5000)".into(),
+                );
+            }
+            if c.max_statements == 0 || c.max_rows == 0 {
+                return bad(
+                    &format!("consumers[{i}]"),
+                    "max_statements and max_rows must be at least 1".into(),
+                );
+            }
+            if c.batch_in_transaction == 0 || c.batch_in_transaction > 10_000 {
+                return bad(
+                    &format!("consumers[{i}].batch_in_transaction"),
+                    "use 1 to 10000".into(),
+                );
+            }
+            if c.max_attempts == 0 {
+                return bad(
+                    &format!("consumers[{i}].max_attempts"),
+                    "must be at least 1".into(),
+                );
+            }
+            if c.topics.is_empty() {
+                return bad(
+                    &format!("consumers[{i}].topics"),
+                    "list at least one topic".into(),
+                );
+            }
+            if let Some(parts) = &c.kafka_partitions {
+                let key = format!("consumers[{i}].kafka_partitions");
+                if self.transport.kind != TransportKind::Kafka {
+                    return bad(
+                        &key,
+                        "applies to transport.kind = \"kafka\" only; remove it".into(),
+                    );
+                }
+                let mut seen = std::collections::BTreeSet::new();
+                if parts.is_empty() || parts.iter().any(|p| *p < 0 || !seen.insert(*p)) {
+                    return bad(
+                        &key,
+                        format!(
+                            "{parts:?}: list distinct partition numbers, 0 or more, at least one (or remove the key to join the consumer group)"
+                        ),
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A role name is spliced into `SET LOCAL ROLE "…"`, so only plain
+/// identifiers are accepted.
+fn is_plain_identifier(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && s.len() <= 63
+}
