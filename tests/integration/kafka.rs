@@ -77,10 +77,10 @@ pub(crate) async fn create_topic(bootstrap: &str, topic: &str, partitions: i32) 
 
 /// Wall time plus an offset the test moves, to skip leases and backoff.
 #[derive(Default)]
-struct ShiftedClock(AtomicI64);
+pub(crate) struct ShiftedClock(AtomicI64);
 
 impl ShiftedClock {
-    fn advance(&self, secs: i64) {
+    pub(crate) fn advance(&self, secs: i64) {
         self.0.fetch_add(secs, Ordering::SeqCst);
     }
 }
@@ -91,15 +91,15 @@ impl Clock for ShiftedClock {
     }
 }
 
-struct Outbox {
+pub(crate) struct Outbox {
     _dir: tempfile::TempDir,
     db: Db,
     store: SqliteStore,
-    clock: Arc<ShiftedClock>,
+    pub(crate) clock: Arc<ShiftedClock>,
 }
 
 impl Outbox {
-    async fn new() -> Self {
+    pub(crate) async fn new() -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let url = format!("sqlite://{}", dir.path().join("outbox.db").display());
         let db = Db::connect(&url, 4).await.expect("sqlite");
@@ -116,12 +116,12 @@ impl Outbox {
         }
     }
 
-    fn pool(&self) -> &sqlx::SqlitePool {
+    pub(crate) fn pool(&self) -> &sqlx::SqlitePool {
         self.store.pool()
     }
 
     /// Enqueues one committed event; returns its id.
-    async fn add(&self, aggregate: &str, n: usize) -> uuid::Uuid {
+    pub(crate) async fn add(&self, aggregate: &str, n: usize) -> uuid::Uuid {
         let mut tx = self.pool().begin().await.expect("begin");
         let event = NewEvent::new(
             aggregate,
@@ -137,7 +137,7 @@ impl Outbox {
         id
     }
 
-    fn relay(
+    pub(crate) fn relay(
         &self,
         publisher: Arc<KafkaPublisher>,
         topic: &str,
@@ -160,7 +160,7 @@ impl Outbox {
         )
     }
 
-    async fn count(&self, condition: &str) -> i64 {
+    pub(crate) async fn count(&self, condition: &str) -> i64 {
         sqlx::query(&format!("SELECT count(*) FROM outbox WHERE {condition}"))
             .fetch_one(self.pool())
             .await
@@ -504,14 +504,14 @@ async fn kafka_consumer_redelivers_after_a_handler_failure() {
 }
 
 /// A publisher on a mock cluster; librdkafka gives up after `timeout`.
-fn mock_publisher(
+pub(crate) fn mock_publisher(
     mock: &MockCluster<'_, impl rdkafka::client::ClientContext>,
     timeout: Duration,
 ) -> Arc<KafkaPublisher> {
     Arc::new(KafkaPublisher::new(&props(&mock.bootstrap_servers()), timeout).expect("publisher"))
 }
 
-async fn attempts_of_all(outbox: &Outbox) -> Vec<(i64, bool, bool)> {
+pub(crate) async fn attempts_of_all(outbox: &Outbox) -> Vec<(i64, bool, bool)> {
     sqlx::query(
         "SELECT attempts, published_at IS NOT NULL, dead_at IS NOT NULL FROM outbox ORDER BY seq",
     )

@@ -21,6 +21,7 @@ mod hot_swap;
 mod idempotency;
 mod kafka;
 mod kafka_assigned;
+mod kafka_auth;
 mod matrix;
 mod ops;
 mod ordering;

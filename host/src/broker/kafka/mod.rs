@@ -18,12 +18,14 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer, PurgeConfig};
 use rdkafka::types::RDKafkaErrorCode;
 
+mod broker_error;
 mod client;
 mod consumer;
 pub use consumer::{KafkaConsumer, KafkaConsumerConfig};
 
 use super::{OutgoingMessage, PublishError, Publisher};
 use crate::config::is_secret;
+use broker_error::BrokerErrors;
 
 /// How long a publish waits for room in librdkafka's local queue.
 const QUEUE_FULL_WAIT: Duration = Duration::from_secs(1);
@@ -71,8 +73,15 @@ pub fn classify(code: Option<RDKafkaErrorCode>) -> ErrorClass {
     }
 }
 
-fn publish_error(topic: &str, err: &KafkaError) -> PublishError {
-    let text = format!("topic `{topic}`: {err}");
+/// The relay's reason for a failed send. A timeout gets the brokers' last
+/// complaint (`broker`), which usually says why.
+fn publish_error(topic: &str, err: &KafkaError, broker: Option<String>) -> PublishError {
+    let text = match broker {
+        Some(why) if err.rdkafka_error_code() == Some(RDKafkaErrorCode::MessageTimedOut) => {
+            format!("topic `{topic}`: {err} (last broker error: {why})")
+        }
+        _ => format!("topic `{topic}`: {err}"),
+    };
     match classify(err.rdkafka_error_code()) {
         ErrorClass::Permanent => PublishError::Permanent(text),
         ErrorClass::Retryable => PublishError::Retryable(text),
@@ -126,7 +135,8 @@ fn base_config(props: &BTreeMap<String, String>) -> ClientConfig {
 /// Publishes to Kafka with an idempotent, `acks=all` producer.
 pub struct KafkaPublisher {
     config: ClientConfig,
-    producer: RwLock<Arc<FutureProducer>>,
+    producer: RwLock<Arc<FutureProducer<BrokerErrors>>>,
+    broker_errors: BrokerErrors,
 }
 
 impl std::fmt::Debug for KafkaPublisher {
@@ -157,12 +167,14 @@ impl KafkaPublisher {
                 delivery_timeout.as_millis().max(1).to_string(),
             );
         }
+        let broker_errors = BrokerErrors::default();
         let producer = config
-            .create::<FutureProducer>()
+            .create_with_context(broker_errors.clone())
             .map_err(|e| setup_error("producer", e))?;
         Ok(Self {
             config,
             producer: RwLock::new(Arc::new(producer)),
+            broker_errors,
         })
     }
 
@@ -181,7 +193,7 @@ impl KafkaPublisher {
         .map_err(|e| format!("kafka health check task failed: {e}"))?
     }
 
-    fn current(&self) -> Result<Arc<FutureProducer>, PublishError> {
+    fn current(&self) -> Result<Arc<FutureProducer<BrokerErrors>>, PublishError> {
         self.producer
             .read()
             .map(|p| p.clone())
@@ -191,14 +203,14 @@ impl KafkaPublisher {
     /// Swaps in a fresh producer (once, by whichever publish notices first)
     /// and drops what the old one still queues, so nothing it held can land
     /// after what the new one sends.
-    fn replace(&self, failed: &Arc<FutureProducer>, why: &str) {
+    fn replace(&self, failed: &Arc<FutureProducer<BrokerErrors>>, why: &str) {
         let Ok(mut slot) = self.producer.write() else {
             return;
         };
         if !Arc::ptr_eq(&slot, failed) {
             return;
         }
-        match self.config.create::<FutureProducer>() {
+        match self.config.create_with_context(self.broker_errors.clone()) {
             Ok(fresh) => {
                 tracing::warn!(reason = why, "replacing the kafka producer");
                 failed.purge(PurgeConfig::default().queue());
@@ -216,11 +228,19 @@ impl KafkaPublisher {
 /// the broker forgot the producer id (a restart that lost its state):
 /// librdkafka then bumps the epoch locally and retries with the same
 /// unknown id forever, while a new producer asks the broker for a new id.
+/// An authorization failure is remembered by librdkafka for the topic until
+/// its next metadata refresh (minutes): a new producer asks again, so access
+/// the operator grants counts from the next attempt.
 fn needs_new_producer(err: &KafkaError, fatal: bool) -> bool {
     fatal
         || matches!(
             err.rdkafka_error_code(),
-            Some(RDKafkaErrorCode::Fatal | RDKafkaErrorCode::MessageTimedOut)
+            Some(
+                RDKafkaErrorCode::Fatal
+                    | RDKafkaErrorCode::MessageTimedOut
+                    | RDKafkaErrorCode::TopicAuthorizationFailed
+                    | RDKafkaErrorCode::ClusterAuthorizationFailed
+            )
         )
 }
 
@@ -249,7 +269,7 @@ impl Publisher for KafkaPublisher {
                     };
                     self.replace(&producer, &why);
                 }
-                Err(publish_error(&msg.topic, &err))
+                Err(publish_error(&msg.topic, &err, self.broker_errors.recent()))
             }
         }
     }
@@ -340,6 +360,8 @@ mod tests {
         assert!(needs_new_producer(&timed_out, false));
         assert!(needs_new_producer(&too_large, true));
         assert!(!needs_new_producer(&too_large, false));
+        let denied = KafkaError::MessageProduction(RDKafkaErrorCode::TopicAuthorizationFailed);
+        assert!(needs_new_producer(&denied, false));
     }
 
     #[test]
