@@ -1,0 +1,237 @@
+//! Several messages of one partition in one transaction: the inbox marks
+//! of the whole batch written up front (one statement on Postgres) and the
+//! handlers run without savepoints; on a failure, that transaction is rolled
+//! back and the prefix before the failed message reruns with a savepoint
+//! each. [`process_batch`] and [`attempt_batch`] are re-exported from
+//! [`super::inbox`], where one message at a time lives.
+
+use std::collections::HashSet;
+
+use super::inbox::{
+    Attempt, Handler, HandlerError, INSERT_MARK, InboxTx, Pinned, Processed, exec, mark_and_handle,
+    rollback,
+};
+use crate::broker::Delivery;
+use crate::store::Db;
+
+/// Handles several messages of one partition in one transaction, so commit
+/// latency is paid once per batch.
+///
+/// Messages are handled in order until the first failure: the failed
+/// message's inbox mark and writes vanish, the messages after it are not
+/// attempted (they must wait, in order), and everything before it commits.
+/// The result has one entry per attempted message; the offset may advance
+/// past the successful prefix only.
+///
+/// The common case, where every message succeeds, runs without savepoints,
+/// and on Postgres writes every inbox mark of the batch in one statement:
+/// one round trip per message for the handler's own write, instead of two
+/// (four with savepoints). When a message fails, that
+/// transaction is rolled back whole, the messages before it run again with
+/// a savepoint each and commit, and the failed message's result is the one
+/// it already had: its handler runs once per attempt, while the handlers of
+/// the prefix run twice, inside transactions of which only one commits.
+pub async fn process_batch<H: Handler>(
+    db: &Db,
+    consumer: &str,
+    deliveries: &[Delivery],
+    handler: &H,
+) -> Result<Vec<Result<Processed, HandlerError>>, sqlx::Error> {
+    let attempts = attempt_batch(db, consumer, deliveries, handler).await?;
+    Ok(attempts.into_iter().map(|a| a.result).collect())
+}
+
+/// [`process_batch`], also naming the handler version of each message.
+pub async fn attempt_batch<H: Handler>(
+    db: &Db,
+    consumer: &str,
+    deliveries: &[Delivery],
+    handler: &H,
+) -> Result<Vec<Attempt>, sqlx::Error> {
+    if deliveries.len() <= 1 {
+        return attempt_with_savepoints(db, consumer, deliveries, handler).await;
+    }
+    match attempt_all(db, consumer, deliveries, handler).await? {
+        AllOrFailure::All(attempts) => Ok(attempts),
+        AllOrFailure::Failed { index, failure } => {
+            let mut attempts = if index == 0 {
+                Vec::new()
+            } else {
+                attempt_with_savepoints(db, consumer, &deliveries[..index], handler).await?
+            };
+            // The prefix ran again; if it all succeeded, the batch stops at
+            // the failure it already met, without running that handler again.
+            if attempts.len() == index && attempts.iter().all(|a| a.result.is_ok()) {
+                attempts.push(failure);
+            }
+            Ok(attempts)
+        }
+    }
+}
+
+/// The outcome of [`attempt_all`].
+enum AllOrFailure {
+    /// Committed: one entry per attempted message.
+    All(Vec<Attempt>),
+    /// Message `index` failed after it may have written; the transaction
+    /// was rolled back and nothing of the batch took effect.
+    Failed { index: usize, failure: Attempt },
+}
+
+async fn begin_batch<H: Handler>(db: &Db, handler: &H) -> Result<InboxTx, sqlx::Error> {
+    let mut tx = match db {
+        Db::Postgres(p) => InboxTx::Postgres(p.begin().await?),
+        Db::Sqlite(p) => InboxTx::Sqlite(p.begin().await?),
+    };
+    handler.begin(&mut tx).await?;
+    Ok(tx)
+}
+
+async fn commit(tx: InboxTx) -> Result<(), sqlx::Error> {
+    match tx {
+        InboxTx::Postgres(t) => t.commit().await,
+        InboxTx::Sqlite(t) => t.commit().await,
+    }
+}
+
+/// The message id of `d`, or the permanent failure of a message without one.
+fn usable_id(d: &Delivery) -> Result<uuid::Uuid, Attempt> {
+    d.message_id().map_err(|reason| Attempt {
+        result: Err(HandlerError::Permanent(reason)),
+        handled_by: None,
+    })
+}
+
+/// The whole batch in one transaction without savepoints: the inbox marks
+/// of every message first (one statement on Postgres), then the handlers in
+/// order, skipping the duplicates.
+async fn attempt_all<H: Handler>(
+    db: &Db,
+    consumer: &str,
+    deliveries: &[Delivery],
+    handler: &H,
+) -> Result<AllOrFailure, sqlx::Error> {
+    // A message without a usable id is refused before anything of it is
+    // written: the prefix before it can commit as it is.
+    let mut ids = Vec::with_capacity(deliveries.len());
+    let mut refused = None;
+    for d in deliveries {
+        match usable_id(d) {
+            Ok(id) => ids.push(id),
+            Err(r) => {
+                refused = Some(r);
+                break;
+            }
+        }
+    }
+    // Each message pins its version before its mark, as in `mark_and_handle`.
+    let pins: Vec<Pinned> = ids.iter().map(|_| handler.pin()).collect();
+    let labels: Vec<Option<String>> = pins.iter().map(|p| p.label.clone()).collect();
+    let mut tx = begin_batch(db, handler).await?;
+    let mut fresh = mark_all(&mut tx, consumer, &ids, &labels).await?;
+    let mut results = Vec::with_capacity(deliveries.len());
+    for ((d, id), pinned) in deliveries.iter().zip(&ids).zip(&pins) {
+        // The first of several deliveries of one id in the batch is the one
+        // that was marked; the others are duplicates.
+        if !fresh.remove(id) {
+            results.push(Attempt {
+                result: Ok(Processed::Duplicate),
+                handled_by: None,
+            });
+            continue;
+        }
+        let result = handler
+            .handle_pinned(pinned, &mut tx, d)
+            .await
+            .map(|()| Processed::Handled);
+        let handled_by = pinned.label.clone();
+        if result.is_err() {
+            rollback(tx).await?;
+            return Ok(AllOrFailure::Failed {
+                index: results.len(),
+                failure: Attempt { result, handled_by },
+            });
+        }
+        results.push(Attempt { result, handled_by });
+    }
+    results.extend(refused);
+    commit(tx).await?;
+    Ok(AllOrFailure::All(results))
+}
+
+/// Writes the inbox marks of `ids` (with each one's handler label) and
+/// returns the ids that were new, so not duplicates. Postgres takes them in
+/// one statement; SQLite, which is in-process, one at a time.
+async fn mark_all(
+    tx: &mut InboxTx,
+    consumer: &str,
+    ids: &[uuid::Uuid],
+    labels: &[Option<String>],
+) -> Result<HashSet<uuid::Uuid>, sqlx::Error> {
+    let mut fresh = HashSet::with_capacity(ids.len());
+    match tx {
+        InboxTx::Postgres(t) => {
+            let inserted: Vec<uuid::Uuid> = sqlx::query_scalar(
+                "INSERT INTO inbox (consumer, message_id, handled_by)
+                 SELECT $1, m.id, m.label FROM unnest($2::uuid[], $3::text[]) AS m(id, label)
+                 ON CONFLICT DO NOTHING
+                 RETURNING message_id",
+            )
+            .bind(consumer)
+            .bind(ids)
+            .bind(labels)
+            .fetch_all(&mut **t)
+            .await?;
+            fresh.extend(inserted);
+        }
+        InboxTx::Sqlite(t) => {
+            for (id, label) in ids.iter().zip(labels) {
+                let n = sqlx::query(INSERT_MARK)
+                    .bind(consumer)
+                    .bind(id.to_string())
+                    .bind(label)
+                    .execute(&mut **t)
+                    .await?
+                    .rows_affected();
+                if n > 0 {
+                    fresh.insert(*id);
+                }
+            }
+        }
+    }
+    Ok(fresh)
+}
+
+/// The batch with a savepoint around each message, so a failed message
+/// rolls back alone and the prefix before it commits.
+async fn attempt_with_savepoints<H: Handler>(
+    db: &Db,
+    consumer: &str,
+    deliveries: &[Delivery],
+    handler: &H,
+) -> Result<Vec<Attempt>, sqlx::Error> {
+    let mut tx = begin_batch(db, handler).await?;
+    let mut results = Vec::with_capacity(deliveries.len());
+    for d in deliveries {
+        let message_id = match usable_id(d) {
+            Ok(id) => id,
+            Err(refused) => {
+                results.push(refused);
+                break;
+            }
+        };
+        exec(&mut tx, "SAVEPOINT outboxd_msg").await?;
+        let (handled_by, result) = mark_and_handle(&mut tx, consumer, message_id, d, handler).await;
+        let failed = result.is_err();
+        if failed {
+            exec(&mut tx, "ROLLBACK TO SAVEPOINT outboxd_msg").await?;
+        }
+        exec(&mut tx, "RELEASE SAVEPOINT outboxd_msg").await?;
+        results.push(Attempt { result, handled_by });
+        if failed {
+            break;
+        }
+    }
+    commit(tx).await?;
+    Ok(results)
+}
