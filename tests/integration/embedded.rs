@@ -139,3 +139,45 @@ async fn groups_are_independent(t: TestDb) {
     assert_eq!(g2.fetch(100).await.expect("g2").len(), 3);
 }
 on_both!(groups_are_independent);
+
+/// On Postgres, messages published at the same moment (as the relay
+/// publishes a batch) share one transaction: one commit, one WAL flush.
+/// Every message is stored once, and a fetch sees them all in key order.
+#[tokio::test(flavor = "current_thread")]
+async fn concurrent_publishes_share_one_transaction_on_postgres() {
+    let t = TestDb::postgres().await;
+    let p = EmbeddedPublisher::new(t.db.clone(), 4);
+    let msgs: Vec<_> = (0..20)
+        .map(|n| msg("t", &format!("k{}", n % 5), n))
+        .collect();
+    let results = futures_util::future::join_all(msgs.into_iter().map(|m| p.publish(m))).await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    assert_eq!(t.count("SELECT count(*) FROM transport_messages").await, 20);
+    assert_eq!(
+        t.count("SELECT count(DISTINCT xmin::text) FROM transport_messages")
+            .await,
+        1,
+        "one transaction for the 20 concurrent publishes"
+    );
+    // Published one at a time, each is its own transaction again.
+    for n in 20..23 {
+        p.publish(msg("t", "k0", n)).await.expect("publish");
+    }
+    assert_eq!(
+        t.count("SELECT count(DISTINCT xmin::text) FROM transport_messages")
+            .await,
+        4
+    );
+    let mut c = consumer(&t, "g", Duration::from_secs(15));
+    let batch = c.fetch(1000).await.expect("fetch");
+    assert_eq!(batch.len(), 23);
+    let k0: Vec<String> = batch
+        .iter()
+        .filter(|d| d.key.as_deref() == Some(b"k0".as_slice()))
+        .map(|d| String::from_utf8_lossy(&d.payload).into_owned())
+        .collect();
+    assert_eq!(
+        k0,
+        ["0", "5", "10", "15", "20", "21", "22"].map(|n| format!("{{\"n\":{n}}}"))
+    );
+}

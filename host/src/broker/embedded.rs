@@ -14,6 +14,7 @@ use chrono::Utc;
 use sqlx::Row;
 use uuid::Uuid;
 
+use super::group_commit::{GroupCommit, GroupRow};
 use super::{ConsumeError, Delivery, MessageSource, OutgoingMessage, PublishError, Publisher};
 use crate::store::Db;
 use crate::store::sqlite::micros;
@@ -32,6 +33,8 @@ pub fn partition_for(key: &[u8], partitions: i32) -> i32 {
 pub struct EmbeddedPublisher {
     db: Db,
     partitions: i32,
+    /// Postgres: concurrent publishes share one transaction.
+    group: GroupCommit,
 }
 
 impl EmbeddedPublisher {
@@ -39,6 +42,7 @@ impl EmbeddedPublisher {
         Self {
             db,
             partitions: partitions.max(1),
+            group: GroupCommit::default(),
         }
     }
 }
@@ -71,7 +75,7 @@ pub fn parse_headers(text: &str) -> Vec<(String, Vec<u8>)> {
         .collect()
 }
 
-fn db_error(e: sqlx::Error) -> PublishError {
+pub(super) fn db_error(e: sqlx::Error) -> PublishError {
     // A database that is down is worth retrying; a constraint violation is not.
     match &e {
         sqlx::Error::Database(d) if d.is_check_violation() || d.is_foreign_key_violation() => {
@@ -84,35 +88,16 @@ fn db_error(e: sqlx::Error) -> PublishError {
 impl Publisher for EmbeddedPublisher {
     async fn publish(&self, msg: OutgoingMessage) -> Result<(), PublishError> {
         let partition = partition_for(&msg.key, self.partitions);
-        let headers = headers_json(&msg.headers);
         match &self.db {
             Db::Postgres(pool) => {
-                let mut tx = pool.begin().await.map_err(db_error)?;
-                // Offsets are identity values, drawn at insert time. Serialising
-                // the publishers of one partition until commit makes offset
-                // order commit order, so a cursor never skips a late commit.
-                sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, $2))")
-                    .bind(&msg.topic)
-                    .bind(i64::from(partition))
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(db_error)?;
-                sqlx::query(
-                    "INSERT INTO transport_messages (topic, partition, message_key, payload, headers, message_id)
-                     VALUES ($1, $2, $3, $4, $5::jsonb, $6)",
-                )
-                .bind(&msg.topic)
-                .bind(partition)
-                .bind(&msg.key)
-                .bind(&msg.payload)
-                .bind(&headers)
-                .bind(msg.message_id)
-                .execute(&mut *tx)
-                .await
-                .map_err(db_error)?;
-                tx.commit().await.map_err(db_error)?;
+                // One transaction for everything published at this moment.
+                return self
+                    .group
+                    .publish(pool, GroupRow::new(msg, partition))
+                    .await;
             }
             Db::Sqlite(pool) => {
+                let headers = headers_json(&msg.headers);
                 sqlx::query(
                     "INSERT INTO transport_messages (topic, partition, message_key, payload, headers, message_id)
                      VALUES ($1, $2, $3, $4, $5, $6)",

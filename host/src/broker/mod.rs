@@ -5,6 +5,7 @@
 //! module that links rdkafka) both implement it.
 
 pub mod embedded;
+mod group_commit;
 pub mod kafka;
 
 use std::future::Future;

@@ -1,0 +1,156 @@
+//! Group commit for the embedded transport on Postgres: the messages that
+//! relay workers publish at the same moment (a batch is published
+//! concurrently) are written in one transaction, instead of one transaction,
+//! one advisory lock and one WAL flush each.
+//!
+//! Callers queue their message and wait for its result. Whoever finds no
+//! writer running starts one, as a task of its own, so a caller that gives
+//! up (the relay's publish timeout) never leaves the queue without a writer.
+//! The writer takes everything queued, writes it, answers each caller, and
+//! stops when the queue is empty; the queue and the "writer running" flag
+//! share one lock, so a message is never queued behind a writer that has
+//! already decided to stop.
+//!
+//! A group that the database refuses for a message-specific reason (a
+//! permanent error) is written again one message at a time, so one bad
+//! message fails alone.
+
+use std::sync::{Arc, Mutex};
+
+use sqlx::PgPool;
+use tokio::sync::oneshot;
+
+use super::{OutgoingMessage, PublishError};
+
+type Reply = oneshot::Sender<Result<(), PublishError>>;
+
+/// One message as it will be stored.
+pub(super) struct GroupRow {
+    pub topic: String,
+    pub partition: i32,
+    pub key: Vec<u8>,
+    pub payload: Vec<u8>,
+    pub headers: String,
+    pub message_id: uuid::Uuid,
+}
+
+impl GroupRow {
+    pub(super) fn new(msg: OutgoingMessage, partition: i32) -> Self {
+        let headers = super::embedded::headers_json(&msg.headers);
+        Self {
+            topic: msg.topic,
+            partition,
+            key: msg.key,
+            payload: msg.payload,
+            headers,
+            message_id: msg.message_id,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Queue {
+    rows: Vec<(GroupRow, Reply)>,
+    writing: bool,
+}
+
+/// The shared queue of one publisher (cheap to clone).
+#[derive(Clone, Default)]
+pub(super) struct GroupCommit {
+    queue: Arc<Mutex<Queue>>,
+}
+
+impl std::fmt::Debug for GroupCommit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupCommit").finish_non_exhaustive()
+    }
+}
+
+fn unavailable() -> PublishError {
+    PublishError::Retryable("embedded transport: the group writer stopped".into())
+}
+
+impl GroupCommit {
+    /// Writes `row` together with whatever else is being published now, and
+    /// resolves once it is committed (or failed).
+    pub(super) async fn publish(&self, pool: &PgPool, row: GroupRow) -> Result<(), PublishError> {
+        let (reply, answer) = oneshot::channel();
+        let start = {
+            let mut q = self.queue.lock().map_err(|_| unavailable())?;
+            q.rows.push((row, reply));
+            !std::mem::replace(&mut q.writing, true)
+        };
+        if start {
+            let (queue, pool) = (self.queue.clone(), pool.clone());
+            tokio::spawn(async move { write_until_empty(&queue, &pool).await });
+        }
+        answer.await.unwrap_or_else(|_| Err(unavailable()))
+    }
+}
+
+async fn write_until_empty(queue: &Mutex<Queue>, pool: &PgPool) {
+    // Let the rest of a concurrently published batch join the first group.
+    tokio::task::yield_now().await;
+    loop {
+        let group = match queue.lock() {
+            Ok(mut q) if q.rows.is_empty() => {
+                q.writing = false;
+                return;
+            }
+            Ok(mut q) => std::mem::take(&mut q.rows),
+            Err(_) => return,
+        };
+        let (rows, replies): (Vec<GroupRow>, Vec<Reply>) = group.into_iter().unzip();
+        match write(pool, &rows).await {
+            Err(e) if e.is_permanent() && rows.len() > 1 => {
+                for (row, reply) in rows.iter().zip(replies) {
+                    let _ = reply.send(write(pool, std::slice::from_ref(row)).await);
+                }
+            }
+            result => {
+                for reply in replies {
+                    let _ = reply.send(result.clone());
+                }
+            }
+        }
+    }
+}
+
+/// One transaction: the partitions' advisory locks in a fixed order (so two
+/// writers cannot deadlock), then every row in one INSERT. Offsets are
+/// identity values drawn at insert time; holding each partition's lock
+/// until commit makes offset order commit order within a partition, so a
+/// consumer's cursor never skips a late commit.
+async fn write(pool: &PgPool, rows: &[GroupRow]) -> Result<(), PublishError> {
+    let mut tx = pool.begin().await.map_err(super::embedded::db_error)?;
+    let mut partitions: Vec<(&str, i32)> = rows
+        .iter()
+        .map(|r| (r.topic.as_str(), r.partition))
+        .collect();
+    partitions.sort_unstable();
+    partitions.dedup();
+    for (topic, partition) in partitions {
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, $2))")
+            .bind(topic)
+            .bind(i64::from(partition))
+            .execute(&mut *tx)
+            .await
+            .map_err(super::embedded::db_error)?;
+    }
+    sqlx::query(
+        "INSERT INTO transport_messages (topic, partition, message_key, payload, headers, message_id)
+         SELECT t, p, k, v, h::jsonb, m
+           FROM unnest($1::text[], $2::int[], $3::bytea[], $4::bytea[], $5::text[], $6::uuid[])
+             AS x(t, p, k, v, h, m)",
+    )
+    .bind(rows.iter().map(|r| r.topic.as_str()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.partition).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.key.as_slice()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.payload.as_slice()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.headers.as_str()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.message_id).collect::<Vec<_>>())
+    .execute(&mut *tx)
+    .await
+    .map_err(super::embedded::db_error)?;
+    tx.commit().await.map_err(super::embedded::db_error)
+}
