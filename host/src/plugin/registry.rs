@@ -2,6 +2,10 @@
 //! every host that shares it runs the same active version. Deploying runs
 //! the checks of `outboxd plugin validate` plus the shipped sample events;
 //! a refused version never reaches the table and the active one stays.
+//!
+//! This file holds the records, deploying, listing and the shadow counters;
+//! `registry/lifecycle.rs` the state changes (activate, rollback, retire,
+//! shadow) and `registry/desired.rs` what a host reads to follow them.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -13,7 +17,11 @@ use super::transformer::PluginSpec;
 use super::{PluginEngine, deploy_check};
 use crate::store::Db;
 
+mod desired;
+mod lifecycle;
+
 pub use super::deploy_check::MAX_COMPONENT_BYTES;
+pub use desired::{Desired, DesiredRow};
 
 /// The channel a state change is announced on, in its own transaction.
 pub const NOTIFY_CHANNEL: &str = "outboxd_plugins";
@@ -83,41 +91,6 @@ impl Deployed {
     }
 }
 
-/// One version a host may run, as [`Registry::desired`] reads it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DesiredRow {
-    pub name: String,
-    pub version: i64,
-    /// `active` or `candidate`; retired versions are left out.
-    pub state: String,
-    pub shadow: bool,
-    pub auto_promote_after: Option<i64>,
-}
-
-/// What hosts should run: each plugin's active version and shadow
-/// candidate, plus the other candidates, which hosts compile ahead so that
-/// activating one is only a swap.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Desired {
-    pub rows: Vec<DesiredRow>,
-}
-
-impl Desired {
-    pub fn active(&self, name: &str) -> Option<i64> {
-        self.rows
-            .iter()
-            .find(|r| r.name == name && r.state == "active")
-            .map(|r| r.version)
-    }
-
-    pub fn shadow(&self, name: &str) -> Option<(i64, Option<i64>)> {
-        self.rows
-            .iter()
-            .find(|r| r.name == name && r.shadow)
-            .map(|r| (r.version, r.auto_promote_after))
-    }
-}
-
 /// Runs the same statements on either database in one transaction; on
 /// Postgres the change is announced on [`NOTIFY_CHANNEL`] in that same
 /// transaction, so no host hears of a change it cannot read yet.
@@ -154,6 +127,7 @@ macro_rules! on_pool {
         }
     };
 }
+use {in_tx, on_pool};
 
 const RECORD_COLUMNS: &str = "name, CAST(version AS BIGINT) AS version, sha256, world, wit_version, CAST(length(component) AS BIGINT) AS size_bytes, deployed_by, state, shadow, auto_promote_after";
 
@@ -304,193 +278,6 @@ impl Registry {
                 name: name.into(),
                 version,
             })
-    }
-
-    /// Makes `version` the one active version of `name`, atomically, and
-    /// tells every host.
-    pub async fn activate(
-        &self,
-        name: &str,
-        version: i64,
-        by: &str,
-    ) -> Result<PluginRecord, RegistryError> {
-        let state = self.get(name, version).await?.state;
-        if state == "retired" {
-            return Err(RegistryError::Conflict {
-                name: name.into(),
-                reason: format!("version {version} is retired and cannot be activated"),
-            });
-        }
-        in_tx!(&self.db, notify = name, |tx| {
-            sqlx::query(
-                "UPDATE plugins SET state = 'candidate' WHERE name = $1 AND state = 'active'",
-            )
-            .bind(name)
-            .execute(&mut *tx)
-            .await?;
-            sqlx::query(
-                "UPDATE plugins SET state = 'active', shadow = $3 WHERE name = $1 AND version = $2",
-            )
-            .bind(name)
-            .bind(version as i32)
-            .bind(false)
-            .execute(&mut *tx)
-            .await?;
-            sqlx::query(
-                "INSERT INTO plugin_activations (name, version, activated_by) VALUES ($1, $2, $3)",
-            )
-            .bind(name)
-            .bind(version as i32)
-            .bind(by)
-            .execute(&mut *tx)
-            .await?;
-        });
-        self.get(name, version).await
-    }
-
-    /// Activates the version that was active before the current one.
-    pub async fn rollback(&self, name: &str, by: &str) -> Result<PluginRecord, RegistryError> {
-        let current = self
-            .list()
-            .await?
-            .into_iter()
-            .find(|r| r.name == name && r.state == "active");
-        let Some(current) = current else {
-            return Err(RegistryError::Conflict {
-                name: name.into(),
-                reason: "no version is active, so there is nothing to roll back".into(),
-            });
-        };
-        let previous: Option<i64> = on_pool!(&self.db, |p| {
-            sqlx::query(
-                "SELECT CAST(a.version AS BIGINT) FROM plugin_activations a JOIN plugins p ON p.name = a.name AND p.version = a.version
-                  WHERE a.name = $1 AND a.version <> $2 AND p.state <> 'retired' ORDER BY a.id DESC LIMIT 1",
-            )
-            .bind(name)
-            .bind(current.version as i32)
-            .fetch_optional(p)
-            .await?
-            .map(|r| r.get(0))
-        });
-        match previous {
-            Some(v) => self.activate(name, v, by).await,
-            None => Err(RegistryError::Conflict {
-                name: name.into(),
-                reason: format!(
-                    "version {} is the only version ever active",
-                    current.version
-                ),
-            }),
-        }
-    }
-
-    /// Retires a version that is not active; it can never run again.
-    pub async fn retire(&self, name: &str, version: i64) -> Result<PluginRecord, RegistryError> {
-        if self.get(name, version).await?.state == "active" {
-            return Err(RegistryError::Conflict {
-                name: name.into(),
-                reason: format!(
-                    "version {version} is active; activate another version or roll back first"
-                ),
-            });
-        }
-        self.set_state(
-            name,
-            version,
-            "UPDATE plugins SET state = 'retired', shadow = $3 WHERE name = $1 AND version = $2",
-            false,
-        )
-        .await
-    }
-
-    /// Runs a candidate in shadow next to the active version (or stops it);
-    /// `auto_promote_after` promotes it after that many clean events.
-    pub async fn shadow(
-        &self,
-        name: &str,
-        version: i64,
-        on: bool,
-        auto_promote_after: Option<i64>,
-    ) -> Result<PluginRecord, RegistryError> {
-        if on && self.get(name, version).await?.state != "candidate" {
-            return Err(RegistryError::Conflict {
-                name: name.into(),
-                reason: format!("only a candidate can run in shadow; version {version} is not one"),
-            });
-        }
-        in_tx!(&self.db, notify = name, |tx| {
-            if on {
-                sqlx::query("UPDATE plugins SET shadow = $2 WHERE name = $1")
-                    .bind(name)
-                    .bind(false)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            sqlx::query("UPDATE plugins SET shadow = $3, auto_promote_after = $4 WHERE name = $1 AND version = $2")
-                .bind(name)
-                .bind(version as i32)
-                .bind(on)
-                .bind(auto_promote_after)
-                .execute(&mut *tx)
-                .await?;
-        });
-        self.get(name, version).await
-    }
-
-    async fn set_state(
-        &self,
-        name: &str,
-        version: i64,
-        sql: &str,
-        shadow: bool,
-    ) -> Result<PluginRecord, RegistryError> {
-        in_tx!(&self.db, notify = name, |tx| {
-            sqlx::query(sql)
-                .bind(name)
-                .bind(version as i32)
-                .bind(shadow)
-                .execute(&mut *tx)
-                .await?;
-        });
-        self.get(name, version).await
-    }
-
-    /// Every version that is not retired, without bytes: what a host should
-    /// be running or ready to run. Cheap enough to poll every second.
-    pub async fn desired(&self) -> Result<Desired, RegistryError> {
-        let sql = "SELECT name, CAST(version AS BIGINT), state, shadow, auto_promote_after FROM plugins WHERE state <> 'retired' ORDER BY name, version";
-        let rows = on_pool!(&self.db, |p| {
-            sqlx::query(sql)
-                .fetch_all(p)
-                .await?
-                .iter()
-                .map(|r| DesiredRow {
-                    name: r.get(0),
-                    version: r.get(1),
-                    state: r.get(2),
-                    shadow: r.get(3),
-                    auto_promote_after: r.get(4),
-                })
-                .collect()
-        });
-        Ok(Desired { rows })
-    }
-
-    /// The bytes of one version.
-    pub async fn component(&self, name: &str, version: i64) -> Result<Vec<u8>, RegistryError> {
-        let sql = "SELECT component FROM plugins WHERE name = $1 AND version = $2";
-        let row = on_pool!(&self.db, |p| {
-            sqlx::query(sql)
-                .bind(name)
-                .bind(version as i32)
-                .fetch_optional(p)
-                .await?
-                .map(|r| r.get::<Vec<u8>, _>(0))
-        });
-        row.ok_or_else(|| RegistryError::NoSuchVersion {
-            name: name.into(),
-            version,
-        })
     }
 
     /// Stores this host's shadow counters for one candidate (absolute values).
