@@ -22,6 +22,8 @@ mod memory;
 mod outage;
 mod pipeline;
 mod relay;
+mod relay_report;
+mod relay_sink;
 
 pub use claim::{ClaimBenchArgs, ClaimBenchReport, claim};
 pub use consumer::{ConsumerBenchArgs, consumer};

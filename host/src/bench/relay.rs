@@ -1,18 +1,21 @@
 //! `outboxd bench relay`: events/s of the relay over a grid, against seed
 //! 000's design (await each send, one UPDATE per row) in the same run.
+//!
+//! The sinks and the exactly-once, in-order check are in `relay_sink.rs`;
+//! the rows and what is printed of them in `relay_report.rs`.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
 use sqlx::{PgPool, Row};
 
 use super::BenchError;
+use super::relay_report::{Cell, RelayBenchRow, print_ratios, print_row, row};
+use super::relay_sink::{Sink, Verifying, check};
+use crate::broker::Publisher;
 use crate::broker::embedded::EmbeddedPublisher;
 use crate::broker::kafka::KafkaPublisher;
-use crate::broker::{OutgoingMessage, PublishError, Publisher};
 use crate::clock::SystemClock;
 use crate::plugin::{EngineConfig, PluginEngine, PluginSpec};
 use crate::relay::worker::{self, WorkerConfig};
@@ -62,97 +65,8 @@ pub struct RelayBenchArgs {
     pub json: Option<std::path::PathBuf>,
 }
 
-#[derive(Debug, Clone, Serialize)]
-pub struct RelayBenchRow {
-    pub design: String,
-    pub sink: String,
-    /// `none` or the transformer plugin's name.
-    pub transformer: String,
-    pub batch: usize,
-    pub workers: usize,
-    pub pipeline: bool,
-    pub events: i64,
-    pub seconds: f64,
-    pub events_per_second: f64,
-}
-
 /// Topic of every benchmark event (one route, `bench.*`).
 const TOPIC: &str = "outboxd.bench";
-
-/// Where the benchmark's messages go.
-enum Sink {
-    Null,
-    Embedded(EmbeddedPublisher),
-    Kafka(Arc<KafkaPublisher>),
-}
-
-impl Publisher for Sink {
-    async fn publish(&self, msg: OutgoingMessage) -> Result<(), PublishError> {
-        match self {
-            Sink::Null => Ok(()),
-            Sink::Embedded(p) => p.publish(msg).await,
-            Sink::Kafka(p) => p.publish(msg).await,
-        }
-    }
-}
-
-/// Acknowledges through an inner sink and checks, per key, that payload
-/// counters arrive as 1, 2, 3 … exactly once.
-struct Verifying<P> {
-    inner: Option<P>,
-    seen: Mutex<HashMap<Vec<u8>, i64>>,
-    errors: Mutex<Vec<String>>,
-    count: AtomicU64,
-}
-
-impl<P: Publisher> Verifying<P> {
-    fn new(inner: Option<P>) -> Self {
-        Self {
-            inner,
-            seen: Mutex::default(),
-            errors: Mutex::default(),
-            count: AtomicU64::new(0),
-        }
-    }
-}
-
-impl<P: Publisher> Publisher for Verifying<P> {
-    async fn publish(&self, msg: OutgoingMessage) -> Result<(), PublishError> {
-        if let Some(inner) = &self.inner {
-            inner.publish(msg.clone()).await?;
-        }
-        let n = counter(&msg.payload).unwrap_or(-1);
-        if let Ok(mut seen) = self.seen.lock() {
-            let last = seen.entry(msg.key.clone()).or_insert(0);
-            if n != *last + 1
-                && let Ok(mut e) = self.errors.lock()
-            {
-                e.push(format!(
-                    "{}: got n={n} after n={last}",
-                    String::from_utf8_lossy(&msg.key)
-                ));
-            }
-            *last = n;
-        }
-        self.count.fetch_add(1, Ordering::Relaxed);
-        Ok(())
-    }
-}
-
-/// The `"n":` counter of a benchmark payload, bare or inside a CloudEvents
-/// envelope's `data`: a scan rather than a JSON parse, so checking costs
-/// the same whatever the payload's size.
-fn counter(payload: &[u8]) -> Option<i64> {
-    let key = b"\"n\":";
-    let at = payload.windows(key.len()).position(|w| w == key)? + key.len();
-    let digits: Vec<u8> = payload[at..]
-        .iter()
-        .copied()
-        .skip_while(|b| *b == b' ')
-        .take_while(u8::is_ascii_digit)
-        .collect();
-    std::str::from_utf8(&digits).ok()?.parse().ok()
-}
 
 async fn reset_and_fill(pool: &PgPool, events: i64, aggregates: i64) -> Result<(), BenchError> {
     sqlx::query("TRUNCATE outbox, transport_messages, transport_cursors")
@@ -170,23 +84,6 @@ async fn reset_and_fill(pool: &PgPool, events: i64, aggregates: i64) -> Result<(
     .execute(pool)
     .await?;
     sqlx::query("ANALYZE outbox").execute(pool).await?;
-    Ok(())
-}
-
-fn check<P>(v: &Verifying<P>, events: i64) -> Result<(), BenchError> {
-    let errors = v.errors.lock().map(|e| e.clone()).unwrap_or_default();
-    if let Some(first) = errors.first() {
-        return Err(BenchError::Incorrect(format!(
-            "{} order violations, first: {first}",
-            errors.len()
-        )));
-    }
-    let got = v.count.load(Ordering::Relaxed) as i64;
-    if got != events {
-        return Err(BenchError::Incorrect(format!(
-            "published {got} messages for {events} events"
-        )));
-    }
     Ok(())
 }
 
@@ -404,35 +301,7 @@ pub async fn relay(args: &RelayBenchArgs) -> Result<Vec<RelayBenchRow>, BenchErr
             }
         }
     }
-    let seed_rate = rows[0].events_per_second;
-    println!("\nratio to seed 000's design (same run): ");
-    for r in &rows[1..] {
-        let plain = rows[1..]
-            .iter()
-            .find(|p| {
-                p.transformer == "none"
-                    && p.batch == r.batch
-                    && p.workers == r.workers
-                    && p.pipeline == r.pipeline
-            })
-            .map_or(r.events_per_second, |p| p.events_per_second);
-        println!(
-            "  batch {:>4} workers {} pipeline {:<5} transformer {:<12}: {:>6.1}x seed{}",
-            r.batch,
-            r.workers,
-            r.pipeline,
-            r.transformer,
-            r.events_per_second / seed_rate,
-            if r.transformer == "none" {
-                String::new()
-            } else {
-                format!(
-                    ", {:.1} % of the plugin-free run",
-                    100.0 * r.events_per_second / plain
-                )
-            }
-        );
-    }
+    print_ratios(&rows);
     if let Some(path) = &args.json {
         super::write_json(path, &rows)?;
     }
@@ -443,54 +312,4 @@ pub async fn relay(args: &RelayBenchArgs) -> Result<Vec<RelayBenchRow>, BenchErr
 /// off route 0 ([`build_chains`] with the same route).
 fn router() -> Router {
     Router::new(vec![Route::new("bench.*", TOPIC)])
-}
-
-/// One grid point's settings.
-#[derive(Debug, Clone, Copy)]
-struct Cell {
-    batch: usize,
-    workers: usize,
-    pipeline: bool,
-}
-
-fn row(
-    design: &str,
-    sink: &str,
-    transformer: &str,
-    Cell {
-        batch,
-        workers,
-        pipeline,
-    }: Cell,
-    events: i64,
-    seconds: f64,
-) -> RelayBenchRow {
-    RelayBenchRow {
-        design: design.into(),
-        sink: sink.into(),
-        transformer: transformer.into(),
-        batch,
-        workers,
-        pipeline,
-        events,
-        seconds,
-        events_per_second: events as f64 / seconds.max(1e-9),
-    }
-}
-
-fn print_row(r: Option<&RelayBenchRow>) {
-    if let Some(r) = r {
-        println!(
-            "{:<9} sink {:<8} transformer {:<12} batch {:>4} workers {} pipeline {:<5} : {:>8} events in {:>7.2} s = {:>9.0} events/s (exactly once, in order)",
-            r.design,
-            r.sink,
-            r.transformer,
-            r.batch,
-            r.workers,
-            r.pipeline,
-            r.events,
-            r.seconds,
-            r.events_per_second
-        );
-    }
 }

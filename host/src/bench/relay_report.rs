@@ -1,0 +1,102 @@
+//! The relay benchmark's rows: one per grid point and variant, the line
+//! printed for each, and the closing ratios to seed 000's design.
+
+use serde::Serialize;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RelayBenchRow {
+    pub design: String,
+    pub sink: String,
+    /// `none` or the transformer plugin's name.
+    pub transformer: String,
+    pub batch: usize,
+    pub workers: usize,
+    pub pipeline: bool,
+    pub events: i64,
+    pub seconds: f64,
+    pub events_per_second: f64,
+}
+
+/// One grid point's settings.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Cell {
+    pub(super) batch: usize,
+    pub(super) workers: usize,
+    pub(super) pipeline: bool,
+}
+
+pub(super) fn row(
+    design: &str,
+    sink: &str,
+    transformer: &str,
+    Cell {
+        batch,
+        workers,
+        pipeline,
+    }: Cell,
+    events: i64,
+    seconds: f64,
+) -> RelayBenchRow {
+    RelayBenchRow {
+        design: design.into(),
+        sink: sink.into(),
+        transformer: transformer.into(),
+        batch,
+        workers,
+        pipeline,
+        events,
+        seconds,
+        events_per_second: events as f64 / seconds.max(1e-9),
+    }
+}
+
+pub(super) fn print_row(r: Option<&RelayBenchRow>) {
+    if let Some(r) = r {
+        println!(
+            "{:<9} sink {:<8} transformer {:<12} batch {:>4} workers {} pipeline {:<5} : {:>8} events in {:>7.2} s = {:>9.0} events/s (exactly once, in order)",
+            r.design,
+            r.sink,
+            r.transformer,
+            r.batch,
+            r.workers,
+            r.pipeline,
+            r.events,
+            r.seconds,
+            r.events_per_second
+        );
+    }
+}
+
+/// The ratio of every row to the first (seed 000's design, same run), and
+/// of a transformer row to its plugin-free twin.
+pub(super) fn print_ratios(rows: &[RelayBenchRow]) {
+    let seed_rate = rows[0].events_per_second;
+    println!("\nratio to seed 000's design (same run): ");
+    for r in &rows[1..] {
+        let plain = rows[1..]
+            .iter()
+            .find(|p| {
+                p.transformer == "none"
+                    && p.batch == r.batch
+                    && p.workers == r.workers
+                    && p.pipeline == r.pipeline
+            })
+            .map_or(r.events_per_second, |p| p.events_per_second);
+        println!(
+            "  batch {:>4} workers {} pipeline {:<5} transformer {:<12}: {:>6.1}x seed{}",
+            r.batch,
+            r.workers,
+            r.pipeline,
+            r.transformer,
+            r.events_per_second / seed_rate,
+            if r.transformer == "none" {
+                String::new()
+            } else {
+                format!(
+                    ", {:.1} % of the plugin-free run",
+                    100.0 * r.events_per_second / plain
+                )
+            }
+        );
+    }
+}
