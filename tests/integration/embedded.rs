@@ -181,3 +181,33 @@ async fn concurrent_publishes_share_one_transaction_on_postgres() {
         ["0", "5", "10", "15", "20", "21", "22"].map(|n| format!("{{\"n\":{n}}}"))
     );
 }
+
+/// On Postgres a publish notifies at commit: an empty fetch that waits for
+/// the notification returns the message as soon as it is committed, not
+/// at the end of its (here 30 s) wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_fetch_wakes_on_a_publish_notification() {
+    let t = TestDb::postgres().await;
+    let outboxd::store::Db::Postgres(pool) = &t.db else {
+        unreachable!("a postgres test database")
+    };
+    let wake = outboxd::store::postgres::listen(pool, outboxd::broker::embedded::NOTIFY_CHANNEL)
+        .await
+        .expect("listen");
+    let mut c = consumer(&t, "g", Duration::from_secs(15)).with_wake(wake, Duration::from_secs(30));
+    assert!(c.waits_for_messages());
+    let publisher = EmbeddedPublisher::new(t.db.clone(), 4);
+    let publishing = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        publisher.publish(msg("t", "k", 7)).await.expect("publish");
+    });
+    let started = std::time::Instant::now();
+    let got = c.fetch(100).await.expect("fetch");
+    let waited = started.elapsed();
+    publishing.await.expect("publisher task");
+    assert_eq!(got.len(), 1, "the message published during the wait");
+    assert!(
+        waited < Duration::from_secs(20),
+        "woken by the notification, not by the end of the 30 s wait ({waited:?})"
+    );
+}

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use sqlx::PgPool;
 
 use super::BenchError;
-use crate::broker::embedded::{EmbeddedConsumer, EmbeddedConsumerConfig};
+use crate::broker::embedded::{self, EmbeddedConsumer, EmbeddedConsumerConfig};
 use crate::broker::{Delivery, Publisher};
 use crate::clock::SystemClock;
 use crate::consumer::inbox::{Handler, HandlerError, InboxTx};
@@ -22,7 +22,7 @@ use crate::event::NewEvent;
 use crate::relay::worker::{self, WorkerConfig};
 use crate::relay::{Relay, RelayConfig, Route, Router};
 use crate::store::Db;
-use crate::store::postgres::{PgStore, listen_for_events};
+use crate::store::postgres::{PgStore, listen, listen_for_events};
 
 /// Partitions of the benchmark topic (publisher and consumer agree).
 pub(crate) const PARTITIONS: i32 = 4;
@@ -122,7 +122,7 @@ impl Pipeline {
                 }
             });
         }
-        let source = EmbeddedConsumer::new(
+        let mut source = EmbeddedConsumer::new(
             db.clone(),
             EmbeddedConsumerConfig {
                 group: cfg.name.into(),
@@ -131,6 +131,11 @@ impl Pipeline {
                 lease: Duration::from_secs(30),
             },
         );
+        if cfg.notify {
+            // As `outboxd run` does on Postgres: publishes wake the consumer.
+            let wake = listen(pool, embedded::NOTIFY_CHANNEL).await?;
+            source = source.with_wake(wake, Duration::from_millis(500));
+        }
         let mut consumer = Consumer::new(
             db.clone(),
             source,

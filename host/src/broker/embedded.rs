@@ -127,6 +127,10 @@ pub struct EmbeddedConsumerConfig {
     pub lease: Duration,
 }
 
+/// The channel a Postgres publish notifies at commit, so waiting consumers
+/// fetch at once instead of at their next poll.
+pub const NOTIFY_CHANNEL: &str = "outboxd_transport";
+
 /// A consumer group member reading from the embedded transport.
 pub struct EmbeddedConsumer {
     db: Db,
@@ -135,6 +139,9 @@ pub struct EmbeddedConsumer {
     /// Committed offset of each owned partition.
     committed: HashMap<(String, i32), i64>,
     renewed_at: Option<Instant>,
+    /// Postgres: ticks when something was published ([`NOTIFY_CHANNEL`]);
+    /// an empty fetch waits for it, up to `fetch_wait`.
+    wake: Option<(tokio::sync::watch::Receiver<u64>, Duration)>,
 }
 
 impl EmbeddedConsumer {
@@ -145,7 +152,21 @@ impl EmbeddedConsumer {
             owner: Uuid::new_v4().to_string(),
             committed: HashMap::new(),
             renewed_at: None,
+            wake: None,
         }
+    }
+
+    /// Makes an empty fetch wait up to `fetch_wait` for `wake` to tick (a
+    /// publish notification; see [`crate::store::postgres::listen`] and
+    /// [`NOTIFY_CHANNEL`]) and then look again, so a message is handed out
+    /// as soon as it is committed, without polling fast.
+    pub fn with_wake(
+        mut self,
+        wake: tokio::sync::watch::Receiver<u64>,
+        fetch_wait: Duration,
+    ) -> Self {
+        self.wake = Some((wake, fetch_wait));
+        self
     }
 
     /// The partitions this member owns right now.
@@ -244,6 +265,32 @@ impl EmbeddedConsumer {
 
 impl MessageSource for EmbeddedConsumer {
     async fn fetch(&mut self, max: usize) -> Result<Vec<Delivery>, ConsumeError> {
+        if let Some((w, _)) = self.wake.as_mut() {
+            w.borrow_and_update();
+        }
+        let out = self.fetch_now(max).await?;
+        let Some((w, fetch_wait)) = self.wake.as_mut().filter(|_| out.is_empty()) else {
+            return Ok(out);
+        };
+        if let Ok(Err(_)) = tokio::time::timeout(*fetch_wait, w.changed()).await {
+            // The listener is gone: poll from now on.
+            self.wake = None;
+        }
+        self.fetch_now(max).await
+    }
+
+    fn waits_for_messages(&self) -> bool {
+        self.wake.is_some()
+    }
+
+    async fn commit(&mut self, d: &Delivery) -> Result<(), ConsumeError> {
+        self.commit_now(d).await
+    }
+}
+
+impl EmbeddedConsumer {
+    /// Reads what is there now from each owned partition, in partition order.
+    async fn fetch_now(&mut self, max: usize) -> Result<Vec<Delivery>, ConsumeError> {
         self.refresh_leases().await?;
         let mut out = Vec::new();
         let mut parts: Vec<_> = self
@@ -307,7 +354,7 @@ impl MessageSource for EmbeddedConsumer {
         Ok(out)
     }
 
-    async fn commit(&mut self, d: &Delivery) -> Result<(), ConsumeError> {
+    async fn commit_now(&mut self, d: &Delivery) -> Result<(), ConsumeError> {
         let sql = "UPDATE transport_cursors SET last_offset = $4
                     WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND lease_owner = $5";
         let affected = match &self.db {

@@ -137,11 +137,16 @@ async fn write(pool: &PgPool, rows: &[GroupRow]) -> Result<(), PublishError> {
             .await
             .map_err(super::embedded::db_error)?;
     }
+    // The insert and the wake-up of waiting consumers (delivered at commit)
+    // in one statement.
     sqlx::query(
-        "INSERT INTO transport_messages (topic, partition, message_key, payload, headers, message_id)
-         SELECT t, p, k, v, h::jsonb, m
-           FROM unnest($1::text[], $2::int[], $3::bytea[], $4::bytea[], $5::text[], $6::uuid[])
-             AS x(t, p, k, v, h, m)",
+        "WITH stored AS (
+           INSERT INTO transport_messages (topic, partition, message_key, payload, headers, message_id)
+           SELECT t, p, k, v, h::jsonb, m
+             FROM unnest($1::text[], $2::int[], $3::bytea[], $4::bytea[], $5::text[], $6::uuid[])
+               AS x(t, p, k, v, h, m)
+           RETURNING 1)
+         SELECT pg_notify($7, '') WHERE EXISTS (SELECT 1 FROM stored)",
     )
     .bind(rows.iter().map(|r| r.topic.as_str()).collect::<Vec<_>>())
     .bind(rows.iter().map(|r| r.partition).collect::<Vec<_>>())
@@ -149,6 +154,7 @@ async fn write(pool: &PgPool, rows: &[GroupRow]) -> Result<(), PublishError> {
     .bind(rows.iter().map(|r| r.payload.as_slice()).collect::<Vec<_>>())
     .bind(rows.iter().map(|r| r.headers.as_str()).collect::<Vec<_>>())
     .bind(rows.iter().map(|r| r.message_id).collect::<Vec<_>>())
+    .bind(super::embedded::NOTIFY_CHANNEL)
     .execute(&mut *tx)
     .await
     .map_err(super::embedded::db_error)?;

@@ -162,4 +162,10 @@ pub trait MessageSource: Send {
         &mut self,
         delivery: &Delivery,
     ) -> impl Future<Output = Result<(), ConsumeError>> + Send;
+    /// True when an empty [`fetch`](Self::fetch) has already waited for new
+    /// messages (a bounded long poll), so the consumer fetches again at once
+    /// instead of sleeping its poll interval.
+    fn waits_for_messages(&self) -> bool {
+        false
+    }
 }

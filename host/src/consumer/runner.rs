@@ -392,6 +392,8 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
             }
             let pause = match self.step().await {
                 Ok((n, false)) if n > 0 => continue,
+                // The fetch already waited for messages (a long poll).
+                Ok((_, false)) if self.source.waits_for_messages() => continue,
                 Ok((_, false)) => self.config.poll_interval,
                 Ok((_, true)) => self.config.retry_delay,
                 Err(ConsumerError::Fault(f)) => return Err(ConsumerError::Fault(f)),

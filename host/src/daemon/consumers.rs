@@ -11,7 +11,7 @@ use tokio::task::JoinSet;
 
 use super::{DaemonError, PipelineHandles};
 use crate::broker::Publisher;
-use crate::broker::embedded::{EmbeddedConsumer, EmbeddedConsumerConfig};
+use crate::broker::embedded::{EmbeddedConsumer, EmbeddedConsumerConfig, NOTIFY_CHANNEL};
 use crate::broker::kafka::{KafkaConsumer, KafkaConsumerConfig, KafkaPublisher};
 use crate::config::{Config, ConsumerSection, TransportKind};
 use crate::consumer::{ActiveConsumer, Consumer, ConsumerConfig, ConsumerHandler, PluginHandler};
@@ -19,6 +19,11 @@ use crate::domain::billing::{self, BillingHandler};
 use crate::fault::Faults;
 use crate::plugin::{ConsumerPlugin, PluginEngine};
 use crate::store::Db;
+use crate::store::postgres::listen;
+
+/// How long an idle embedded consumer on Postgres waits for a publish
+/// notification before it looks again anyway (and renews its leases).
+const EMBEDDED_FETCH_WAIT: Duration = Duration::from_millis(500);
 
 /// Spawns one task per configured consumer; they stop when `shutdown` turns
 /// true.
@@ -54,7 +59,7 @@ pub(super) async fn spawn_consumers(
         let consumer_metrics = handles.metrics.consumer(&c.name);
         match config.transport.kind {
             TransportKind::Embedded => {
-                let source = EmbeddedConsumer::new(
+                let mut source = EmbeddedConsumer::new(
                     db.clone(),
                     EmbeddedConsumerConfig {
                         group: c.name.clone(),
@@ -63,6 +68,17 @@ pub(super) async fn spawn_consumers(
                         lease: Duration::from_millis(config.transport.consumer_lease_ms),
                     },
                 );
+                // Postgres: publishes notify at commit, so an idle consumer
+                // waits for them instead of polling (polling stays the
+                // fallback when LISTEN is unavailable).
+                if let Db::Postgres(pool) = db {
+                    match listen(pool, NOTIFY_CHANNEL).await {
+                        Ok(wake) => source = source.with_wake(wake, EMBEDDED_FETCH_WAIT),
+                        Err(e) => {
+                            tracing::warn!(consumer = %c.name, error = %e, "cannot LISTEN for published messages; polling instead")
+                        }
+                    }
+                }
                 let mut consumer = Consumer::new(db.clone(), source, handler, consumer_cfg)
                     .with_faults(faults.clone())
                     .with_metrics(consumer_metrics);

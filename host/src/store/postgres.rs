@@ -209,8 +209,17 @@ pub const NOTIFY_CHANNEL: &str = "outboxd_outbox";
 pub async fn listen_for_events(
     pool: &PgPool,
 ) -> Result<tokio::sync::watch::Receiver<u64>, sqlx::Error> {
+    listen(pool, NOTIFY_CHANNEL).await
+}
+
+/// Ticks the returned receiver on every notification on `channel` (and
+/// after the LISTEN connection comes back); see [`listen_for_events`].
+pub async fn listen(
+    pool: &PgPool,
+    channel: &str,
+) -> Result<tokio::sync::watch::Receiver<u64>, sqlx::Error> {
     let mut listener = sqlx::postgres::PgListener::connect_with(pool).await?;
-    listener.listen(NOTIFY_CHANNEL).await?;
+    listener.listen(channel).await?;
     let (tx, rx) = tokio::sync::watch::channel(0u64);
     tokio::spawn(async move {
         loop {

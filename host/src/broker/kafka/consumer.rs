@@ -316,6 +316,11 @@ impl MessageSource for KafkaConsumer {
         Ok(out)
     }
 
+    /// An empty fetch has waited `fetch_wait` for a first message.
+    fn waits_for_messages(&self) -> bool {
+        true
+    }
+
     async fn commit(&mut self, d: &Delivery) -> Result<(), ConsumeError> {
         let key = (d.topic.clone(), d.partition);
         self.drop_revoked();
