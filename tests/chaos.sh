@@ -15,7 +15,8 @@ cd "$(dirname "$0")/.."
 
 export OUTBOXD_TEST_DATABASE_URL=${OUTBOXD_TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}
 # A broker of its own, with storage that survives SIGKILL.
-export TANSU_STATE_DIR=/tmp/outboxd-chaos-tansu
+# CHAOS_TANSU_STATE_DIR lets a long soak run beside a short one.
+export TANSU_STATE_DIR=${CHAOS_TANSU_STATE_DIR:-/tmp/outboxd-chaos-tansu}
 TANSU_STATE_DIR=$TANSU_STATE_DIR bash tests/tansu.sh stop >/dev/null 2>&1 || true
 rm -rf "$TANSU_STATE_DIR"
 export TANSU_STORAGE=sqlite://tansu.db
