@@ -2,8 +2,45 @@
 
 use std::process::ExitCode;
 
-use super::{DeadCommand, connect};
+use clap::Subcommand;
+
+use super::connect;
 use crate::config::Config;
+
+#[derive(Debug, Subcommand)]
+pub(super) enum DeadCommand {
+    /// List dead events, oldest first.
+    List {
+        /// Only this event type or pattern (order.*).
+        #[arg(long = "type")]
+        event_type: Option<String>,
+        #[arg(long)]
+        aggregate: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+    },
+    /// Show one dead event in full, as JSON.
+    Show { seq: i64 },
+    /// Make dead events pending again with zero attempts.
+    Redrive {
+        /// One event by seq.
+        #[arg(long, conflicts_with_all = ["event_type", "aggregate", "all"])]
+        seq: Option<i64>,
+        #[arg(long = "type")]
+        event_type: Option<String>,
+        #[arg(long)]
+        aggregate: Option<String>,
+        /// Every dead event (required when no other filter is given).
+        #[arg(long)]
+        all: bool,
+    },
+    /// Finish a dead event without publishing it, recording why.
+    Discard {
+        seq: i64,
+        #[arg(long)]
+        reason: String,
+    },
+}
 
 pub(super) async fn dead_command(config: &Config, cmd: DeadCommand) -> anyhow::Result<ExitCode> {
     use crate::ops::dead::{self, DeadFilter};

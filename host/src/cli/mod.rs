@@ -16,6 +16,8 @@ use crate::config::{Config, LogFormat};
 use crate::event::{Enqueued, NewEvent};
 use crate::fault::Faults;
 use crate::store::{Db, OutboxStore, migrate};
+use dead::DeadCommand;
+use plugin::PluginCommand;
 
 /// Hides the password in a URL before it is printed.
 pub use crate::store::redact_url;
@@ -109,73 +111,6 @@ enum Command {
         #[arg(long)]
         enqueue: bool,
     },
-}
-
-#[derive(Debug, Subcommand)]
-enum DeadCommand {
-    /// List dead events, oldest first.
-    List {
-        /// Only this event type or pattern (order.*).
-        #[arg(long = "type")]
-        event_type: Option<String>,
-        #[arg(long)]
-        aggregate: Option<String>,
-        #[arg(long, default_value_t = 50)]
-        limit: i64,
-    },
-    /// Show one dead event in full, as JSON.
-    Show { seq: i64 },
-    /// Make dead events pending again with zero attempts.
-    Redrive {
-        /// One event by seq.
-        #[arg(long, conflicts_with_all = ["event_type", "aggregate", "all"])]
-        seq: Option<i64>,
-        #[arg(long = "type")]
-        event_type: Option<String>,
-        #[arg(long)]
-        aggregate: Option<String>,
-        /// Every dead event (required when no other filter is given).
-        #[arg(long)]
-        all: bool,
-    },
-    /// Finish a dead event without publishing it, recording why.
-    Discard {
-        seq: i64,
-        #[arg(long)]
-        reason: String,
-    },
-}
-
-#[derive(Debug, Subcommand)]
-enum PluginCommand {
-    /// Run a transformer component on a sample event and print its outputs
-    /// (or its error).
-    Test {
-        /// The component (.wasm).
-        wasm: PathBuf,
-        /// A JSON file: {"event_type": ..., "payload": ..., "headers": {...}}.
-        #[arg(long, value_name = "FILE")]
-        event: PathBuf,
-        /// A plugin setting as KEY=VALUE (repeatable).
-        #[arg(long = "set", value_name = "KEY=VALUE")]
-        settings: Vec<String>,
-        /// The call deadline.
-        #[arg(long, default_value_t = 50)]
-        timeout_ms: u64,
-        /// The memory cap.
-        #[arg(long, default_value_t = 64)]
-        memory_mib: u64,
-    },
-    /// Check that a file is a component, which world it implements, its WIT
-    /// version, and that its imports are allowed.
-    Validate {
-        wasm: PathBuf,
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
-    },
-    #[command(flatten)]
-    Registry(crate::plugin::registry_cli::RegistryCommand),
 }
 
 pub fn main() -> ExitCode {

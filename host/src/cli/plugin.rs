@@ -1,11 +1,46 @@
 //! `outboxd plugin test|validate`: a component run or checked without a
 //! database or a broker.
+//!
+//! [`PluginCommand`] also flattens in the registry subcommands (`deploy`,
+//! `list`, …), which need the database and run in `plugin::registry_cli`.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
+use clap::Subcommand;
 
-use super::PluginCommand;
+#[derive(Debug, Subcommand)]
+pub(super) enum PluginCommand {
+    /// Run a transformer component on a sample event and print its outputs
+    /// (or its error).
+    Test {
+        /// The component (.wasm).
+        wasm: PathBuf,
+        /// A JSON file: {"event_type": ..., "payload": ..., "headers": {...}}.
+        #[arg(long, value_name = "FILE")]
+        event: PathBuf,
+        /// A plugin setting as KEY=VALUE (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        settings: Vec<String>,
+        /// The call deadline.
+        #[arg(long, default_value_t = 50)]
+        timeout_ms: u64,
+        /// The memory cap.
+        #[arg(long, default_value_t = 64)]
+        memory_mib: u64,
+    },
+    /// Check that a file is a component, which world it implements, its WIT
+    /// version, and that its imports are allowed.
+    Validate {
+        wasm: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    #[command(flatten)]
+    Registry(crate::plugin::registry_cli::RegistryCommand),
+}
 
 pub(super) async fn plugin_command(cmd: &PluginCommand) -> anyhow::Result<ExitCode> {
     use crate::plugin::{EngineConfig, Limits, PluginEngine, harness, validate};
