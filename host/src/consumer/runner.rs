@@ -1,5 +1,8 @@
 //! The consumer loop: fetch, handle each partition's messages in order
 //! (partitions in parallel), commit offsets past handled messages only.
+//!
+//! What happens to a failing message (attempts counted, dead-lettered
+//! after a permanent failure or `max_attempts`) is in `runner/failures.rs`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -9,11 +12,13 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use tokio::sync::watch;
 
-use super::dead_letter::{self, DeadLetterTopic};
-use super::inbox::{Handler, HandlerError, Processed, attempt};
+use super::dead_letter::DeadLetterTopic;
+use super::inbox::{Handler, Processed, attempt};
 use crate::broker::{ConsumeError, Delivery, MessageSource, headers};
 use crate::fault::{FaultPoint, Faults, InjectedFault};
 use crate::store::Db;
+
+mod failures;
 
 /// At most this many latency samples are kept in [`ConsumerStats`].
 pub const MAX_LATENCY_SAMPLES: usize = 200_000;
@@ -282,86 +287,6 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
         self.stats.failed.fetch_add(1, Ordering::Relaxed);
         if let Some(m) = &self.metrics {
             m.failed.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    /// Counts a failed attempt; when the failure is permanent or attempts
-    /// are exhausted, dead-letters the message and returns true, so the
-    /// partition moves on. If the record cannot be written, the message
-    /// stays (false): it is never dropped. `handled_by` is the version that
-    /// failed, when the handler named one (a swappable plugin's).
-    async fn give_up(&self, d: &Delivery, err: &HandlerError, handled_by: Option<&str>) -> bool {
-        if let HandlerError::Unavailable(why) = err {
-            tracing::warn!(topic = %d.topic, partition = d.partition, reason = %why, "no handler version can run; the message waits");
-            return false;
-        }
-        let key = (d.topic.clone(), d.partition, d.offset);
-        let attempts = match self.attempts.lock() {
-            Ok(mut map) => {
-                // Bounded: only messages currently failing are tracked.
-                if map.len() > 100_000 {
-                    map.clear();
-                }
-                let n = map.entry(key).or_insert(0);
-                *n += 1;
-                *n
-            }
-            Err(_) => 1,
-        };
-        let permanent = matches!(err, HandlerError::Permanent(_));
-        if !permanent && attempts < self.config.max_attempts {
-            return false;
-        }
-        let reason = err.to_string();
-        let handler = match handled_by {
-            Some(label) => format!("plugin {label}"),
-            None => self.config.handler_id.clone(),
-        };
-        let handler = handler.as_str();
-        if let Some(dlq) = &self.dlq_topic
-            && let Err(e) = dlq(dead_letter::dlq_message(
-                &self.config.name,
-                d,
-                &reason,
-                handler,
-                attempts,
-            ))
-            .await
-        {
-            tracing::error!(error = %e, topic = %d.topic, "cannot publish to the dead-letter topic; will retry");
-            return false;
-        }
-        if let Err(e) =
-            dead_letter::record(&self.db, &self.config.name, d, &reason, handler, attempts).await
-        {
-            tracing::error!(error = %e, topic = %d.topic, "cannot write the dead-letter record; will retry");
-            return false;
-        }
-        tracing::error!(topic = %d.topic, partition = d.partition, offset = d.offset, attempts, error = %reason, "message dead-lettered; the partition moves on");
-        self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
-        if let Some(m) = &self.metrics {
-            m.dead_lettered.fetch_add(1, Ordering::Relaxed);
-        }
-        true
-    }
-
-    /// How often `d` has failed here so far; what the handler sees as the
-    /// message's `attempt`.
-    fn failed_attempts(&self, d: &Delivery) -> u32 {
-        match self.attempts.lock() {
-            Ok(map) if !map.is_empty() => map
-                .get(&(d.topic.clone(), d.partition, d.offset))
-                .copied()
-                .unwrap_or(0),
-            _ => 0,
-        }
-    }
-
-    fn forget_attempts(&self, d: &Delivery) {
-        if let Ok(mut map) = self.attempts.lock()
-            && !map.is_empty()
-        {
-            map.remove(&(d.topic.clone(), d.partition, d.offset));
         }
     }
 
