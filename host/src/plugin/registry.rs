@@ -118,16 +118,8 @@ macro_rules! in_tx {
     };
 }
 
-/// Runs one query on either pool.
-macro_rules! on_pool {
-    ($db:expr, |$pool:ident| $body:expr) => {
-        match $db {
-            Db::Postgres($pool) => $body,
-            Db::Sqlite($pool) => $body,
-        }
-    };
-}
-use {in_tx, on_pool};
+use crate::store::on_pool;
+use in_tx;
 
 const RECORD_COLUMNS: &str = "name, CAST(version AS BIGINT) AS version, sha256, world, wit_version, CAST(length(component) AS BIGINT) AS size_bytes, deployed_by, state, shadow, auto_promote_after";
 

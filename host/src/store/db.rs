@@ -121,3 +121,15 @@ impl Db {
         }
     }
 }
+
+/// Runs `$body` once with `$pool` bound to whichever pool `$db` holds: one
+/// query text for both databases, where the Rust types differ.
+macro_rules! on_pool {
+    ($db:expr, |$pool:ident| $body:expr) => {
+        match $db {
+            $crate::store::Db::Postgres($pool) => $body,
+            $crate::store::Db::Sqlite($pool) => $body,
+        }
+    };
+}
+pub(crate) use on_pool;

@@ -21,6 +21,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 pub use any::AnyStore;
+pub(crate) use db::on_pool;
 pub use db::{Db, DbKind, redact_url};
 pub use enqueue::{OutboxDatabase, enqueue, lookup_operation};
 pub use fingerprint::fingerprint;

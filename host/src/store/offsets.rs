@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use sqlx::Row;
 
-use super::Db;
+use super::{Db, on_pool};
 
 /// The next offset to read for each partition of `topic` that `consumer`
 /// has committed before; partitions it never committed are absent.
@@ -21,24 +21,14 @@ pub async fn load_offsets(
 ) -> Result<HashMap<i32, i64>, sqlx::Error> {
     let sql =
         "SELECT partition, next_offset FROM consumer_offsets WHERE consumer = $1 AND topic = $2";
-    let rows = match db {
-        Db::Postgres(p) => sqlx::query(sql)
-            .bind(consumer)
-            .bind(topic)
-            .fetch_all(p)
-            .await?
-            .iter()
-            .map(|r| Ok((r.try_get::<i32, _>(0)?, r.try_get::<i64, _>(1)?)))
-            .collect::<Result<Vec<_>, sqlx::Error>>()?,
-        Db::Sqlite(p) => sqlx::query(sql)
-            .bind(consumer)
-            .bind(topic)
-            .fetch_all(p)
-            .await?
-            .iter()
-            .map(|r| Ok((r.try_get::<i32, _>(0)?, r.try_get::<i64, _>(1)?)))
-            .collect::<Result<Vec<_>, sqlx::Error>>()?,
-    };
+    let rows = on_pool!(db, |p| sqlx::query(sql)
+        .bind(consumer)
+        .bind(topic)
+        .fetch_all(p)
+        .await?
+        .iter()
+        .map(|r| Ok((r.try_get::<i32, _>(0)?, r.try_get::<i64, _>(1)?)))
+        .collect::<Result<Vec<_>, sqlx::Error>>()?);
     Ok(rows.into_iter().collect())
 }
 
@@ -53,37 +43,19 @@ pub async fn save_offset(
     partition: i32,
     next_offset: i64,
 ) -> Result<(), sqlx::Error> {
-    match db {
-        Db::Postgres(p) => {
-            sqlx::query(
-                "INSERT INTO consumer_offsets (consumer, topic, partition, next_offset)
-                 VALUES ($1, $2, $3, $4)
-                 ON CONFLICT (consumer, topic, partition) DO UPDATE
-                    SET next_offset = excluded.next_offset, updated_at = now()
-                  WHERE consumer_offsets.next_offset < excluded.next_offset",
-            )
-            .bind(consumer)
-            .bind(topic)
-            .bind(partition)
-            .bind(next_offset)
-            .execute(p)
-            .await?;
-        }
-        Db::Sqlite(p) => {
-            sqlx::query(
-                "INSERT INTO consumer_offsets (consumer, topic, partition, next_offset)
-                 VALUES ($1, $2, $3, $4)
-                 ON CONFLICT (consumer, topic, partition) DO UPDATE
-                    SET next_offset = excluded.next_offset, updated_at = CURRENT_TIMESTAMP
-                  WHERE consumer_offsets.next_offset < excluded.next_offset",
-            )
-            .bind(consumer)
-            .bind(topic)
-            .bind(partition)
-            .bind(next_offset)
-            .execute(p)
-            .await?;
-        }
-    }
+    on_pool!(db, |p| sqlx::query(
+        "INSERT INTO consumer_offsets (consumer, topic, partition, next_offset)
+         VALUES ($1, $2, $3, $4)
+         ON CONFLICT (consumer, topic, partition) DO UPDATE
+            SET next_offset = excluded.next_offset, updated_at = CURRENT_TIMESTAMP
+          WHERE consumer_offsets.next_offset < excluded.next_offset",
+    )
+    .bind(consumer)
+    .bind(topic)
+    .bind(partition)
+    .bind(next_offset)
+    .execute(p)
+    .await
+    .map(|_| ()))?;
     Ok(())
 }

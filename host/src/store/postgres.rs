@@ -220,6 +220,7 @@ pub async fn listen(
 ) -> Result<tokio::sync::watch::Receiver<u64>, sqlx::Error> {
     let mut listener = sqlx::postgres::PgListener::connect_with(pool).await?;
     listener.listen(channel).await?;
+    let channel = channel.to_string();
     let (tx, rx) = tokio::sync::watch::channel(0u64);
     tokio::spawn(async move {
         loop {
@@ -228,7 +229,7 @@ pub async fn listen(
                 _ = tx.closed() => return,
             };
             if let Err(e) = result {
-                tracing::warn!(error = %e, "LISTEN connection failed; polling until it is back");
+                tracing::warn!(error = %e, channel, "LISTEN connection failed; polling until it is back");
                 tokio::time::sleep(std::time::Duration::from_secs(1)).await;
             }
             tx.send_modify(|v| *v = v.wrapping_add(1));

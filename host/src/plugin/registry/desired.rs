@@ -4,7 +4,6 @@
 use sqlx::Row;
 
 use super::{Registry, RegistryError, on_pool};
-use crate::store::Db;
 
 /// One version a host may run, as [`Registry::desired`] reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -81,30 +81,10 @@ impl Rollout {
 /// Ticks on every registry notification; `None` when LISTEN fails (polling
 /// still finds every change).
 async fn listen(pool: &sqlx::PgPool) -> Option<watch::Receiver<u64>> {
-    let mut listener = match sqlx::postgres::PgListener::connect_with(pool).await {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot LISTEN for plugin changes; polling only");
-            return None;
-        }
-    };
-    if let Err(e) = listener.listen(NOTIFY_CHANNEL).await {
-        tracing::warn!(error = %e, "cannot LISTEN for plugin changes; polling only");
-        return None;
-    }
-    let (tx, rx) = watch::channel(0u64);
-    tokio::spawn(async move {
-        loop {
-            let result = tokio::select! {
-                r = listener.recv() => r,
-                _ = tx.closed() => return,
-            };
-            if let Err(e) = result {
-                tracing::warn!(error = %e, "plugin LISTEN connection failed; polling until it is back");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-            tx.send_modify(|v| *v = v.wrapping_add(1));
-        }
-    });
-    Some(rx)
+    crate::store::postgres::listen(pool, NOTIFY_CHANNEL)
+        .await
+        .inspect_err(
+            |e| tracing::warn!(error = %e, "cannot LISTEN for plugin changes; polling only"),
+        )
+        .ok()
 }
