@@ -102,6 +102,20 @@ impl Broker {
         new.windows(9).any(|w| w == b"panicked ")
     }
 
+    /// How long tansu's storage files (`tansu.db` and its WAL, beside the
+    /// log) have gone without a write. tansu 0.6.0 sometimes comes back from
+    /// a restart with its port open and answers nothing, forever; a relay
+    /// with events to publish then writes nothing to it.
+    pub fn storage_idle(&self) -> Duration {
+        let dir = self.log.parent().unwrap_or(Path::new("."));
+        ["tansu.db", "tansu.db-wal"]
+            .iter()
+            .filter_map(|f| std::fs::metadata(dir.join(f)).ok()?.modified().ok())
+            .filter_map(|t| t.elapsed().ok())
+            .min()
+            .unwrap_or_default()
+    }
+
     async fn run(&self, verb: &str) -> anyhow::Result<()> {
         let out = Command::new("bash")
             .arg(&self.script)

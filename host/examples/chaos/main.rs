@@ -78,6 +78,19 @@ struct Kills {
     swaps: u32,
     /// Restarts after tansu itself panicked (not counted in `broker`).
     broker_crashes: u32,
+    /// Restarts after tansu stopped answering without a panic (see
+    /// [`broker_hung`]).
+    broker_hangs: u32,
+}
+
+/// tansu counts as hung when events have waited to be published for over
+/// `HANG` and its storage has not been written for as long, while its last
+/// (re)start is older than that too. Restarting it is what a supervisor's
+/// liveness probe would do; the restarts are reported as `broker_hangs`.
+const HANG: Duration = Duration::from_secs(30);
+
+fn broker_hung(broker: &Broker, backlog_ms: i64, since_restart: Duration) -> bool {
+    backlog_ms > HANG.as_millis() as i64 && broker.storage_idle() > HANG && since_restart > HANG
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -129,6 +142,18 @@ async fn supervise(broker: &mut Broker, kills: &mut Kills) -> anyhow::Result<()>
     broker.kill().await?;
     broker.restart().await?;
     kills.broker_crashes += 1;
+    Ok(())
+}
+
+/// Restarts a broker that stopped answering (see [`broker_hung`]).
+async fn unhang(broker: &mut Broker, kills: &mut Kills) -> anyhow::Result<()> {
+    eprintln!(
+        "chaos: tansu wrote nothing for {} s while events waited; restarting it",
+        HANG.as_secs()
+    );
+    broker.kill().await?;
+    broker.restart().await?;
+    kills.broker_hangs += 1;
     Ok(())
 }
 
@@ -236,10 +261,13 @@ async fn main() -> anyhow::Result<()> {
     let mut next_sample = start;
     let mut plan = plan;
     plan.reverse(); // popped from the end, earliest first
+    let mut broker_started = Instant::now();
+    let mut backlog_ms = 0i64;
     while let Some((when, fault)) = plan.pop() {
         while start.elapsed() < when {
             if Instant::now() >= next_sample {
-                max_backlog_ms = max_backlog_ms.max(checks::backlog_age_ms(&pool).await?);
+                backlog_ms = checks::backlog_age_ms(&pool).await?;
+                max_backlog_ms = max_backlog_ms.max(backlog_ms);
                 next_sample += Duration::from_millis(500);
             }
             for p in &mut procs {
@@ -247,6 +275,10 @@ async fn main() -> anyhow::Result<()> {
             }
             if broker.crashed() {
                 supervise(&mut broker, &mut kills).await?;
+                broker_started = Instant::now();
+            } else if broker_hung(&broker, backlog_ms, broker_started.elapsed()) {
+                unhang(&mut broker, &mut kills).await?;
+                broker_started = Instant::now();
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -267,10 +299,15 @@ async fn main() -> anyhow::Result<()> {
             Fault::StartProc(i) => procs[i].start()?,
             Fault::Broker => {
                 broker.kill().await?;
+                // Down on purpose: not a hang.
+                broker_started = Instant::now();
                 kills.broker += 1;
                 later = Some((now + rng.millis(1_000, 4_000), Fault::BrokerBack));
             }
-            Fault::BrokerBack => broker.restart().await?,
+            Fault::BrokerBack => {
+                broker.restart().await?;
+                broker_started = Instant::now();
+            }
             Fault::PgTerminate => {
                 let n: i64 = sqlx::query_scalar(
                     "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
@@ -313,11 +350,17 @@ async fn main() -> anyhow::Result<()> {
         for p in &mut procs {
             p.check_alive()?;
         }
+        backlog_ms = checks::backlog_age_ms(&pool).await?;
         if broker.crashed() {
             supervise(&mut broker, &mut kills).await?;
+            broker_started = Instant::now();
+            last_fault = Instant::now();
+        } else if broker_hung(&broker, backlog_ms, broker_started.elapsed()) {
+            unhang(&mut broker, &mut kills).await?;
+            broker_started = Instant::now();
             last_fault = Instant::now();
         }
-        max_backlog_ms = max_backlog_ms.max(checks::backlog_age_ms(&pool).await?);
+        max_backlog_ms = max_backlog_ms.max(backlog_ms);
         if checks::outstanding(&pool).await? == 0 {
             drained = true;
             break;
@@ -334,7 +377,7 @@ async fn main() -> anyhow::Result<()> {
         .load(std::sync::atomic::Ordering::Relaxed)
         + produced.orders.load(std::sync::atomic::Ordering::Relaxed);
     let line = format!(
-        "chaos: seconds={} events={} relay_kills={} consumer_kills={} broker_kills={} broker_crashes={} pg_kills={} swaps={} \
+        "chaos: seconds={} events={} relay_kills={} consumer_kills={} broker_kills={} broker_crashes={} broker_hangs={} pg_kills={} swaps={} \
          lost={} duplicate_effects={} order_violations={} atomicity_violations={} unpublished={} \
          dead={} consumer_dead_letters={} max_backlog_age_ms={} drain_ms={}{}",
         fault_phase.as_secs(),
@@ -343,6 +386,7 @@ async fn main() -> anyhow::Result<()> {
         kills.consumer,
         kills.broker,
         kills.broker_crashes,
+        kills.broker_hangs,
         kills.pg_backends,
         kills.swaps,
         verdict.lost,
