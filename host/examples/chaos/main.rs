@@ -12,6 +12,7 @@
 
 mod checks;
 mod cluster;
+mod faults;
 mod producers;
 mod rng;
 
@@ -27,6 +28,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use cluster::{Broker, Proc};
+use faults::{Fault, Kills, broker_hung, schedule, supervise, unhang};
 use rng::Rng;
 
 #[derive(Debug, Parser)]
@@ -66,95 +68,6 @@ struct Args {
     /// Also write the figures as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
-}
-
-/// How many faults of each kind were injected.
-#[derive(Debug, Default, serde::Serialize)]
-struct Kills {
-    relay: u32,
-    consumer: u32,
-    broker: u32,
-    pg_backends: u32,
-    swaps: u32,
-    /// Restarts after tansu itself panicked (not counted in `broker`).
-    broker_crashes: u32,
-    /// Restarts after tansu stopped answering without a panic (see
-    /// [`broker_hung`]).
-    broker_hangs: u32,
-}
-
-/// tansu counts as hung when events have waited to be published for over
-/// `HANG` and its storage has not been written for as long, while its last
-/// (re)start is older than that too. Restarting it is what a supervisor's
-/// liveness probe would do; the restarts are reported as `broker_hangs`.
-const HANG: Duration = Duration::from_secs(30);
-
-fn broker_hung(broker: &Broker, backlog_ms: i64, since_restart: Duration) -> bool {
-    backlog_ms > HANG.as_millis() as i64 && broker.storage_idle() > HANG && since_restart > HANG
-}
-
-#[derive(Debug, Clone, Copy)]
-enum Fault {
-    KillProc(usize),
-    StartProc(usize),
-    Broker,
-    BrokerBack,
-    PgTerminate,
-    SwapTransformer,
-    SwapConsumer,
-}
-
-/// The fault plan: the broker three times and each swap once at fixed
-/// points, processes and connections at random moments in between.
-fn schedule(rng: &mut Rng, run: Duration, broker_kills: u32) -> Vec<(Duration, Fault)> {
-    let at = |f: f64| run.mul_f64(f);
-    let mut plan = vec![
-        (at(0.30), Fault::SwapTransformer),
-        (at(0.55), Fault::SwapConsumer),
-    ];
-    // Spread over 15 %–70 % of the run.
-    for k in 0..broker_kills {
-        let f = 0.15 + 0.55 * f64::from(k) / f64::from(broker_kills.saturating_sub(1).max(1));
-        plan.push((at(f), Fault::Broker));
-    }
-    let mut t = Duration::from_secs(3);
-    let mut next_proc = 0usize;
-    while t < at(0.9) {
-        // Every process is hit in turn; the gaps are random.
-        plan.push((t, Fault::KillProc(next_proc % 4)));
-        next_proc += 1;
-        // Each restarted process gets a few seconds to make progress
-        // before the next kill.
-        t += rng.millis(4_000, 12_000);
-    }
-    let mut t = Duration::from_secs(2);
-    while t < at(0.9) {
-        plan.push((t, Fault::PgTerminate));
-        t += rng.millis(3_000, 9_000);
-    }
-    plan.sort_by_key(|(t, _)| *t);
-    plan
-}
-
-/// Restarts a broker that crashed by itself.
-async fn supervise(broker: &mut Broker, kills: &mut Kills) -> anyhow::Result<()> {
-    eprintln!("chaos: tansu panicked (see its log); restarting it");
-    broker.kill().await?;
-    broker.restart().await?;
-    kills.broker_crashes += 1;
-    Ok(())
-}
-
-/// Restarts a broker that stopped answering (see [`broker_hung`]).
-async fn unhang(broker: &mut Broker, kills: &mut Kills) -> anyhow::Result<()> {
-    eprintln!(
-        "chaos: tansu wrote nothing for {} s while events waited; restarting it",
-        HANG.as_secs()
-    );
-    broker.kill().await?;
-    broker.restart().await?;
-    kills.broker_hangs += 1;
-    Ok(())
 }
 
 #[tokio::main]
