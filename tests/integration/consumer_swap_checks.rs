@@ -16,7 +16,7 @@ use outboxd::relay::Rollout;
 use serde_json::json;
 
 use crate::consumer_swap::{deploy, pairs, registry_spec, wasm};
-use crate::hot_swap::with_custom_section;
+use crate::hot_swap_refusals::with_custom_section;
 use crate::on_both;
 use crate::plugins::engine;
 use crate::support::TestDb;

@@ -17,7 +17,7 @@ use outboxd::store::{AnyStore, Db, EnqueueError, enqueue};
 use serde_json::json;
 
 use crate::on_both;
-use crate::plugins::put;
+use crate::plugin_chains::put;
 use crate::support::{ScriptedPublisher, TestDb, pg_admin_url};
 
 const READ_ONLY_FIX: &str = "the database is read-only: outboxd writes the outbox";

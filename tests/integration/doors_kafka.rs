@@ -24,7 +24,7 @@ use sqlx::Row;
 
 use crate::doors::{read_only, set_read_only};
 use crate::on_both;
-use crate::plugins::put;
+use crate::plugin_chains::put;
 use crate::support::TestDb;
 
 fn props(bootstrap: &str) -> BTreeMap<String, String> {

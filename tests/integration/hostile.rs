@@ -12,7 +12,8 @@ use outboxd::relay::{Relay, RelayConfig, Route, Router, StepOutcome, build_chain
 use serde_json::{Value, json};
 
 use crate::on_both;
-use crate::plugins::{engine, event, put, spec};
+use crate::plugin_chains::put;
+use crate::plugins::{engine, event, spec};
 use crate::support::{ScriptedPublisher, TestDb};
 
 fn misbehave(timeout_ms: u64) -> TransformerPlugin {

@@ -14,7 +14,7 @@ use tokio::process::{Child, Command};
 use crate::on_both;
 use crate::support::TestDb;
 
-fn outboxd(t: &TestDb) -> Command {
+pub(crate) fn outboxd(t: &TestDb) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_outboxd"));
     cmd.env("OUTBOXD__DATABASE__URL", &t.url)
         .env("OUTBOXD__RELAY__WORKERS", "1")
@@ -29,7 +29,7 @@ fn outboxd(t: &TestDb) -> Command {
 }
 
 /// Waits for the `OUTBOXD FAULT` line, then SIGKILLs the process.
-async fn kill_at_fault(mut child: Child) {
+pub(crate) async fn kill_at_fault(mut child: Child) {
     let stderr = child.stderr.take().expect("piped stderr");
     let mut lines = BufReader::new(stderr).lines();
     let found = tokio::time::timeout(Duration::from_secs(90), async {
@@ -51,7 +51,7 @@ async fn kill_at_fault(mut child: Child) {
     assert!(!status.success(), "killed, not exited");
 }
 
-async fn fill(db: &Db, events: usize, aggregates: usize) {
+pub(crate) async fn fill(db: &Db, events: usize, aggregates: usize) {
     for i in 0..events {
         let ev = NewEvent::new(
             format!("agg-{}", i % aggregates),
@@ -73,7 +73,7 @@ async fn fill(db: &Db, events: usize, aggregates: usize) {
     }
 }
 
-async fn wait_until(t: &TestDb, sql: &str, want: i64) {
+pub(crate) async fn wait_until(t: &TestDb, sql: &str, want: i64) {
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         let got = t.count(sql).await;
@@ -260,187 +260,4 @@ async fn bad_config_is_refused_with_the_key_and_the_fix() {
         err.contains("relay.batch_size") && err.contains("1 to 10000"),
         "{err}"
     );
-}
-
-/// A consumer killed after its effect committed but before its offset was
-/// stored redelivers that message on restart, and the inbox drops it: every
-/// order gets exactly one invoice.
-async fn consumer_killed_before_offset_commit_has_no_double_effect(t: TestDb) {
-    outboxd::domain::billing::create_schema(&t.db)
-        .await
-        .expect("billing");
-    for i in 0..120 {
-        let ev = NewEvent::new(
-            format!("order-{i}"),
-            "order.confirmed",
-            json!({ "order_id": format!("order-{i}"), "customer_id": "c", "total_cents": 100 + i }),
-        );
-        match &t.db {
-            Db::Postgres(p) => {
-                let mut tx = p.begin().await.expect("begin");
-                enqueue(&mut tx, ev).await.expect("enqueue");
-                tx.commit().await.expect("commit");
-            }
-            Db::Sqlite(p) => {
-                let mut tx = p.begin().await.expect("begin");
-                enqueue(&mut tx, ev).await.expect("enqueue");
-                tx.commit().await.expect("commit");
-            }
-        }
-    }
-    let consumers =
-        r#"[{name = "billing", topics = ["order.confirmed"], handler = "builtin:billing"}]"#;
-    let child = outboxd(&t)
-        .arg("run")
-        .env("OUTBOXD__CONSUMERS", consumers)
-        .env("OUTBOXD_FAULT", "after-handle-before-commit-offset:hang:3")
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    kill_at_fault(child).await;
-    let before = t.count("SELECT count(*) FROM invoices").await;
-    let acknowledged = t
-        .count(
-            "SELECT count(*) FROM transport_messages m JOIN transport_cursors c
-               ON c.topic = m.topic AND c.partition = m.partition AND c.consumer_group = 'billing'
-             WHERE m.\"offset\" <= c.last_offset",
-        )
-        .await;
-    assert!(
-        before > acknowledged,
-        "effects committed ({before}) beyond the stored offsets ({acknowledged}): they will be redelivered"
-    );
-
-    let mut child = outboxd(&t)
-        .arg("run")
-        .env("OUTBOXD__CONSUMERS", consumers)
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("restart");
-    wait_until(&t, "SELECT count(DISTINCT order_id) FROM invoices", 120).await;
-    let pid = child.id().expect("pid").to_string();
-    std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("kill -TERM");
-    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
-        .await
-        .expect("exit")
-        .expect("wait");
-    assert!(status.success());
-    assert_eq!(
-        t.count("SELECT count(*) FROM invoices").await,
-        120,
-        "exactly one invoice per order"
-    );
-    assert!(
-        t.count("SELECT count(*) FROM inbox WHERE consumer = 'billing'")
-            .await
-            == 120
-    );
-}
-on_both!(consumer_killed_before_offset_commit_has_no_double_effect);
-
-/// The same crash with the billing plugin handling batches of ten messages
-/// in one transaction (a savepoint each): the process dies after batches
-/// committed but before their offsets were stored, and on restart every
-/// order still has exactly one invoice.
-async fn plugin_consumer_killed_mid_batch_has_exactly_one_effect(t: TestDb) {
-    outboxd::domain::billing::create_schema(&t.db)
-        .await
-        .expect("billing");
-    for i in 0..120 {
-        let ev = NewEvent::new(
-            format!("order-{i}"),
-            "order.confirmed",
-            json!({ "order_id": format!("order-{i}"), "customer_id": "c", "total_cents": 100 + i }),
-        );
-        match &t.db {
-            Db::Postgres(p) => {
-                let mut tx = p.begin().await.expect("begin");
-                enqueue(&mut tx, ev).await.expect("enqueue");
-                tx.commit().await.expect("commit");
-            }
-            Db::Sqlite(p) => {
-                let mut tx = p.begin().await.expect("begin");
-                enqueue(&mut tx, ev).await.expect("enqueue");
-                tx.commit().await.expect("commit");
-            }
-        }
-    }
-    let plugins = format!(
-        r#"[{{name = "billing", path = "{}", limits = {{timeout_ms = 5000}}}}]"#,
-        crate::plugins::plugin_path("billing").display()
-    );
-    let consumers = r#"[{name = "billing", topics = ["order.confirmed"], handler = "plugin:billing", batch_in_transaction = 10}]"#;
-    let child = outboxd(&t)
-        .arg("run")
-        .env("OUTBOXD__PLUGINS", &plugins)
-        .env("OUTBOXD__CONSUMERS", consumers)
-        .env("OUTBOXD_FAULT", "after-handle-before-commit-offset:hang:3")
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    kill_at_fault(child).await;
-    let before = t.count("SELECT count(*) FROM invoices").await;
-    let acknowledged = t
-        .count(
-            "SELECT count(*) FROM transport_messages m JOIN transport_cursors c
-               ON c.topic = m.topic AND c.partition = m.partition AND c.consumer_group = 'billing'
-             WHERE m.\"offset\" <= c.last_offset",
-        )
-        .await;
-    assert!(
-        before > acknowledged,
-        "effects committed ({before}) beyond the stored offsets ({acknowledged}): they will be redelivered"
-    );
-
-    let mut child = outboxd(&t)
-        .arg("run")
-        .env("OUTBOXD__PLUGINS", &plugins)
-        .env("OUTBOXD__CONSUMERS", consumers)
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("restart");
-    wait_until(&t, "SELECT count(DISTINCT order_id) FROM invoices", 120).await;
-    let pid = child.id().expect("pid").to_string();
-    std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("kill -TERM");
-    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
-        .await
-        .expect("exit")
-        .expect("wait");
-    assert!(status.success());
-    assert_eq!(
-        t.count("SELECT count(*) FROM invoices").await,
-        120,
-        "exactly one invoice per order"
-    );
-    assert_eq!(
-        t.count("SELECT count(*) FROM inbox WHERE consumer = 'billing'")
-            .await,
-        120
-    );
-}
-on_both!(plugin_consumer_killed_mid_batch_has_exactly_one_effect);
-
-/// Found by the chaos soak: two consumer processes starting together both
-/// ran `CREATE TABLE IF NOT EXISTS invoices`, and one died on Postgres's
-/// catalog unique index. Eight concurrent creators must all succeed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn processes_starting_together_create_the_example_schema_once() {
-    let t = TestDb::postgres().await;
-    let mut set = tokio::task::JoinSet::new();
-    for _ in 0..8 {
-        let db = t.db.clone();
-        set.spawn(async move { outboxd::domain::billing::create_schema(&db).await });
-    }
-    while let Some(joined) = set.join_next().await {
-        joined
-            .expect("join")
-            .expect("create_schema under concurrency");
-    }
-    assert_eq!(t.count("SELECT count(*) FROM invoices").await, 0);
 }
