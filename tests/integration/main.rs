@@ -4,6 +4,7 @@
 mod support;
 
 mod admin;
+mod admin_metrics;
 
 mod backoff;
 mod batches;
@@ -13,6 +14,7 @@ mod consumer_plugins;
 mod consumer_swap;
 mod consumer_swap_checks;
 mod consumer_swap_in_flight;
+mod consumer_swap_load;
 mod dead_letters;
 mod doors;
 mod doors_kafka;
@@ -26,6 +28,9 @@ mod idempotency;
 mod kafka;
 mod kafka_assigned;
 mod kafka_auth;
+mod kafka_consumers;
+mod kafka_failures;
+mod kafka_relay;
 mod matrix;
 mod ops;
 mod ordering;

@@ -1,0 +1,226 @@
+//! The Kafka consumer source: it resumes after the last commit, redelivers
+//! after a handler failure, pauses a full partition until commits free it
+//! (mock cluster), and hands revoked partitions over uncommitted.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use outboxd::broker::kafka::{KafkaConsumer, KafkaConsumerConfig};
+use outboxd::broker::{Delivery, MessageSource};
+use outboxd::consumer::{Consumer, ConsumerConfig, Handler, HandlerError, InboxTx};
+use rdkafka::mocking::MockCluster;
+
+use super::kafka::{Outbox, bootstrap, create_topic, produce, props, unique};
+
+/// Fetches (without committing) until the source holds `want` messages.
+async fn fetch_until(source: &mut KafkaConsumer, want: usize) -> Vec<Delivery> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let got = source.fetch(1000).await.expect("fetch");
+        if got.len() >= want || Instant::now() > deadline {
+            return got;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_consumer_resumes_after_the_last_commit() {
+    let bootstrap = bootstrap();
+    let topic = unique("commits");
+    create_topic(&bootstrap, &topic, 3).await;
+    produce(&bootstrap, &topic, &["k1", "k2", "k3", "k4"], 4).await;
+    let group = unique("group");
+    let cfg = KafkaConsumerConfig::new(group.clone(), vec![topic.clone()]);
+
+    let mut first = KafkaConsumer::new(&props(&bootstrap), cfg.clone()).expect("consumer");
+    let all = fetch_until(&mut first, 16).await;
+    assert_eq!(all.len(), 16);
+    // Uncommitted messages come again on every fetch.
+    assert_eq!(first.fetch(1000).await.expect("fetch again").len(), 16);
+    let mut by_partition: BTreeMap<i32, Vec<Delivery>> = BTreeMap::new();
+    for d in &all {
+        by_partition.entry(d.partition).or_default().push(d.clone());
+    }
+    let mut expected = HashSet::new();
+    for msgs in by_partition.values() {
+        let cut = msgs.len() / 2;
+        if cut > 0 {
+            first.commit(&msgs[cut - 1]).await.expect("commit");
+        }
+        expected.extend(msgs[cut..].iter().map(|d| (d.partition, d.offset)));
+    }
+    assert_eq!(first.buffered(), expected.len());
+    drop(first);
+
+    let mut second = KafkaConsumer::new(&props(&bootstrap), cfg).expect("consumer");
+    let rest = fetch_until(&mut second, expected.len()).await;
+    let got: HashSet<_> = rest.iter().map(|d| (d.partition, d.offset)).collect();
+    assert_eq!(
+        got, expected,
+        "resumes right after each partition's last commit"
+    );
+    assert_eq!(rest.len(), expected.len());
+}
+
+/// Fails the first attempt at each message whose payload has `n == 1`.
+#[derive(Default)]
+struct FlakyHandler {
+    failed_once: std::sync::Mutex<HashSet<i64>>,
+    handled: std::sync::Mutex<Vec<(i32, i64)>>,
+    broken: AtomicBool,
+}
+
+impl Handler for FlakyHandler {
+    async fn handle(&self, _tx: &mut InboxTx, d: &Delivery) -> Result<(), HandlerError> {
+        let payload: serde_json::Value = serde_json::from_slice(&d.payload)
+            .map_err(|e| HandlerError::Permanent(e.to_string()))?;
+        if payload["n"] == 1
+            && self
+                .failed_once
+                .lock()
+                .expect("lock")
+                .insert(d.offset * 1000 + i64::from(d.partition))
+        {
+            self.broken.store(true, Ordering::SeqCst);
+            return Err(HandlerError::Retryable("injected".into()));
+        }
+        self.handled
+            .lock()
+            .expect("lock")
+            .push((d.partition, d.offset));
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_consumer_redelivers_after_a_handler_failure() {
+    let bootstrap = bootstrap();
+    let topic = unique("redeliver");
+    create_topic(&bootstrap, &topic, 2).await;
+    produce(&bootstrap, &topic, &["x", "y", "z"], 3).await;
+    let outbox = Outbox::new().await;
+    let handler = Arc::new(FlakyHandler::default());
+    let source = KafkaConsumer::new(
+        &props(&bootstrap),
+        KafkaConsumerConfig::new(unique("group"), vec![topic.clone()]),
+    )
+    .expect("consumer");
+    let mut consumer = Consumer::new(
+        outbox.db.clone(),
+        source,
+        handler.clone(),
+        ConsumerConfig {
+            name: "redeliver".into(),
+            ..ConsumerConfig::default()
+        },
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut failures = 0;
+    while handler.handled.lock().expect("lock").len() < 9 && Instant::now() < deadline {
+        let (_, failed) = consumer.step().await.expect("step");
+        failures += usize::from(failed);
+    }
+    let handled = handler.handled.lock().expect("lock").clone();
+    assert!(handler.broken.load(Ordering::SeqCst));
+    assert!(failures >= 1);
+    assert_eq!(
+        handled.len(),
+        9,
+        "every message handled once it stopped failing"
+    );
+    let unique_handled: HashSet<_> = handled.iter().collect();
+    assert_eq!(unique_handled.len(), 9, "nothing handled twice");
+    // Per partition, offsets were handled in order despite the failures.
+    for p in 0..2 {
+        let offsets: Vec<i64> = handled
+            .iter()
+            .filter(|(q, _)| *q == p)
+            .map(|(_, o)| *o)
+            .collect();
+        let mut sorted = offsets.clone();
+        sorted.sort_unstable();
+        assert_eq!(offsets, sorted, "partition {p}");
+    }
+    assert_eq!(consumer.source_mut().buffered(), 0, "everything committed");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mock_consumer_pauses_a_full_partition_and_resumes_after_commits() {
+    let mock = MockCluster::new(1).expect("mock cluster");
+    mock.create_topic("t", 1, 1).expect("topic");
+    let bootstrap = mock.bootstrap_servers();
+    produce(&bootstrap, "t", &["only"], 30).await;
+    let mut cfg = KafkaConsumerConfig::new("g", vec!["t".into()]);
+    cfg.partition_limit = 10;
+    let mut source = KafkaConsumer::new(&props(&bootstrap), cfg).expect("consumer");
+
+    let first = fetch_until(&mut source, 10).await;
+    assert_eq!(first.len(), 10);
+    // Without commits the partition stays paused: the same ten come again.
+    for _ in 0..5 {
+        let again = source.fetch(100).await.expect("fetch");
+        assert_eq!(again, first, "a paused partition only re-serves its buffer");
+    }
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while seen.len() < 30 && Instant::now() < deadline {
+        let batch = source.fetch(100).await.expect("fetch");
+        if let Some(last) = batch.last() {
+            source.commit(last).await.expect("commit");
+        }
+        seen.extend(batch.into_iter().map(|d| d.offset));
+    }
+    assert_eq!(
+        seen,
+        (0..30).collect::<Vec<i64>>(),
+        "every offset once, in order, after resuming"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_consumer_hands_revoked_partitions_over_uncommitted() {
+    let bootstrap = bootstrap();
+    let topic = unique("rebalance");
+    create_topic(&bootstrap, &topic, 4).await;
+    produce(&bootstrap, &topic, &["k1", "k2", "k3", "k4", "k5", "k6"], 2).await;
+    let cfg = KafkaConsumerConfig::new(unique("group"), vec![topic.clone()]);
+    let mut a = KafkaConsumer::new(&props(&bootstrap), cfg.clone()).expect("consumer a");
+    let all = fetch_until(&mut a, 12).await;
+    assert_eq!(all.len(), 12);
+
+    // A second member joins; both poll until the group has split the topic.
+    let mut b = KafkaConsumer::new(&props(&bootstrap), cfg).expect("consumer b");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (held_a, held_b) = loop {
+        let got_a = a.fetch(1000).await.expect("fetch a");
+        let got_b = b.fetch(1000).await.expect("fetch b");
+        if (!got_b.is_empty() && got_a.len() + got_b.len() == 12) || Instant::now() > deadline {
+            break (got_a, got_b);
+        }
+    };
+    assert!(!held_b.is_empty(), "the new member got partitions");
+    let parts = |v: &[Delivery]| v.iter().map(|d| d.partition).collect::<HashSet<_>>();
+    assert!(
+        parts(&held_a).is_disjoint(&parts(&held_b)),
+        "a partition has one owner"
+    );
+    let key = |d: &Delivery| (d.partition, d.offset);
+    let mut union: Vec<_> = held_a.iter().chain(&held_b).map(key).collect();
+    union.sort_unstable();
+    let mut expected: Vec<_> = all.iter().map(key).collect();
+    expected.sort_unstable();
+    assert_eq!(
+        union, expected,
+        "nothing was committed, so the new owner starts at the beginning"
+    );
+
+    // The old owner may not commit what it no longer holds.
+    let moved = all
+        .iter()
+        .find(|d| parts(&held_b).contains(&d.partition))
+        .expect("a moved message");
+    assert!(a.commit(moved).await.is_err());
+    assert!(b.commit(moved).await.is_ok());
+}

@@ -1,0 +1,244 @@
+//! The relay when the Kafka broker fails: produce errors on librdkafka's
+//! mock cluster (permanent kills the event, retryable retries), a broker
+//! that is down, and a private tansu killed and restarted. Rows stay
+//! unmarked until published; no event dies of an outage.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use outboxd::broker::kafka::KafkaPublisher;
+use outboxd::relay::{Relay, StepOutcome};
+use outboxd::store::sqlite::SqliteStore;
+use rdkafka::mocking::MockCluster;
+use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+use sqlx::Row;
+
+use super::kafka::{
+    Outbox, attempts_of_all, create_topic, drain, mock_publisher, props, read_all, unique,
+};
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mock_permanent_produce_error_kills_the_event() {
+    let mock = MockCluster::new(1).expect("mock cluster");
+    mock.create_topic("t", 2, 1).expect("topic");
+    let outbox = Outbox::new().await;
+    outbox.add("a", 0).await;
+    let relay = outbox.relay(
+        mock_publisher(&mock, Duration::from_secs(5)),
+        "t",
+        Duration::from_secs(10),
+    );
+    mock.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE],
+    );
+    let StepOutcome::Published(report) = relay.step().await.expect("step") else {
+        panic!("expected a batch");
+    };
+    assert_eq!((report.published, report.dead, report.retried), (0, 1, 0));
+    assert_eq!(attempts_of_all(&outbox).await, vec![(1, false, true)]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mock_retryable_produce_errors_retry_then_publish() {
+    let mock = MockCluster::new(1).expect("mock cluster");
+    mock.create_topic("t", 2, 1).expect("topic");
+    let outbox = Outbox::new().await;
+    outbox.add("a", 0).await;
+    outbox.add("b", 0).await;
+    let relay = outbox.relay(
+        mock_publisher(&mock, Duration::from_millis(1500)),
+        "t",
+        Duration::from_secs(5),
+    );
+    mock.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS; 200],
+    );
+    let StepOutcome::Published(report) = relay.step().await.expect("step") else {
+        panic!("expected a batch");
+    };
+    assert_eq!((report.published, report.dead, report.retried), (0, 0, 2));
+    assert_eq!(attempts_of_all(&outbox).await, vec![(1, false, false); 2]);
+
+    mock.clear_request_errors(RDKafkaApiKey::Produce);
+    outbox.clock.advance(2);
+    assert_eq!(drain(&relay).await, 2);
+    assert_eq!(attempts_of_all(&outbox).await, vec![(1, true, false); 2]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mock_broker_down_keeps_rows_unmarked_until_it_is_back() {
+    let mock = MockCluster::new(1).expect("mock cluster");
+    mock.create_topic("t", 2, 1).expect("topic");
+    let outbox = Outbox::new().await;
+    let relay = outbox.relay(
+        mock_publisher(&mock, Duration::from_millis(1500)),
+        "t",
+        Duration::from_secs(3),
+    );
+    outbox.add("warm", 0).await;
+    assert_eq!(drain(&relay).await, 1);
+
+    let publisher = mock_publisher(&mock, Duration::from_millis(1500));
+    assert_eq!(publisher.check(Duration::from_secs(5)).await, Ok(()));
+    mock.broker_down(1).expect("down");
+    assert!(publisher.check(Duration::from_secs(1)).await.is_err());
+    outbox.add("a", 0).await;
+    outbox.add("b", 0).await;
+    let StepOutcome::Published(report) = relay.step().await.expect("step") else {
+        panic!("expected a batch");
+    };
+    assert_eq!((report.published, report.dead, report.retried), (0, 0, 2));
+    assert_eq!(outbox.count("published_at IS NOT NULL").await, 1);
+
+    mock.broker_up(1).expect("up");
+    // The producer reconnects with backoff, so the first steps after the
+    // broker returns may still fail; they must only ever retry.
+    publish_all(&outbox, &relay, Duration::from_secs(30)).await;
+    assert_eq!(outbox.count("published_at IS NOT NULL").await, 3);
+}
+
+/// Steps, skipping backoff, until no row is unpublished; no row may die.
+async fn publish_all<P: outboxd::broker::Publisher>(
+    outbox: &Outbox,
+    relay: &Relay<SqliteStore, P>,
+    within: Duration,
+) {
+    let deadline = Instant::now() + within;
+    while outbox.count("published_at IS NULL").await > 0 {
+        let errors: Vec<String> = sqlx::query(
+            "SELECT last_error FROM outbox WHERE last_error IS NOT NULL AND published_at IS NULL",
+        )
+        .fetch_all(outbox.pool())
+        .await
+        .expect("errors")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+        assert!(
+            Instant::now() < deadline,
+            "still unpublished; last errors: {errors:?}"
+        );
+        outbox.clock.advance(600);
+        relay.step().await.expect("step");
+        let dead: Vec<String> =
+            sqlx::query("SELECT dead_reason FROM outbox WHERE dead_at IS NOT NULL")
+                .fetch_all(outbox.pool())
+                .await
+                .expect("dead")
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+        assert!(dead.is_empty(), "no event may die: {dead:?}");
+    }
+}
+
+/// A private tansu on a fixed port, killed on drop.
+struct Tansu {
+    child: std::process::Child,
+}
+
+impl Tansu {
+    fn binary() -> String {
+        if let Ok(b) = std::env::var("OUTBOXD_TEST_TANSU") {
+            return b;
+        }
+        let home = std::env::var("HOME").unwrap_or_default();
+        // Where tests/tansu.sh installs it (TANSU_ROOT).
+        let installed = format!("{home}/.cache/outboxd/tansu-0.6.0/bin/tansu");
+        if std::path::Path::new(&installed).exists() {
+            return installed;
+        }
+        panic!(
+            "no tansu binary: run `tests/tansu.sh` once (it installs tansu 0.6.0) or set OUTBOXD_TEST_TANSU"
+        );
+    }
+
+    async fn start(port: u16) -> Self {
+        let url = format!("tcp://127.0.0.1:{port}");
+        let child = std::process::Command::new(Self::binary())
+            .args([
+                "broker",
+                "--listener-url",
+                &url,
+                "--advertised-listener-url",
+                &url,
+                "--storage-engine",
+                "memory://tansu/",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(std::env::temp_dir().join(format!("outboxd-tansu-{port}.log")))
+                    .map(std::process::Stdio::from)
+                    .unwrap_or_else(|_| std::process::Stdio::null()),
+            )
+            .spawn()
+            .expect("start tansu");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            assert!(Instant::now() < deadline, "tansu did not listen on {port}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Self { child }
+    }
+}
+
+impl Drop for Tansu {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_broker_restart_keeps_rows_until_published() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let bootstrap = format!("127.0.0.1:{port}");
+    let topic = unique("restart");
+    let broker = Tansu::start(port).await;
+    create_topic(&bootstrap, &topic, 3).await;
+    let outbox = Outbox::new().await;
+    let publisher = Arc::new(
+        KafkaPublisher::new(&props(&bootstrap), Duration::from_secs(2)).expect("publisher"),
+    );
+    let relay = outbox.relay(publisher, &topic, Duration::from_secs(3));
+    outbox.add("before", 0).await;
+    assert_eq!(drain(&relay).await, 1);
+
+    drop(broker);
+    let mut during = HashSet::new();
+    for agg in ["r1", "r2", "r3"] {
+        during.insert(outbox.add(agg, 0).await.to_string());
+    }
+    let StepOutcome::Published(report) = relay.step().await.expect("step") else {
+        panic!("expected a batch");
+    };
+    assert_eq!((report.published, report.retried), (0, 3));
+    assert_eq!(outbox.count("published_at IS NULL").await, 3);
+
+    // Memory storage: the restarted broker has no topics and no producer
+    // state, so the topic is created again.
+    let _broker = Tansu::start(port).await;
+    create_topic(&bootstrap, &topic, 3).await;
+    publish_all(&outbox, &relay, Duration::from_secs(60)).await;
+    let seen = read_all(&bootstrap, &topic, 3).await;
+    let ids: HashSet<String> = seen
+        .iter()
+        .map(|s| s.headers["message-id"].clone())
+        .collect();
+    assert!(
+        during.is_subset(&ids),
+        "every event enqueued while the broker was down is on the restarted broker"
+    );
+}
