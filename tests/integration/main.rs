@@ -18,6 +18,7 @@ mod consumer_swap_load;
 mod dead_letters;
 mod doors;
 mod doors_kafka;
+mod doors_pg_full;
 mod embedded;
 mod hostile;
 mod hostile_consumers;
