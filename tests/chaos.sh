@@ -8,6 +8,10 @@
 #   bash tests/chaos.sh --seconds 1800    # the long soak (RELIABILITY.md)
 #   bash tests/chaos.sh --seed N --keep   # replay a run, keep db and logs
 #
+# CHAOS_PROFILE=release builds and runs the optimized binaries (the long
+# soak uses it: less CPU per event leaves more of two cores to tansu and
+# Postgres); the default is the debug build the tests already made.
+#
 # Postgres: $OUTBOXD_TEST_DATABASE_URL (a user that may CREATE DATABASE),
 # else the server on 127.0.0.1:5432.
 set -euo pipefail
@@ -23,8 +27,13 @@ export TANSU_STORAGE=sqlite://tansu.db
 eval "$(bash tests/tansu.sh start)"
 trap 'bash tests/tansu.sh stop' EXIT
 
-cargo build -q -p outboxd --bin outboxd --example chaos
+profile=${CHAOS_PROFILE:-debug}
+case "$profile" in
+  debug) cargo build -q -p outboxd --bin outboxd --example chaos ;;
+  release) cargo build -q --release -p outboxd --bin outboxd --example chaos ;;
+  *) echo "CHAOS_PROFILE must be debug or release, not '$profile'" >&2; exit 2 ;;
+esac
 bash plugins/build.sh >/dev/null
-bin=${CARGO_TARGET_DIR:-target}/debug
+bin=${CARGO_TARGET_DIR:-target}/$profile
 "$bin/examples/chaos" --bootstrap "$KAFKA_BOOTSTRAP" \
   --outboxd "$bin/outboxd" --tansu-script tests/tansu.sh "$@"

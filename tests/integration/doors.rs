@@ -131,8 +131,7 @@ on_both!(a_read_only_database_is_refused_with_the_fix_and_loses_nothing);
 
 /// SQLite's `max_page_count` caps the file per connection: a pool whose
 /// connections may not grow it stands in for a full disk. (A full Postgres
-/// disk needs a tablespace on a small filesystem; SQLSTATE 53100 gets the
-/// same hint.)
+/// disk, SQLSTATE 53100, is in `doors_pg_full.rs`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_database_refuses_new_events_with_the_fix_and_keeps_the_old_ones() {
     let t = TestDb::sqlite().await;
