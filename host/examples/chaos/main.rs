@@ -254,6 +254,7 @@ async fn main() -> anyhow::Result<()> {
     let fault_phase = start.elapsed();
     let _ = stop_tx.send(true);
     while producer_set.join_next().await.is_some() {}
+    let producers_stopped = Instant::now();
 
     // Drain: wait until every committed event has its effect (or was given
     // up on with a reason), while the processes keep running.
@@ -281,6 +282,7 @@ async fn main() -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let drain_ms = last_fault.elapsed().as_millis();
+    let drain_after_stop_ms = producers_stopped.elapsed().as_millis();
     for p in &mut procs {
         p.kill().await;
     }
@@ -292,7 +294,7 @@ async fn main() -> anyhow::Result<()> {
     let line = format!(
         "chaos: seconds={} events={} relay_kills={} consumer_kills={} broker_kills={} broker_crashes={} broker_hangs={} pg_kills={} swaps={} \
          lost={} duplicate_effects={} order_violations={} atomicity_violations={} unpublished={} \
-         dead={} consumer_dead_letters={} max_backlog_age_ms={} drain_ms={}{}",
+         dead={} consumer_dead_letters={} max_backlog_age_ms={} drain_ms={} drain_after_stop_ms={}{}",
         fault_phase.as_secs(),
         verdict.events,
         kills.relay,
@@ -311,6 +313,7 @@ async fn main() -> anyhow::Result<()> {
         verdict.consumer_dead_letters,
         max_backlog_ms,
         drain_ms,
+        drain_after_stop_ms,
         if drained { "" } else { " (drain timed out)" },
     );
     println!(
@@ -324,7 +327,8 @@ async fn main() -> anyhow::Result<()> {
     println!("{line}");
     if let Some(path) = &args.json {
         let doc = serde_json::json!({ "seed": seed, "kills": kills, "verdict": verdict,
-            "max_backlog_age_ms": max_backlog_ms, "drain_ms": drain_ms as u64, "drained": drained });
+            "max_backlog_age_ms": max_backlog_ms, "drain_ms": drain_ms as u64,
+            "drain_after_stop_ms": drain_after_stop_ms as u64, "drained": drained });
         std::fs::write(path, serde_json::to_vec_pretty(&doc)?)?;
     }
     let swapped = verdict.by_writer.len() == 2 && verdict.by_shape.len() == 2;
