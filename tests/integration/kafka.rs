@@ -263,6 +263,35 @@ pub(crate) fn mock_publisher(
     Arc::new(KafkaPublisher::new(&props(&mock.bootstrap_servers()), timeout).expect("publisher"))
 }
 
+/// librdkafka's mock cluster (one broker, topic `t` with 2 partitions), an
+/// outbox holding one event for each of `aggregates`, and a relay to `t`
+/// whose producer gives up after `delivery` and whose steps wait at most
+/// `publish_timeout`. Fields drop in order: the relay before the cluster.
+pub(crate) struct MockRig {
+    pub(crate) relay: Relay<SqliteStore, Arc<KafkaPublisher>>,
+    pub(crate) outbox: Outbox,
+    pub(crate) mock: MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+}
+
+pub(crate) async fn mock_rig(
+    aggregates: &[&str],
+    delivery: Duration,
+    publish_timeout: Duration,
+) -> MockRig {
+    let mock = MockCluster::new(1).expect("mock cluster");
+    mock.create_topic("t", 2, 1).expect("topic");
+    let outbox = Outbox::new().await;
+    for aggregate in aggregates {
+        outbox.add(aggregate, 0).await;
+    }
+    let relay = outbox.relay(mock_publisher(&mock, delivery), "t", publish_timeout);
+    MockRig {
+        relay,
+        outbox,
+        mock,
+    }
+}
+
 pub(crate) async fn attempts_of_all(outbox: &Outbox) -> Vec<(i64, bool, bool)> {
     sqlx::query(
         "SELECT attempts, published_at IS NOT NULL, dead_at IS NOT NULL FROM outbox ORDER BY seq",

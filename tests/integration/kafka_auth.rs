@@ -16,7 +16,7 @@ use rdkafka::mocking::MockCluster;
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use sqlx::Row;
 
-use super::kafka::{Outbox, attempts_of_all, mock_publisher};
+use super::kafka::{Outbox, attempts_of_all, mock_rig};
 
 async fn last_errors(outbox: &Outbox) -> Vec<String> {
     sqlx::query(
@@ -32,16 +32,13 @@ async fn last_errors(outbox: &Outbox) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_topic_authorization_error_keeps_events_pending_until_access_is_granted() {
-    let mock = MockCluster::new(1).expect("mock cluster");
-    mock.create_topic("t", 2, 1).expect("topic");
-    let outbox = Outbox::new().await;
-    outbox.add("a", 0).await;
-    outbox.add("b", 0).await;
-    let relay = outbox.relay(
-        mock_publisher(&mock, Duration::from_millis(1500)),
-        "t",
+    let rig = mock_rig(
+        &["a", "b"],
+        Duration::from_millis(1500),
         Duration::from_secs(5),
-    );
+    )
+    .await;
+    let (relay, outbox, mock) = (&rig.relay, &rig.outbox, &rig.mock);
     mock.request_errors(
         RDKafkaApiKey::Produce,
         &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED],
@@ -54,7 +51,7 @@ async fn a_topic_authorization_error_keeps_events_pending_until_access_is_grante
         (0, 0, 2),
         "an ACL error is the operator's to fix: retried, never dead"
     );
-    let errors = last_errors(&outbox).await;
+    let errors = last_errors(outbox).await;
     assert_eq!(errors.len(), 2);
     for e in &errors {
         assert!(
@@ -76,7 +73,7 @@ async fn a_topic_authorization_error_keeps_events_pending_until_access_is_grante
         }
     }
     assert_eq!(published, 2, "published once access is granted");
-    assert_eq!(attempts_of_all(&outbox).await, vec![(1, true, false); 2]);
+    assert_eq!(attempts_of_all(outbox).await, vec![(1, true, false); 2]);
 }
 
 #[tokio::test(flavor = "multi_thread")]

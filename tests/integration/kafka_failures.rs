@@ -15,20 +15,13 @@ use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use sqlx::Row;
 
 use super::kafka::{
-    Outbox, attempts_of_all, create_topic, drain, mock_publisher, props, read_all, unique,
+    Outbox, attempts_of_all, create_topic, drain, mock_publisher, mock_rig, props, read_all, unique,
 };
 
 #[tokio::test(flavor = "multi_thread")]
 async fn mock_permanent_produce_error_kills_the_event() {
-    let mock = MockCluster::new(1).expect("mock cluster");
-    mock.create_topic("t", 2, 1).expect("topic");
-    let outbox = Outbox::new().await;
-    outbox.add("a", 0).await;
-    let relay = outbox.relay(
-        mock_publisher(&mock, Duration::from_secs(5)),
-        "t",
-        Duration::from_secs(10),
-    );
+    let rig = mock_rig(&["a"], Duration::from_secs(5), Duration::from_secs(10)).await;
+    let (relay, outbox, mock) = (&rig.relay, &rig.outbox, &rig.mock);
     mock.request_errors(
         RDKafkaApiKey::Produce,
         &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE],
@@ -37,21 +30,18 @@ async fn mock_permanent_produce_error_kills_the_event() {
         panic!("expected a batch");
     };
     assert_eq!((report.published, report.dead, report.retried), (0, 1, 0));
-    assert_eq!(attempts_of_all(&outbox).await, vec![(1, false, true)]);
+    assert_eq!(attempts_of_all(outbox).await, vec![(1, false, true)]);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn mock_retryable_produce_errors_retry_then_publish() {
-    let mock = MockCluster::new(1).expect("mock cluster");
-    mock.create_topic("t", 2, 1).expect("topic");
-    let outbox = Outbox::new().await;
-    outbox.add("a", 0).await;
-    outbox.add("b", 0).await;
-    let relay = outbox.relay(
-        mock_publisher(&mock, Duration::from_millis(1500)),
-        "t",
+    let rig = mock_rig(
+        &["a", "b"],
+        Duration::from_millis(1500),
         Duration::from_secs(5),
-    );
+    )
+    .await;
+    let (relay, outbox, mock) = (&rig.relay, &rig.outbox, &rig.mock);
     mock.request_errors(
         RDKafkaApiKey::Produce,
         &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS; 200],
@@ -60,12 +50,12 @@ async fn mock_retryable_produce_errors_retry_then_publish() {
         panic!("expected a batch");
     };
     assert_eq!((report.published, report.dead, report.retried), (0, 0, 2));
-    assert_eq!(attempts_of_all(&outbox).await, vec![(1, false, false); 2]);
+    assert_eq!(attempts_of_all(outbox).await, vec![(1, false, false); 2]);
 
     mock.clear_request_errors(RDKafkaApiKey::Produce);
     outbox.clock.advance(2);
-    assert_eq!(drain(&relay).await, 2);
-    assert_eq!(attempts_of_all(&outbox).await, vec![(1, true, false); 2]);
+    assert_eq!(drain(relay).await, 2);
+    assert_eq!(attempts_of_all(outbox).await, vec![(1, true, false); 2]);
 }
 
 #[tokio::test(flavor = "multi_thread")]
