@@ -9,7 +9,10 @@ here=tests/dashboard
 if ! command -v chromium >/dev/null 2>&1; then
   echo "==> installing Debian's chromium (needed by the dashboard test)" >&2
   if [ "$(id -u)" = 0 ]; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    # Wait for another apt (an unattended upgrade, a parallel job) rather
+    # than failing on its lock.
+    apt-get -o DPkg::Lock::Timeout=600 update -qq &&
+      DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq chromium >/dev/null
   else
     echo "error: chromium is not installed; run: sudo apt-get install chromium" >&2; exit 1
   fi
