@@ -44,12 +44,16 @@ if [[ "${PLUGINS_SKIP_JS:-0}" != 1 ]]; then
     echo "plugins/build.sh: node and npm are needed for plugins/js-tag (Debian: apt-get install nodejs npm), or set PLUGINS_SKIP_JS=1" >&2
     exit 1
   fi
-  if [[ ! -d js-tag/node_modules/@bytecodealliance/componentize-js ]]; then
+  # The marker is written only after `npm ci` succeeded, so an install that
+  # was interrupted half-way is redone (npm ci starts from scratch).
+  installed=js-tag/node_modules/.outboxd-installed
+  if [[ ! -f "$installed" || js-tag/package-lock.json -nt "$installed" ]]; then
     echo "plugins/build.sh: installing componentize-js from npm (js-tag/package-lock.json)" >&2
     (cd js-tag && npm ci --no-audit --no-fund >&2) || {
       echo "plugins/build.sh: cannot install componentize-js; run: (cd plugins/js-tag && npm ci)" >&2
       exit 1
     }
+    touch "$installed"
   fi
   out="$dist/js-tag.wasm"
   if [[ ! -f "$out" || js-tag/src/app.js -nt "$out" || js-tag/build.mjs -nt "$out" || ../wit/outbox-plugin.wit -nt "$out" ]]; then
