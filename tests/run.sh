@@ -57,7 +57,18 @@ log "Postgres for tests: $OUTBOXD_TEST_DATABASE_URL"
 if command -v psql >/dev/null 2>&1; then
   psql "$OUTBOXD_TEST_DATABASE_URL" -Atqc \
     "SELECT datname FROM pg_database WHERE datname LIKE 'outboxd_t_%'" 2>/dev/null |
-    while read -r db; do psql "$OUTBOXD_TEST_DATABASE_URL" -qc "DROP DATABASE IF EXISTS $db" >/dev/null 2>&1 || true; done
+    while read -r db; do psql "$OUTBOXD_TEST_DATABASE_URL" -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 || true; done
+  # Tablespaces a failed full-disk test left (doors_pg_full.rs), with their
+  # tmpfs: dropped only after the databases above, and unmounted only after
+  # the tablespace is gone (unmounting first would make Postgres PANIC).
+  psql "$OUTBOXD_TEST_DATABASE_URL" -Atqc \
+    "SELECT spcname || ' ' || pg_tablespace_location(oid) FROM pg_tablespace WHERE spcname LIKE 'outboxd_full_%'" 2>/dev/null |
+    while read -r space dir; do
+      if psql "$OUTBOXD_TEST_DATABASE_URL" -qc "DROP TABLESPACE $space" >/dev/null 2>&1; then
+        umount "$dir" 2>/dev/null || true
+        rmdir "$dir" 2>/dev/null || true
+      fi
+    done
 fi
 
 if [ -x tests/tansu.sh ] && [ -z "${OUTBOXD_TEST_KAFKA:-}" ]; then
