@@ -23,7 +23,7 @@ use crate::support::{ScriptedPublisher, TestDb, pg_admin_url};
 const READ_ONLY_FIX: &str = "the database is read-only: outboxd writes the outbox";
 const FULL_FIX: &str = "the database is full: free disk space";
 
-async fn enqueue_on(db: &Db, ev: NewEvent) -> Result<(), EnqueueError> {
+pub(crate) async fn enqueue_on(db: &Db, ev: NewEvent) -> Result<(), EnqueueError> {
     match db {
         Db::Postgres(p) => {
             let mut tx = p.begin().await?;

@@ -13,9 +13,10 @@ use std::process::Command;
 
 use outboxd::NewEvent;
 use outboxd::relay::StepOutcome;
-use outboxd::store::{Db, EnqueueError, enqueue};
+use outboxd::store::{Db, EnqueueError};
 use serde_json::json;
 
+use crate::doors::enqueue_on;
 use crate::support::{ScriptedPublisher, TestDb, pg_admin_url};
 
 const FULL_FIX: &str = "the database is full: free disk space";
@@ -120,20 +121,12 @@ async fn enqueue_big(db: &Db, n: usize) -> Result<(), EnqueueError> {
     let blob: String = (0..512)
         .map(|_| uuid::Uuid::new_v4().simple().to_string())
         .collect();
-    let Db::Postgres(p) = db else {
-        unreachable!("Postgres only")
-    };
-    let mut tx = p.begin().await?;
-    enqueue(
-        &mut tx,
-        NewEvent::new(
-            format!("agg-{n}"),
-            "order.placed",
-            json!({ "n": n, "blob": blob }),
-        ),
-    )
-    .await?;
-    Ok(tx.commit().await?)
+    let event = NewEvent::new(
+        format!("agg-{n}"),
+        "order.placed",
+        json!({ "n": n, "blob": blob }),
+    );
+    enqueue_on(db, event).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

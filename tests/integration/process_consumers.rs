@@ -12,6 +12,24 @@ use serde_json::json;
 use std::process::Stdio;
 use std::time::Duration;
 
+/// After a kill between the handler's commit and the offset's: more
+/// invoices are in than `billing`'s stored offsets cover, so those messages
+/// will be delivered again.
+async fn effects_beyond_stored_offsets(t: &TestDb) {
+    let before = t.count("SELECT count(*) FROM invoices").await;
+    let acknowledged = t
+        .count(
+            "SELECT count(*) FROM transport_messages m JOIN transport_cursors c
+               ON c.topic = m.topic AND c.partition = m.partition AND c.consumer_group = 'billing'
+             WHERE m.\"offset\" <= c.last_offset",
+        )
+        .await;
+    assert!(
+        before > acknowledged,
+        "effects committed ({before}) beyond the stored offsets ({acknowledged}): they will be redelivered"
+    );
+}
+
 /// A consumer killed after its effect committed but before its offset was
 /// stored redelivers that message on restart, and the inbox drops it: every
 /// order gets exactly one invoice.
@@ -48,18 +66,7 @@ async fn consumer_killed_before_offset_commit_has_no_double_effect(t: TestDb) {
         .spawn()
         .expect("spawn");
     kill_at_fault(child).await;
-    let before = t.count("SELECT count(*) FROM invoices").await;
-    let acknowledged = t
-        .count(
-            "SELECT count(*) FROM transport_messages m JOIN transport_cursors c
-               ON c.topic = m.topic AND c.partition = m.partition AND c.consumer_group = 'billing'
-             WHERE m.\"offset\" <= c.last_offset",
-        )
-        .await;
-    assert!(
-        before > acknowledged,
-        "effects committed ({before}) beyond the stored offsets ({acknowledged}): they will be redelivered"
-    );
+    effects_beyond_stored_offsets(&t).await;
 
     let mut child = outboxd(&t)
         .arg("run")
@@ -132,18 +139,7 @@ async fn plugin_consumer_killed_mid_batch_has_exactly_one_effect(t: TestDb) {
         .spawn()
         .expect("spawn");
     kill_at_fault(child).await;
-    let before = t.count("SELECT count(*) FROM invoices").await;
-    let acknowledged = t
-        .count(
-            "SELECT count(*) FROM transport_messages m JOIN transport_cursors c
-               ON c.topic = m.topic AND c.partition = m.partition AND c.consumer_group = 'billing'
-             WHERE m.\"offset\" <= c.last_offset",
-        )
-        .await;
-    assert!(
-        before > acknowledged,
-        "effects committed ({before}) beyond the stored offsets ({acknowledged}): they will be redelivered"
-    );
+    effects_beyond_stored_offsets(&t).await;
 
     let mut child = outboxd(&t)
         .arg("run")
