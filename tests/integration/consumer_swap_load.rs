@@ -21,6 +21,7 @@ use outboxd::relay::{Relay, RelayConfig, Rollout, Route, Router, StepOutcome};
 use tokio::sync::watch;
 
 use crate::consumer_swap::{deploy, pairs, put_order, registry_spec, wasm};
+use crate::hot_swap::Timeline;
 use crate::hot_swap_refusals::with_custom_section;
 use crate::on_both;
 use crate::plugins::engine;
@@ -73,14 +74,6 @@ impl Handler for Recording {
     }
 }
 
-/// When a version was active: from the start of the activation that made
-/// it active to the end of the refresh that swapped it out.
-pub(crate) struct Active {
-    from: Instant,
-    until: Option<Instant>,
-    label: String,
-}
-
 async fn twenty_consumer_swaps_under_load_lose_nothing_and_handle_nothing_twice(t: TestDb) {
     const EVENTS: usize = 600;
     const SWAPS: usize = 20;
@@ -113,11 +106,7 @@ async fn twenty_consumer_swaps_under_load_lose_nothing_and_handle_nothing_twice(
     .with_consumers(["c".to_string()]);
     let t0 = Instant::now();
     host.refresh().await.expect("refresh");
-    let mut timeline = vec![Active {
-        from: t0,
-        until: None,
-        label: format!("c@{v_billing}"),
-    }];
+    let mut timeline = Timeline::new(t0, format!("c@{v_billing}"));
     let slot = host.consumer("c").expect("consumer slot");
     assert_eq!(slot.label(), Some(format!("c@{v_billing}")));
 
@@ -228,14 +217,7 @@ async fn twenty_consumer_swaps_under_load_lose_nothing_and_handle_nothing_twice(
         host.refresh().await.expect("refresh");
         let until = Instant::now();
         assert_eq!(slot.label(), Some(record.label()));
-        if let Some(last) = timeline.last_mut() {
-            last.until = Some(until);
-        }
-        timeline.push(Active {
-            from,
-            until: None,
-            label: record.label(),
-        });
+        timeline.swapped(from, until, record.label());
     }
     assert!(rolled_back);
     producer.await.expect("producer");
@@ -308,11 +290,7 @@ async fn twenty_consumer_swaps_under_load_lose_nothing_and_handle_nothing_twice(
     let calls = std::mem::take(&mut *handler.calls.lock().expect("lock"));
     for call in calls.iter().filter(|c| c.ok) {
         let label = call.label.as_deref().expect("an ok call names its version");
-        let allowed: Vec<&str> = timeline
-            .iter()
-            .filter(|a| a.from <= call.end && a.until.is_none_or(|u| u >= call.start))
-            .map(|a| a.label.as_str())
-            .collect();
+        let allowed = timeline.active_during(call.start, call.end);
         assert!(
             allowed.contains(&label),
             "message {} ran on {label}, active then: {allowed:?}",

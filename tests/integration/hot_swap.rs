@@ -128,13 +128,48 @@ pub(crate) fn json_of(payload: &[u8]) -> Value {
 
 // ---- swaps under load -----------------------------------------------------
 
-/// When a version was active: from the start of the refresh that swapped it
-/// in to the end of the one that swapped it out (the swap itself happens at
-/// one instant inside each refresh).
-pub(crate) struct Active {
+/// When each version was active: from the start of the change that swapped
+/// it in to the end of the refresh that swapped it out (the swap itself
+/// happens at one instant inside that window). The swap-under-load tests
+/// check every call against it.
+pub(crate) struct Timeline(Vec<Active>);
+
+struct Active {
     from: Instant,
     until: Option<Instant>,
     label: String,
+}
+
+impl Timeline {
+    pub(crate) fn new(from: Instant, label: String) -> Self {
+        Timeline(vec![Active {
+            from,
+            until: None,
+            label,
+        }])
+    }
+
+    /// `label` replaced the active version by a change that began at
+    /// `from` and whose refresh ended at `until`.
+    pub(crate) fn swapped(&mut self, from: Instant, until: Instant, label: String) {
+        if let Some(last) = self.0.last_mut() {
+            last.until = Some(until);
+        }
+        self.0.push(Active {
+            from,
+            until: None,
+            label,
+        });
+    }
+
+    /// The versions active at some moment between `start` and `end`.
+    pub(crate) fn active_during(&self, start: Instant, end: Instant) -> Vec<&str> {
+        self.0
+            .iter()
+            .filter(|a| a.from <= end && a.until.is_none_or(|u| u >= start))
+            .map(|a| a.label.as_str())
+            .collect()
+    }
 }
 
 async fn twenty_swaps_under_load_lose_nothing_and_process_nothing_twice(t: TestDb) {
@@ -147,11 +182,7 @@ async fn twenty_swaps_under_load_lose_nothing_and_process_nothing_twice(t: TestD
     let host = Arc::new(rollout(&t.db, vec![registry_spec("t")], routes()));
     let t0 = Instant::now();
     host.refresh().await.expect("refresh");
-    let mut timeline = vec![Active {
-        from: t0,
-        until: None,
-        label: format!("t@{v_ce}"),
-    }];
+    let mut timeline = Timeline::new(t0, format!("t@{v_ce}"));
 
     let broker = ScriptedPublisher::new();
     let relay = relay(&t, broker.clone(), &host, routes());
@@ -217,14 +248,7 @@ async fn twenty_swaps_under_load_lose_nothing_and_process_nothing_twice(t: TestD
         host.refresh().await.expect("refresh");
         let until = Instant::now();
         assert_eq!(active_label(&host), record.label());
-        if let Some(last) = timeline.last_mut() {
-            last.until = Some(until);
-        }
-        timeline.push(Active {
-            from,
-            until: None,
-            label: record.label(),
-        });
+        timeline.swapped(from, until, record.label());
     }
     assert!(rolled_back);
     producer.await.expect("producer");
@@ -242,11 +266,7 @@ async fn twenty_swaps_under_load_lose_nothing_and_process_nothing_twice(t: TestD
     let by = transformed_by(&t.db).await;
     let mut per_version: BTreeMap<String, usize> = BTreeMap::new();
     for (start, end, range) in steps {
-        let allowed: Vec<&str> = timeline
-            .iter()
-            .filter(|a| a.from <= end && a.until.is_none_or(|u| u >= start))
-            .map(|a| a.label.as_str())
-            .collect();
+        let allowed = timeline.active_during(start, end);
         for m in &sent[range] {
             let label = by[&m.message_id.to_string()]
                 .clone()
