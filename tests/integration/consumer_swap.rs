@@ -11,20 +11,40 @@
 //! shows which version wrote it, and can be checked against the inbox row's
 //! `handled_by`.
 
+use outboxd::consumer::PluginHandler;
 use outboxd::event::NewEvent;
 use outboxd::plugin::registry::{Deployed, Registry};
-use outboxd::plugin::{PluginSource, PluginSpec};
+use outboxd::plugin::{PluginSource, PluginSpec, TxnPolicy};
+use outboxd::relay::Rollout;
 use outboxd::store::{Db, enqueue};
 use serde_json::json;
 use sqlx::Row;
 
 use crate::plugins::{engine, plugin_path};
+use crate::support::TestDb;
 
 pub(crate) fn registry_spec(name: &str) -> PluginSpec {
     let mut s = PluginSpec::new(name, "");
     s.source = PluginSource::Registry;
     s.limits.timeout_ms = 5_000;
     s
+}
+
+/// A host whose one plugin is the registry consumer `c`, refreshed once,
+/// and a handler that follows its slot (each call runs on the version
+/// active when it starts).
+pub(crate) async fn consumer_host(t: &TestDb) -> (Rollout, PluginHandler) {
+    let host = Rollout::new(
+        engine().clone(),
+        Registry::new(t.db.clone()),
+        vec![registry_spec("c")],
+        Vec::new(),
+    )
+    .expect("rollout")
+    .with_consumers(["c".to_string()]);
+    host.refresh().await.expect("refresh");
+    let handler = PluginHandler::swappable(host.consumer("c").expect("slot"), TxnPolicy::default());
+    (host, handler)
 }
 
 pub(crate) async fn deploy(reg: &Registry, name: &str, wasm: Vec<u8>) -> i64 {

@@ -8,14 +8,13 @@ use std::time::Duration;
 
 use outboxd::broker::Delivery;
 use outboxd::broker::embedded::{EmbeddedConsumer, EmbeddedConsumerConfig, EmbeddedPublisher};
-use outboxd::consumer::{Consumer, ConsumerConfig, PluginHandler};
+use outboxd::consumer::{Consumer, ConsumerConfig};
 use outboxd::domain::billing;
-use outboxd::plugin::TxnPolicy;
 use outboxd::plugin::registry::{Deployed, Registry};
 use outboxd::relay::Rollout;
 use serde_json::json;
 
-use crate::consumer_swap::{deploy, pairs, registry_spec, wasm};
+use crate::consumer_swap::{consumer_host, deploy, pairs, registry_spec, wasm};
 use crate::hot_swap_refusals::with_custom_section;
 use crate::on_both;
 use crate::plugins::engine;
@@ -97,19 +96,8 @@ async fn a_dead_letter_names_the_registry_version_that_failed(t: TestDb) {
     billing::create_schema(&t.db).await.expect("billing schema");
     let reg = Registry::new(t.db.clone());
     let v1 = deploy(&reg, "c", wasm("billing")).await;
-    let host = Rollout::new(
-        engine().clone(),
-        Registry::new(t.db.clone()),
-        vec![registry_spec("c")],
-        Vec::new(),
-    )
-    .expect("rollout")
-    .with_consumers(["c".to_string()]);
-    host.refresh().await.expect("refresh");
-    let handler = Arc::new(PluginHandler::swappable(
-        host.consumer("c").expect("slot"),
-        TxnPolicy::default(),
-    ));
+    let (host, handler) = consumer_host(&t).await;
+    let handler = Arc::new(handler);
     let publisher = EmbeddedPublisher::new(t.db.clone(), 1);
     let topic = "orders";
     let send = |payload: serde_json::Value| {
@@ -216,16 +204,7 @@ async fn a_consumer_shadow_runs_in_a_rolled_back_savepoint_and_counts(t: TestDb)
     reg.shadow("c", candidate, true, None)
         .await
         .expect("shadow");
-    let host = Rollout::new(
-        engine().clone(),
-        Registry::new(t.db.clone()),
-        vec![registry_spec("c")],
-        Vec::new(),
-    )
-    .expect("rollout")
-    .with_consumers(["c".to_string()]);
-    host.refresh().await.expect("refresh");
-    let handler = PluginHandler::swappable(host.consumer("c").expect("slot"), TxnPolicy::default());
+    let (host, handler) = consumer_host(&t).await;
     for i in 0..6 {
         let payload = if i % 3 == 0 {
             json!({"specversion": "1.0", "data": {"order_id": format!("o{i}"), "customer_id": "c", "total_cents": 1}})

@@ -1,15 +1,11 @@
 //! A consumer message in flight during a swap finishes on the version it
 //! started with (Postgres, where a table lock can hold it mid-statement).
 
-use super::consumer_swap::{deploy, pairs, registry_spec, wasm};
-use crate::plugins::engine;
+use super::consumer_swap::{consumer_host, deploy, pairs, wasm};
 use crate::support::TestDb;
 use outboxd::broker::Delivery;
-use outboxd::consumer::PluginHandler;
 use outboxd::domain::billing;
-use outboxd::plugin::TxnPolicy;
 use outboxd::plugin::registry::Registry;
-use outboxd::relay::Rollout;
 use outboxd::store::Db;
 use serde_json::json;
 use std::sync::Arc;
@@ -31,19 +27,8 @@ async fn a_message_in_flight_finishes_on_the_version_it_started_with_postgres() 
     let v1 = deploy(&reg, "c", wasm("billing")).await;
     let v2 = deploy(&reg, "c", wasm("invoicing")).await;
     reg.activate("c", v1, "test").await.expect("activate");
-    let host = Rollout::new(
-        engine().clone(),
-        Registry::new(t.db.clone()),
-        vec![registry_spec("c")],
-        Vec::new(),
-    )
-    .expect("rollout")
-    .with_consumers(["c".to_string()]);
-    host.refresh().await.expect("refresh");
-    let handler = Arc::new(PluginHandler::swappable(
-        host.consumer("c").expect("slot"),
-        TxnPolicy::default(),
-    ));
+    let (host, handler) = consumer_host(&t).await;
+    let handler = Arc::new(handler);
     let order = |i: i64| Delivery {
         attempt: 0,
         topic: "orders".into(),
