@@ -11,7 +11,9 @@
 # instrumentation works on stable). The committed seeds in
 # fuzz/corpus/<target>/ are read, never written: new inputs go to a
 # temporary directory, and a finding is saved in fuzz/artifacts/<target>/
-# (add it to the corpus once the bug is fixed).
+# (add it to the corpus once the bug is fixed). The targets depend only on
+# outboxd-core (host/core), which links neither wasmtime, cranelift nor
+# librdkafka, so the instrumented build is sqlx, SQLite, serde and toml.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${FUZZ_SECONDS:-60}
@@ -30,7 +32,7 @@ if [ ${#targets[@]} -eq 0 ]; then
 fi
 
 start=$(date +%s)
-# One build for every target; the first compiles the host's whole
+# One build for every target; the first compiles outboxd-core's
 # dependency tree with coverage instrumentation (minutes), later ones only
 # what changed.
 cargo fuzz build --fuzz-dir fuzz -s none

@@ -11,12 +11,13 @@ use std::collections::BTreeMap;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use outboxd::broker::embedded::{headers_json, parse_headers as parse_embedded};
-use outboxd::broker::{Delivery, OutgoingMessage, headers};
-use outboxd::event::{EventId, OutboxEvent, parse_headers};
-use outboxd::plugin::GuestMessage;
-use outboxd::relay::transform::{output_message_id, plugin_message};
-use outboxd::relay::{Route, Router, message_for_event};
+use outboxd_core::embedded_headers::{headers_json, parse_headers as parse_embedded};
+use outboxd_core::event::{EventId, OutboxEvent, parse_headers};
+use outboxd_core::message::{
+    Delivery, GuestMessage, OutgoingMessage, headers, message_for_event, output_message_id,
+    plugin_message,
+};
+use outboxd_core::route::{Route, Router};
 
 #[derive(Debug, Arbitrary)]
 struct Input {

@@ -11,7 +11,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use outboxd::consumer::sql_guard::{MAX_STATEMENT_BYTES, check_statement};
+use outboxd_core::sql_guard::{MAX_STATEMENT_BYTES, check_statement};
 
 #[derive(Debug, PartialEq)]
 enum Tok {

@@ -10,8 +10,9 @@ use std::sync::OnceLock;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use outboxd::plugin::bindings::consumer::outbox::plugin::transaction::Value;
-use outboxd::plugin::sql_values::{bind_pg, bind_sqlite, sqlite_row};
+// `SqlValue` mirrors the WIT `value` case for case; the host converts the
+// guest's values into it before binding them.
+use outboxd_core::sql_values::{SqlValue as Value, bind_pg, bind_sqlite, sqlite_row};
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 
 /// A guest value; `Text`-like variants often carry a well-formed value so

@@ -16,6 +16,11 @@
 //! - [`domain`]: the example order service and billing handler.
 //! - [`config`], [`cli`], [`demo`]: the daemon around all of it.
 //! - [`fault`], [`clock`]: seams that let tests crash and time-travel it.
+//!
+//! [`config`], [`event`], `consumer::sql_guard`, the message and header
+//! rules (`broker::headers`, `relay::message_for_event`) and the plugin SQL
+//! values come from `outboxd-core`, which links neither wasmtime nor
+//! rdkafka; the host re-exports them where its modules expect them.
 
 pub mod admin;
 pub mod bench;
@@ -27,13 +32,14 @@ pub mod consumer;
 pub mod daemon;
 pub mod demo;
 pub mod domain;
-pub mod event;
 pub mod fault;
 pub mod metrics;
 pub mod ops;
 pub mod plugin;
 pub mod relay;
 pub mod store;
+
+pub use outboxd_core::event;
 
 pub use event::{Enqueued, EventId, NewEvent, OutboxEvent};
 pub use store::{EnqueueError, enqueue};

@@ -19,6 +19,10 @@ use super::{ConsumeError, Delivery, MessageSource, OutgoingMessage, PublishError
 use crate::store::Db;
 use crate::store::sqlite::micros;
 
+/// Headers as this transport stores them (a JSON array of `[name,
+/// hex(value)]` pairs), kept in `outboxd-core` for the fuzz targets.
+pub use outboxd_core::embedded_headers::{headers_json, parse_headers};
+
 /// Stable partitioning: FNV-1a, so every process maps a key the same way.
 pub fn partition_for(key: &[u8], partitions: i32) -> i32 {
     let mut hash: u32 = 0x811c_9dc5;
@@ -45,34 +49,6 @@ impl EmbeddedPublisher {
             group: GroupCommit::default(),
         }
     }
-}
-
-/// Headers as the embedded transport stores them: a JSON array of
-/// `[name, hex(value)]` pairs, so values may be any bytes.
-pub fn headers_json(headers: &[(String, Vec<u8>)]) -> String {
-    let list: Vec<serde_json::Value> = headers
-        .iter()
-        .map(|(k, v)| serde_json::json!([k, hex::encode(v)]))
-        .collect();
-    serde_json::Value::Array(list).to_string()
-}
-
-/// The inverse of [`headers_json`]; entries that are not such a pair are
-/// skipped rather than failing the message.
-pub fn parse_headers(text: &str) -> Vec<(String, Vec<u8>)> {
-    let Ok(serde_json::Value::Array(items)) = serde_json::from_str::<serde_json::Value>(text)
-    else {
-        return Vec::new();
-    };
-    items
-        .into_iter()
-        .filter_map(|item| {
-            let pair = item.as_array()?;
-            let name = pair.first()?.as_str()?.to_string();
-            let value = hex::decode(pair.get(1)?.as_str()?).ok()?;
-            Some((name, value))
-        })
-        .collect()
 }
 
 pub(super) fn db_error(e: sqlx::Error) -> PublishError {

@@ -10,39 +10,9 @@ pub mod kafka;
 
 use std::future::Future;
 
-use chrono::{DateTime, Utc};
-
-/// Header names the relay sets on every message.
-pub mod headers {
-    pub const MESSAGE_ID: &str = "message-id";
-    pub const EVENT_TYPE: &str = "event-type";
-    pub const AGGREGATE_ID: &str = "aggregate-id";
-    pub const CREATED_AT: &str = "created-at";
-    /// The names above: set by the host only, never copied from an event
-    /// or a plugin.
-    pub const HOST_SET: [&str; 4] = [MESSAGE_ID, EVENT_TYPE, AGGREGATE_ID, CREATED_AT];
-}
-
-/// A message ready for the broker.
-#[derive(Debug, Clone, PartialEq)]
-pub struct OutgoingMessage {
-    pub topic: String,
-    pub key: Vec<u8>,
-    pub payload: Vec<u8>,
-    pub headers: Vec<(String, Vec<u8>)>,
-    /// The outbox id (or a deterministic id derived from it).
-    pub message_id: uuid::Uuid,
-    pub created_at: DateTime<Utc>,
-}
-
-impl OutgoingMessage {
-    pub fn header(&self, name: &str) -> Option<&[u8]> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_slice())
-    }
-}
+/// The message types and the header names the host sets live in
+/// `outboxd-core`, which the fuzz targets build without a broker client.
+pub use outboxd_core::message::{Delivery, OutgoingMessage, headers};
 
 /// Why a publish failed; the relay branches on it.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -87,57 +57,6 @@ pub struct NullPublisher;
 impl Publisher for NullPublisher {
     async fn publish(&self, _msg: OutgoingMessage) -> Result<(), PublishError> {
         Ok(())
-    }
-}
-
-/// A message as a consumer receives it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Delivery {
-    pub topic: String,
-    pub partition: i32,
-    pub offset: i64,
-    pub key: Option<Vec<u8>>,
-    pub payload: Vec<u8>,
-    pub headers: Vec<(String, Vec<u8>)>,
-    /// Failed attempts at this message so far in this consumer (0 on the
-    /// first delivery). The runner sets it; sources leave it 0.
-    pub attempt: u32,
-}
-
-impl Delivery {
-    pub fn header(&self, name: &str) -> Option<&[u8]> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_slice())
-    }
-
-    /// The message id the inbox deduplicates on.
-    pub fn message_id(&self) -> Result<uuid::Uuid, String> {
-        let raw = self.header(headers::MESSAGE_ID).ok_or_else(|| {
-            format!(
-                "{}/{}@{}: no `{}` header; only messages published by outboxd (or carrying that header) can be deduplicated",
-                self.topic, self.partition, self.offset, headers::MESSAGE_ID
-            )
-        })?;
-        let text = std::str::from_utf8(raw).map_err(|_| {
-            format!(
-                "{}/{}@{}: `{}` header is not UTF-8",
-                self.topic,
-                self.partition,
-                self.offset,
-                headers::MESSAGE_ID
-            )
-        })?;
-        uuid::Uuid::parse_str(text).map_err(|e| {
-            format!(
-                "{}/{}@{}: `{}` header `{text}` is not a uuid ({e})",
-                self.topic,
-                self.partition,
-                self.offset,
-                headers::MESSAGE_ID
-            )
-        })
     }
 }
 

@@ -12,8 +12,7 @@ pub mod dead_letter;
 pub mod inbox;
 pub mod plugin_handler;
 pub mod runner;
-pub mod sql_guard;
-mod sql_lexer;
+pub use outboxd_core::sql_guard;
 
 pub use configured::ConsumerHandler;
 pub use inbox::{Attempt, Handler, HandlerError, InboxTx, Pinned, Processed, attempt, process};

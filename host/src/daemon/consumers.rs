@@ -13,7 +13,7 @@ use super::{DaemonError, PipelineHandles};
 use crate::broker::Publisher;
 use crate::broker::embedded::{EmbeddedConsumer, EmbeddedConsumerConfig, NOTIFY_CHANNEL};
 use crate::broker::kafka::{KafkaConsumer, KafkaConsumerConfig, KafkaPublisher};
-use crate::config::{Config, ConsumerSection, TransportKind};
+use crate::config::{Config, ConfigExt, ConsumerSection, TransportKind};
 use crate::consumer::{ActiveConsumer, Consumer, ConsumerConfig, ConsumerHandler, PluginHandler};
 use crate::domain::billing::{self, BillingHandler};
 use crate::fault::Faults;

@@ -14,7 +14,7 @@ use relays::spawn_relays_for;
 
 use crate::broker::embedded::EmbeddedPublisher;
 use crate::broker::kafka::{KafkaPublisher, KafkaSetupError};
-use crate::config::{Config, TransportKind};
+use crate::config::{Config, ConfigExt, TransportKind};
 use crate::consumer::{ActiveConsumer, ConsumerStats};
 use crate::fault::Faults;
 use crate::metrics::Metrics;

@@ -9,7 +9,7 @@ use tokio::task::JoinSet;
 
 use crate::broker::Publisher;
 use crate::clock::SystemClock;
-use crate::config::Config;
+use crate::config::{Config, ConfigExt};
 use crate::fault::Faults;
 use crate::metrics::Metrics;
 use crate::relay::worker::{self, WorkerConfig};

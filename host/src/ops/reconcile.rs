@@ -2,23 +2,14 @@
 //! rows that should have an event but do not (a fix-up script that bypassed
 //! `confirm_order`, say), reports them, and can enqueue the missing events.
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use sqlx::Row;
 
 use crate::event::NewEvent;
 use crate::store::{Db, EnqueueError, enqueue};
 
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ReconcileRule {
-    pub name: String,
-    /// Returns one row per missing event: `aggregate_id`, `event_type`, and
-    /// `payload` as JSON text, in that order.
-    pub query: String,
-    /// Enqueue the missing events instead of only reporting them.
-    #[serde(default)]
-    pub enqueue_missing: bool,
-}
+/// A `[[reconcile]]` entry, a config section, in `outboxd-core`.
+pub use outboxd_core::config::ReconcileRule;
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct RuleReport {

@@ -31,6 +31,16 @@ pub struct TopicPolicy {
 }
 
 impl TopicPolicy {
+    /// The topics `route`'s plugins may name; `index` is the route's
+    /// position in the config, for error messages.
+    pub fn for_route(route: &crate::relay::Route, index: usize) -> Self {
+        Self {
+            route_key: format!("routes[{index}]"),
+            route_topic: route.topic.clone(),
+            allowed: route.allowed_topics.clone(),
+        }
+    }
+
     pub fn allows(&self, topic: &str) -> bool {
         topic == self.route_topic || self.allowed.iter().any(|t| t == topic)
     }

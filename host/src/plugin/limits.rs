@@ -1,41 +1,8 @@
-//! Per-plugin sandbox limits and the memory cap that enforces them.
+//! Per-plugin sandbox limits (config data, from `outboxd-core`) and the
+//! memory cap that enforces them.
 
-use serde::Deserialize;
-
-/// The sandbox of one plugin; every field has a safe default.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Limits {
-    /// Wall-clock deadline of one call, enforced by epoch interruption.
-    pub timeout_ms: u64,
-    /// Linear memory the plugin may grow to, across all its memories.
-    pub memory_mib: u64,
-    /// Total bytes (payloads, keys, headers) one call may return.
-    pub max_output_bytes: usize,
-    /// Messages one call may return.
-    pub max_outputs: usize,
-    /// Reuse a Store and instance across calls until a failure (faster);
-    /// `false` instantiates for every call (no state survives an event).
-    pub reuse_instances: bool,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Self {
-            timeout_ms: 50,
-            memory_mib: 64,
-            max_output_bytes: 1 << 20,
-            max_outputs: 100,
-            reuse_instances: true,
-        }
-    }
-}
-
-impl Limits {
-    pub fn memory_bytes(&self) -> u64 {
-        self.memory_mib.saturating_mul(1 << 20)
-    }
-}
+/// `plugins[].limits`; the limiter below is wasmtime's, so it stays here.
+pub use outboxd_core::config::Limits;
 
 /// Refuses memory and table growth past the caps and remembers that it did,
 /// so the trap that follows is reported as out-of-memory.

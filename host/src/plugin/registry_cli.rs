@@ -10,7 +10,7 @@ use clap::Subcommand;
 use super::harness::SampleEvent;
 use super::registry::{Deployed, PluginRecord, Registry};
 use super::{PluginEngine, PluginSpec};
-use crate::config::Config;
+use crate::config::{Config, ConfigExt};
 use crate::store::Db;
 
 #[derive(Debug, Clone, Subcommand)]

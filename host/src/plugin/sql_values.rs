@@ -1,213 +1,77 @@
-//! Typed SQL values across the plugin boundary: WIT `value`s bound as
-//! parameters, and result cells read back into `value`s, for Postgres and
-//! SQLite.
+//! Typed SQL values across the plugin boundary: the WIT `value`s a guest
+//! sends and receives, converted to and from [`SqlValue`], whose binding
+//! and reading (`outboxd_core::sql_values`) the fuzz targets check without
+//! the plugin host. The functions keep the WIT types in their signatures.
 
-use sqlx::postgres::{PgArgumentBuffer, PgArguments, PgRow, PgTypeInfo};
+use outboxd_core::sql_values::{self as core, SqlValue, SqlValueError};
+use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::sqlite::{SqliteArguments, SqliteRow};
-use sqlx::{Postgres, Row, Sqlite, TypeInfo, ValueRef};
+use sqlx::{Postgres, Sqlite};
 
 use super::bindings::consumer::outbox::plugin::transaction::{DbError, Value};
 
 type PgQuery<'q> = sqlx::query::Query<'q, Postgres, PgArguments>;
 type SqliteQuery<'q> = sqlx::query::Query<'q, Sqlite, SqliteArguments<'q>>;
 
-/// A Postgres NULL of unspecified type, so the server infers the type from
-/// the context (`INSERT INTO t (n) VALUES ($1)` works for any column type).
-struct UntypedNull;
-
-impl sqlx::Type<Postgres> for UntypedNull {
-    fn type_info() -> PgTypeInfo {
-        PgTypeInfo::with_oid(sqlx::postgres::types::Oid(0))
-    }
-}
-
-impl sqlx::Encode<'_, Postgres> for UntypedNull {
-    fn encode_by_ref(
-        &self,
-        _buf: &mut PgArgumentBuffer,
-    ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
-        Ok(sqlx::encode::IsNull::Yes)
-    }
-}
-
-/// JSON text bound as a Postgres `jsonb` parameter as it is: parsing it
-/// into `serde_json::Value` would round big numbers to f64 (and refuse
-/// ones out of f64's range) before Postgres ever saw them.
-struct JsonText(String);
-
-impl sqlx::Type<Postgres> for JsonText {
-    fn type_info() -> PgTypeInfo {
-        <sqlx::types::Json<()> as sqlx::Type<Postgres>>::type_info()
-    }
-}
-
-impl sqlx::Encode<'_, Postgres> for JsonText {
-    fn encode_by_ref(
-        &self,
-        buf: &mut PgArgumentBuffer,
-    ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
-        // jsonb's binary format: a version byte, then the text.
-        buf.push(1);
-        buf.extend_from_slice(self.0.as_bytes());
-        Ok(sqlx::encode::IsNull::No)
-    }
-}
-
-/// Checks that `text` is one JSON document, without converting numbers.
-fn json(i: usize, text: &str) -> Result<(), DbError> {
-    serde_json::from_str::<serde::de::IgnoredAny>(text)
-        .map(|_| ())
-        .map_err(|e| bad_param(i, "invalid JSON", e))
-}
-
-fn bad_param(i: usize, what: &str, e: impl std::fmt::Display) -> DbError {
-    DbError::Refused(format!("parameter ${}: {what} ({e})", i + 1))
-}
-
-fn timestamp(i: usize, text: &str) -> Result<chrono::DateTime<chrono::Utc>, DbError> {
-    chrono::DateTime::parse_from_rfc3339(text)
-        .map(|t| t.with_timezone(&chrono::Utc))
-        .map_err(|e| bad_param(i, "timestamp is not RFC 3339", e))
-}
-
-fn uuid(i: usize, text: &str) -> Result<uuid::Uuid, DbError> {
-    uuid::Uuid::parse_str(text).map_err(|e| bad_param(i, "not a uuid", e))
-}
-
 /// Binds guest values as Postgres parameters, in order; a JSON, timestamp or
 /// uuid value that does not parse is refused with its parameter number.
-pub fn bind_pg<'q>(mut q: PgQuery<'q>, params: Vec<Value>) -> Result<PgQuery<'q>, DbError> {
-    for (i, p) in params.into_iter().enumerate() {
-        q = match p {
-            Value::Null => q.bind(UntypedNull),
-            Value::Boolean(b) => q.bind(b),
-            Value::Int(n) => q.bind(n),
-            Value::Float(f) => q.bind(f),
-            Value::Text(s) => q.bind(s),
-            Value::Bytes(b) => q.bind(b),
-            Value::Json(s) => {
-                json(i, &s)?;
-                q.bind(JsonText(s))
-            }
-            Value::Timestamp(s) => q.bind(timestamp(i, &s)?),
-            Value::Uuid(s) => q.bind(uuid(i, &s)?),
-        };
-    }
-    Ok(q)
+pub fn bind_pg<'q>(q: PgQuery<'q>, params: Vec<Value>) -> Result<PgQuery<'q>, DbError> {
+    Ok(core::bind_pg(q, params.into_iter().map(to_core).collect())?)
 }
 
 /// SQLite has no JSON, timestamp or uuid storage classes: they are bound as
 /// text (a uuid in its lower-case hyphenated form, as the inbox stores it).
-pub fn bind_sqlite<'q>(
-    mut q: SqliteQuery<'q>,
-    params: Vec<Value>,
-) -> Result<SqliteQuery<'q>, DbError> {
-    for (i, p) in params.into_iter().enumerate() {
-        q = match p {
-            Value::Null => q.bind(None::<String>),
-            Value::Boolean(b) => q.bind(b),
-            Value::Int(n) => q.bind(n),
-            Value::Float(f) => q.bind(f),
-            Value::Text(s) => q.bind(s),
-            Value::Bytes(b) => q.bind(b),
-            Value::Json(s) => {
-                json(i, &s)?;
-                q.bind(s)
-            }
-            Value::Timestamp(s) => q.bind(timestamp(i, &s)?.to_rfc3339()),
-            Value::Uuid(s) => q.bind(uuid(i, &s)?.to_string()),
-        };
-    }
-    Ok(q)
-}
-
-fn cell_error(i: usize, e: impl std::fmt::Display) -> DbError {
-    DbError::Database((None, format!("column {i}: {e}")))
+pub fn bind_sqlite<'q>(q: SqliteQuery<'q>, params: Vec<Value>) -> Result<SqliteQuery<'q>, DbError> {
+    Ok(core::bind_sqlite(
+        q,
+        params.into_iter().map(to_core).collect(),
+    )?)
 }
 
 /// A Postgres result row as guest values; a column type plugins do not
 /// carry is refused with a hint to cast it.
 pub fn pg_row(row: &PgRow) -> Result<Vec<Value>, DbError> {
-    use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
-    let mut out = Vec::with_capacity(row.len());
-    for i in 0..row.len() {
-        let raw = row.try_get_raw(i).map_err(|e| cell_error(i, e))?;
-        if raw.is_null() {
-            out.push(Value::Null);
-            continue;
-        }
-        let type_name = raw.type_info().name().to_string();
-        let e = |e| cell_error(i, e);
-        let v = match type_name.as_str() {
-            "BOOL" => Value::Boolean(row.try_get(i).map_err(e)?),
-            "INT2" => Value::Int(row.try_get::<i16, _>(i).map_err(e)?.into()),
-            "INT4" => Value::Int(row.try_get::<i32, _>(i).map_err(e)?.into()),
-            "INT8" => Value::Int(row.try_get(i).map_err(e)?),
-            "FLOAT4" => Value::Float(row.try_get::<f32, _>(i).map_err(e)?.into()),
-            "FLOAT8" => Value::Float(row.try_get(i).map_err(e)?),
-            "TEXT" | "VARCHAR" | "BPCHAR" | "NAME" | "CHAR" => {
-                Value::Text(row.try_get(i).map_err(e)?)
-            }
-            "BYTEA" => Value::Bytes(row.try_get(i).map_err(e)?),
-            "JSON" | "JSONB" => {
-                Value::Json(json_cell(&raw, type_name == "JSONB").map_err(|x| cell_error(i, x))?)
-            }
-            "TIMESTAMPTZ" => Value::Timestamp(
-                row.try_get::<DateTime<Utc>, _>(i)
-                    .map_err(e)?
-                    .to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
-            ),
-            "TIMESTAMP" => Value::Timestamp(
-                row.try_get::<NaiveDateTime, _>(i)
-                    .map_err(e)?
-                    .and_utc()
-                    .to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
-            ),
-            "DATE" => Value::Text(row.try_get::<NaiveDate, _>(i).map_err(e)?.to_string()),
-            "UUID" => Value::Uuid(row.try_get::<uuid::Uuid, _>(i).map_err(e)?.to_string()),
-            other => {
-                return Err(DbError::Refused(format!(
-                    "column {i} has type {other}, which plugin rows do not carry; cast it in the query (for example `::text` or `::float8`)"
-                )));
-            }
-        };
-        out.push(v);
-    }
-    Ok(out)
-}
-
-/// A `json`/`jsonb` cell's text as Postgres wrote it (no f64 detour).
-fn json_cell(
-    raw: &sqlx::postgres::PgValueRef<'_>,
-    jsonb: bool,
-) -> Result<String, sqlx::error::BoxDynError> {
-    let bytes = raw.as_bytes()?;
-    let text = match raw.format() {
-        // jsonb's binary format starts with a version byte.
-        sqlx::postgres::PgValueFormat::Binary if jsonb => bytes.get(1..).unwrap_or_default(),
-        _ => bytes,
-    };
-    Ok(std::str::from_utf8(text)?.to_string())
+    Ok(core::pg_row(row)?.into_iter().map(to_guest).collect())
 }
 
 /// SQLite cells are typed by their storage class.
 pub fn sqlite_row(row: &SqliteRow) -> Result<Vec<Value>, DbError> {
-    let mut out = Vec::with_capacity(row.len());
-    for i in 0..row.len() {
-        let raw = row.try_get_raw(i).map_err(|e| cell_error(i, e))?;
-        if raw.is_null() {
-            out.push(Value::Null);
-            continue;
+    Ok(core::sqlite_row(row)?.into_iter().map(to_guest).collect())
+}
+
+impl From<SqlValueError> for DbError {
+    fn from(e: SqlValueError) -> Self {
+        match e {
+            SqlValueError::Refused(m) => DbError::Refused(m),
+            SqlValueError::Cell(m) => DbError::Database((None, m)),
         }
-        let type_name = raw.type_info().name().to_string();
-        let e = |e| cell_error(i, e);
-        let v = match type_name.as_str() {
-            "INTEGER" | "BOOLEAN" => Value::Int(row.try_get_unchecked(i).map_err(e)?),
-            "REAL" => Value::Float(row.try_get_unchecked(i).map_err(e)?),
-            "BLOB" => Value::Bytes(row.try_get_unchecked(i).map_err(e)?),
-            _ => Value::Text(row.try_get_unchecked(i).map_err(e)?),
-        };
-        out.push(v);
     }
-    Ok(out)
+}
+
+fn to_core(v: Value) -> SqlValue {
+    match v {
+        Value::Null => SqlValue::Null,
+        Value::Boolean(b) => SqlValue::Boolean(b),
+        Value::Int(n) => SqlValue::Int(n),
+        Value::Float(f) => SqlValue::Float(f),
+        Value::Text(s) => SqlValue::Text(s),
+        Value::Bytes(b) => SqlValue::Bytes(b),
+        Value::Json(s) => SqlValue::Json(s),
+        Value::Timestamp(s) => SqlValue::Timestamp(s),
+        Value::Uuid(s) => SqlValue::Uuid(s),
+    }
+}
+
+fn to_guest(v: SqlValue) -> Value {
+    match v {
+        SqlValue::Null => Value::Null,
+        SqlValue::Boolean(b) => Value::Boolean(b),
+        SqlValue::Int(n) => Value::Int(n),
+        SqlValue::Float(f) => Value::Float(f),
+        SqlValue::Text(s) => Value::Text(s),
+        SqlValue::Bytes(b) => Value::Bytes(b),
+        SqlValue::Json(s) => Value::Json(s),
+        SqlValue::Timestamp(s) => Value::Timestamp(s),
+        SqlValue::Uuid(s) => Value::Uuid(s),
+    }
 }

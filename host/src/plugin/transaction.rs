@@ -17,29 +17,8 @@ use crate::consumer::sql_guard::check_statement;
 #[derive(Debug)]
 pub struct ActiveTransaction;
 
-/// How a consumer's plugin statements are run and bounded, per message.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TxnPolicy {
-    /// Postgres only: `SET LOCAL ROLE` before the plugin's first statement.
-    pub db_role: Option<String>,
-    /// Postgres only: `SET LOCAL statement_timeout` for each transaction.
-    pub statement_timeout_ms: u64,
-    /// Statements (`execute`, `query`, `emit`) one message may run.
-    pub max_statements: u32,
-    /// Rows `query` may return across one message.
-    pub max_rows: u64,
-}
-
-impl Default for TxnPolicy {
-    fn default() -> Self {
-        Self {
-            db_role: None,
-            statement_timeout_ms: 5_000,
-            max_statements: 100,
-            max_rows: 10_000,
-        }
-    }
-}
+/// Set from `[[consumers]]`, so it is config data, in `outboxd-core`.
+pub use outboxd_core::config::TxnPolicy;
 
 pub(crate) enum Op {
     Execute(String, Vec<Value>),

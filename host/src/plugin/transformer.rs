@@ -2,11 +2,9 @@
 //! called per event in a sandboxed Store that is reused until it fails.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use wasmtime::Store;
 
@@ -22,53 +20,8 @@ use super::log::{LineBudget, drain};
 use super::metrics::PluginMetrics;
 use super::{cache, validate};
 
-/// Where a plugin's component comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum PluginSource {
-    /// The `path` file, loaded once at start.
-    #[default]
-    File,
-    /// The active version in the database's plugin registry, swapped while
-    /// running (`outboxd plugin deploy|activate|rollback`).
-    Registry,
-}
-
-/// A `[[plugins]]` entry of the config file.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PluginSpec {
-    /// The name routes use in `transformers = [...]`; for a registry plugin
-    /// also its name in the registry.
-    pub name: String,
-    #[serde(default)]
-    pub source: PluginSource,
-    /// The component file (`.wasm`); empty for a registry plugin.
-    #[serde(default)]
-    pub path: PathBuf,
-    /// Recorded with every event the plugin touches; defaults to
-    /// `sha256:<first 12 hex digits of the file>`.
-    #[serde(default)]
-    pub version: Option<String>,
-    #[serde(default)]
-    pub limits: Limits,
-    /// Settings the plugin reads through the `config` import.
-    #[serde(default)]
-    pub config: BTreeMap<String, String>,
-}
-
-impl PluginSpec {
-    pub fn new(name: impl Into<String>, path: impl Into<PathBuf>) -> Self {
-        Self {
-            name: name.into(),
-            source: PluginSource::File,
-            path: path.into(),
-            version: None,
-            limits: Limits::default(),
-            config: BTreeMap::new(),
-        }
-    }
-}
+/// A `[[plugins]]` entry and its source are config data, in `outboxd-core`.
+pub use outboxd_core::config::{PluginSource, PluginSpec};
 
 /// A Store with a live instance, ready for the next call.
 struct Slot {

@@ -7,7 +7,7 @@ use std::sync::{Arc, RwLock};
 
 use super::{Route, Router};
 use crate::plugin::shadow::ShadowStats;
-use crate::plugin::{Chain, PluginEngine, PluginSpec, TransformerPlugin};
+use crate::plugin::{Chain, PluginEngine, PluginSpec, TopicPolicy, TransformerPlugin};
 
 /// What one route runs: its chain and, while a candidate is in shadow, the
 /// same chain with the candidate in place of the active version.
@@ -130,7 +130,7 @@ pub fn build_chains(
             chain.push(plugin);
         }
         by_route.push(Some(RouteChain {
-            active: Arc::new(Chain::new(chain).with_topics(route.topic_policy(ri))),
+            active: Arc::new(Chain::new(chain).with_topics(TopicPolicy::for_route(route, ri))),
             shadow: None,
         }));
     }

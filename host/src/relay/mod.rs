@@ -5,19 +5,19 @@
 //! Events whose route names transformers go through that plugin chain first
 //! ([`transform`]); the others take the plain path, untouched.
 
-pub mod backoff;
 pub mod chains;
 pub mod rollout;
-pub mod route;
 pub mod transform;
 pub mod worker;
+
+pub use outboxd_core::{backoff, route};
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
 
-use crate::broker::{OutgoingMessage, PublishError, Publisher, headers};
+use crate::broker::{OutgoingMessage, PublishError, Publisher};
 use crate::clock::Clock;
 use crate::event::OutboxEvent;
 use crate::fault::{FaultPoint, Faults, InjectedFault};
@@ -25,6 +25,7 @@ use crate::store::{BatchOutcome, ClaimedBatch, FailedEvent, OutboxStore, StoreEr
 
 pub use backoff::Backoff;
 pub use chains::{ChainTable, Chains, RouteChain, Shadow, build_chains};
+pub use outboxd_core::message::message_for_event;
 pub use rollout::{Refreshed, Rollout};
 pub use route::{Route, Router};
 
@@ -309,81 +310,10 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
     }
 }
 
-/// The message for an event on the plain path (no transformers): keyed by
-/// aggregate, carrying the message id, type, aggregate and creation time
-/// first, then every event header except those four names, so a producer
-/// header cannot stand in for the host's message id.
-pub fn message_for_event(router: &Router, ev: &OutboxEvent) -> OutgoingMessage {
-    let mut hdrs = Vec::with_capacity(4 + ev.headers.len());
-    hdrs.push((
-        headers::MESSAGE_ID.to_string(),
-        ev.id.0.to_string().into_bytes(),
-    ));
-    hdrs.push((
-        headers::EVENT_TYPE.to_string(),
-        ev.event_type.clone().into_bytes(),
-    ));
-    hdrs.push((
-        headers::AGGREGATE_ID.to_string(),
-        ev.aggregate_id.clone().into_bytes(),
-    ));
-    hdrs.push((
-        headers::CREATED_AT.to_string(),
-        ev.created_at.to_rfc3339().into_bytes(),
-    ));
-    for (k, v) in &ev.headers {
-        if !headers::HOST_SET.contains(&k.as_str()) {
-            hdrs.push((k.clone(), v.clone().into_bytes()));
-        }
-    }
-    OutgoingMessage {
-        topic: router.topic_for(&ev.event_type).to_string(),
-        key: ev.aggregate_id.clone().into_bytes(),
-        payload: ev.payload.clone().into_bytes(),
-        headers: hdrs,
-        message_id: ev.id.0,
-        created_at: ev.created_at,
-    }
-}
-
 /// Cuts `s` to at most `max` characters, on a character boundary.
 pub fn truncate(s: &str, max: usize) -> String {
     match s.char_indices().nth(max) {
         Some((idx, _)) => s[..idx].to_string(),
         None => s.to_string(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_producer_header_cannot_replace_the_message_id() {
-        let id = crate::event::EventId(uuid::Uuid::new_v4());
-        let forged = uuid::Uuid::new_v4().to_string();
-        let ev = OutboxEvent {
-            seq: 1,
-            id,
-            aggregate_id: "a".into(),
-            event_type: "order.confirmed".into(),
-            payload: "{}".into(),
-            headers: [
-                (headers::MESSAGE_ID.to_string(), forged.clone()),
-                ("traceparent".to_string(), "00-1".to_string()),
-            ]
-            .into(),
-            created_at: chrono::Utc::now(),
-            attempts: 0,
-        };
-        let msg = message_for_event(&Router::new(Vec::new()), &ev);
-        let ids: Vec<&[u8]> = msg
-            .headers
-            .iter()
-            .filter(|(k, _)| k == headers::MESSAGE_ID)
-            .map(|(_, v)| v.as_slice())
-            .collect();
-        assert_eq!(ids, vec![id.0.to_string().as_bytes()]);
-        assert_eq!(msg.header("traceparent"), Some(&b"00-1"[..]));
     }
 }

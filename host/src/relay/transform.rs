@@ -6,18 +6,18 @@
 use std::time::Instant;
 
 use futures_util::future::join_all;
-use uuid::Uuid;
 
 use super::chains::{RouteChain, Shadow};
 use super::{EventResult, Relay};
-use crate::broker::{OutgoingMessage, Publisher, headers};
+use crate::broker::Publisher;
 use crate::event::OutboxEvent;
 use crate::plugin::shadow;
 use crate::plugin::{Chain, GuestEvent, GuestMessage};
 use crate::store::OutboxStore;
 
-/// Split outputs carry the outbox id they came from in this header.
-pub const SOURCE_ID_HEADER: &str = "source-message-id";
+/// How an output becomes a broker message (its id, the headers a plugin
+/// cannot set) is pure, and lives in `outboxd-core` for the fuzz targets.
+pub use outboxd_core::message::{SOURCE_ID_HEADER, output_message_id, plugin_message};
 
 /// The event as a guest sees it.
 pub fn guest_event(ev: &OutboxEvent) -> GuestEvent {
@@ -36,25 +36,6 @@ pub fn guest_event(ev: &OutboxEvent) -> GuestEvent {
         attempt: u32::try_from(ev.attempts).unwrap_or(0),
     }
 }
-
-/// The id of output `index` of `count`: the outbox id itself for a 1:1
-/// transform, otherwise a v5 uuid named by the index in the outbox id's
-/// namespace.
-pub fn output_message_id(source: Uuid, index: usize, count: usize) -> Uuid {
-    if count == 1 {
-        source
-    } else {
-        Uuid::new_v5(&source, index.to_string().as_bytes())
-    }
-}
-
-const RESERVED: [&str; 5] = [
-    headers::MESSAGE_ID,
-    headers::EVENT_TYPE,
-    headers::AGGREGATE_ID,
-    headers::CREATED_AT,
-    SOURCE_ID_HEADER,
-];
 
 /// What a chain made of one event: its outputs or its error, or the text of
 /// a chain task that stopped.
@@ -179,7 +160,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         let messages = outputs
             .into_iter()
             .enumerate()
-            .map(|(i, m)| plugin_message(ev, &topic, m, i, count));
+            .map(|(i, m)| plugin_message(ev, &topic, plain(m), i, count));
         let results = join_all(messages.map(|m| self.publish(m))).await;
         let mut failure = None;
         for (i, r) in results.into_iter().enumerate() {
@@ -225,50 +206,12 @@ async fn run_with_shadow(
     active
 }
 
-/// Output `index` of `count` that a chain made from `ev`, as a broker
-/// message: the id is [`output_message_id`], the host's headers come first,
-/// and a plugin header with a host name is dropped (a plugin cannot forge
-/// them).
-pub fn plugin_message(
-    ev: &OutboxEvent,
-    route_topic: &str,
-    m: GuestMessage,
-    index: usize,
-    count: usize,
-) -> OutgoingMessage {
-    let id = output_message_id(ev.id.0, index, count);
-    let mut hdrs = Vec::with_capacity(5 + m.headers.len());
-    hdrs.push((headers::MESSAGE_ID.to_string(), id.to_string().into_bytes()));
-    hdrs.push((
-        headers::EVENT_TYPE.to_string(),
-        ev.event_type.clone().into_bytes(),
-    ));
-    hdrs.push((
-        headers::AGGREGATE_ID.to_string(),
-        ev.aggregate_id.clone().into_bytes(),
-    ));
-    hdrs.push((
-        headers::CREATED_AT.to_string(),
-        ev.created_at.to_rfc3339().into_bytes(),
-    ));
-    if count > 1 {
-        hdrs.push((
-            SOURCE_ID_HEADER.to_string(),
-            ev.id.0.to_string().into_bytes(),
-        ));
-    }
-    // A plugin cannot forge the host's headers.
-    for (k, v) in m.headers {
-        if !RESERVED.contains(&k.as_str()) {
-            hdrs.push((k, v.into_bytes()));
-        }
-    }
-    OutgoingMessage {
-        topic: m.topic.unwrap_or_else(|| route_topic.to_string()),
+/// A guest's output as core's plain mirror of it.
+fn plain(m: GuestMessage) -> outboxd_core::message::GuestMessage {
+    outboxd_core::message::GuestMessage {
+        topic: m.topic,
         key: m.key,
         payload: m.payload,
-        headers: hdrs,
-        message_id: id,
-        created_at: ev.created_at,
+        headers: m.headers,
     }
 }

@@ -8,7 +8,7 @@ use super::Rollout;
 use crate::consumer::ConsumerVersions;
 use crate::plugin::registry::Desired;
 use crate::plugin::shadow::ShadowStats;
-use crate::plugin::{Chain, TransformerPlugin};
+use crate::plugin::{Chain, TopicPolicy, TransformerPlugin};
 use crate::relay::chains::{ChainTable, RouteChain, Shadow};
 
 impl Rollout {
@@ -60,7 +60,7 @@ impl Rollout {
                 by_route.push(None);
                 continue;
             }
-            let topics = route.topic_policy(ri);
+            let topics = TopicPolicy::for_route(route, ri);
             let mut active = Vec::new();
             let mut missing = None;
             // At most one plugin of a chain runs in shadow at a time.

@@ -1,8 +1,8 @@
 //! The checks a parsed [`Config`] must pass before anything starts: every
 //! error names the key and the fix.
 
-use super::{Config, ConfigError, TransportKind};
-use crate::store::DbKind;
+use super::{Config, ConfigError, PluginSource, TransportKind};
+use crate::db_url::DbKind;
 
 impl Config {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
@@ -149,13 +149,13 @@ impl Config {
             }
             let path_set = !p.path.as_os_str().is_empty();
             match p.source {
-                crate::plugin::PluginSource::File if !path_set => {
+                PluginSource::File if !path_set => {
                     return bad(
                         &format!("plugins[{i}].path"),
                         "is required for a file plugin; or set source = \"registry\" to run the registry's active version".into(),
                     );
                 }
-                crate::plugin::PluginSource::Registry if path_set => {
+                PluginSource::Registry if path_set => {
                     return bad(
                         &format!("plugins[{i}].path"),
                         "a registry plugin takes its component from `outboxd plugin deploy`; remove path".into(),

@@ -1,5 +1,5 @@
 //! `[[consumers]]`: one inbox consumer, its handler and the limits on a
-//! plugin handler's statements.
+//! plugin handler's statements ([`TxnPolicy`]).
 
 use serde::Deserialize;
 
@@ -62,8 +62,8 @@ impl ConsumerSection {
         self.handler.strip_prefix("plugin:")
     }
 
-    pub fn txn_policy(&self) -> crate::plugin::TxnPolicy {
-        crate::plugin::TxnPolicy {
+    pub fn txn_policy(&self) -> TxnPolicy {
+        TxnPolicy {
             db_role: self.db_role.clone(),
             statement_timeout_ms: self.statement_timeout_ms,
             max_statements: self.max_statements,
@@ -73,11 +73,35 @@ impl ConsumerSection {
 }
 
 fn default_statement_timeout_ms() -> u64 {
-    crate::plugin::TxnPolicy::default().statement_timeout_ms
+    TxnPolicy::default().statement_timeout_ms
 }
 fn default_max_statements() -> u32 {
-    crate::plugin::TxnPolicy::default().max_statements
+    TxnPolicy::default().max_statements
 }
 fn default_max_rows() -> u64 {
-    crate::plugin::TxnPolicy::default().max_rows
+    TxnPolicy::default().max_rows
+}
+
+/// How a consumer's plugin statements are run and bounded, per message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TxnPolicy {
+    /// Postgres only: `SET LOCAL ROLE` before the plugin's first statement.
+    pub db_role: Option<String>,
+    /// Postgres only: `SET LOCAL statement_timeout` for each transaction.
+    pub statement_timeout_ms: u64,
+    /// Statements (`execute`, `query`, `emit`) one message may run.
+    pub max_statements: u32,
+    /// Rows `query` may return across one message.
+    pub max_rows: u64,
+}
+
+impl Default for TxnPolicy {
+    fn default() -> Self {
+        Self {
+            db_role: None,
+            statement_timeout_ms: 5_000,
+            max_statements: 100,
+            max_rows: 10_000,
+        }
+    }
 }

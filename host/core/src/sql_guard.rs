@@ -13,7 +13,7 @@
 //! under the plugin's configured role and a statement timeout, so the
 //! database limits what an accepted statement can touch.
 
-use super::sql_lexer::{Token, tokenize};
+use crate::sql_lexer::{Token, tokenize};
 
 /// Why a statement was refused; the text goes back to the plugin.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

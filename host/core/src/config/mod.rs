@@ -3,20 +3,23 @@
 //! and every error names the key and what is wrong with it.
 
 use std::path::Path;
-use std::time::Duration;
 
 use serde::Deserialize;
 
 mod consumer;
 mod env;
+mod ops;
+mod plugins;
 mod validate;
 
-pub use consumer::ConsumerSection;
+pub use consumer::{ConsumerSection, TxnPolicy};
 pub use env::is_secret;
 use env::{apply_env, syntax_message};
+pub use ops::{ReconcileRule, RetentionConfig};
+pub use plugins::{Limits, PluginSource, PluginSpec};
 
-use crate::plugin::PluginSpec;
-use crate::relay::{Backoff, Route};
+use crate::backoff::Backoff;
+use crate::route::Route;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -40,10 +43,10 @@ pub struct Config {
     #[serde(default)]
     pub log: LogConfig,
     #[serde(default)]
-    pub retention: crate::ops::retention::RetentionConfig,
+    pub retention: RetentionConfig,
     /// Queries that find business rows missing their event.
     #[serde(default)]
-    pub reconcile: Vec<crate::ops::reconcile::ReconcileRule>,
+    pub reconcile: Vec<ReconcileRule>,
     #[serde(default)]
     pub admin: AdminConfig,
 }
@@ -336,22 +339,6 @@ impl Config {
             })?;
         config.validate()?;
         Ok(config)
-    }
-
-    pub fn relay_config(&self) -> crate::relay::RelayConfig {
-        crate::relay::RelayConfig {
-            batch_size: self.relay.batch_size,
-            backoff: self.relay.backoff,
-            max_attempts: self.relay.max_attempts,
-            publish_timeout: Duration::from_millis(self.relay.publish_timeout_ms),
-        }
-    }
-
-    pub fn plugin_engine_config(&self) -> crate::plugin::EngineConfig {
-        crate::plugin::EngineConfig {
-            cache_dir: self.plugin_runtime.cache_dir.clone(),
-            pooling: self.plugin_runtime.pooling,
-        }
     }
 
     /// The config with secrets masked, for logs and `--help` output.

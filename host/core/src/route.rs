@@ -3,8 +3,6 @@
 
 use serde::Deserialize;
 
-use crate::plugin::TopicPolicy;
-
 /// `event_type` is an exact type, `*`, or a prefix pattern such as `order.*`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -35,16 +33,6 @@ impl Route {
     pub fn allowing_topics(mut self, topics: &[&str]) -> Self {
         self.allowed_topics = topics.iter().map(|t| t.to_string()).collect();
         self
-    }
-
-    /// The topics this route's plugins may name; `index` is the route's
-    /// position in the config, for error messages.
-    pub fn topic_policy(&self, index: usize) -> TopicPolicy {
-        TopicPolicy {
-            route_key: format!("routes[{index}]"),
-            route_topic: self.topic.clone(),
-            allowed: self.allowed_topics.clone(),
-        }
     }
 
     pub fn with_transformers(mut self, names: &[&str]) -> Self {

@@ -1,9 +1,9 @@
-//! The lexer under [`check_statement`](super::sql_guard::check_statement):
+//! The lexer under [`check_statement`](crate::sql_guard::check_statement):
 //! SQL text as words, quoted identifiers, semicolons and the rest, with
 //! string literals, comments and dollar-quoted bodies skipped. Text that
 //! Postgres and SQLite would split differently is refused here.
 
-use super::sql_guard::GuardError;
+use crate::sql_guard::GuardError;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Token {

@@ -1,0 +1,31 @@
+//! The typed configuration lives in `outboxd-core` ([`outboxd_core::config`],
+//! re-exported here whole); this adds what turns it into the settings of the
+//! host's own components, which core does not know.
+
+pub use outboxd_core::config::*;
+
+use std::time::Duration;
+
+/// The settings of host components, read from a [`Config`].
+pub trait ConfigExt {
+    fn relay_config(&self) -> crate::relay::RelayConfig;
+    fn plugin_engine_config(&self) -> crate::plugin::EngineConfig;
+}
+
+impl ConfigExt for Config {
+    fn relay_config(&self) -> crate::relay::RelayConfig {
+        crate::relay::RelayConfig {
+            batch_size: self.relay.batch_size,
+            backoff: self.relay.backoff,
+            max_attempts: self.relay.max_attempts,
+            publish_timeout: Duration::from_millis(self.relay.publish_timeout_ms),
+        }
+    }
+
+    fn plugin_engine_config(&self) -> crate::plugin::EngineConfig {
+        crate::plugin::EngineConfig {
+            cache_dir: self.plugin_runtime.cache_dir.clone(),
+            pooling: self.plugin_runtime.pooling,
+        }
+    }
+}
