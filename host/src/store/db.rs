@@ -60,6 +60,13 @@ pub fn redact_url(url: &str) -> String {
     out
 }
 
+/// sqlx logs a statement slower than a second at WARN with its whole SQL
+/// text, which floods a terminal; SQL text belongs in DEBUG events only.
+fn quiet_statements<O: sqlx::ConnectOptions>(opts: O) -> O {
+    opts.log_statements(log::LevelFilter::Trace)
+        .log_slow_statements(log::LevelFilter::Debug, Duration::from_secs(1))
+}
+
 #[derive(Clone, Debug)]
 pub enum Db {
     Postgres(PgPool),
@@ -72,9 +79,19 @@ impl Db {
     /// so several relay tasks and writers in one process wait instead of
     /// failing.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
+        Self::connect_with(url, max_connections, crate::config::SqliteSynchronous::Full).await
+    }
+
+    /// [`Db::connect`] with SQLite's commit durability chosen
+    /// (`database.sqlite_synchronous`); Postgres ignores it.
+    pub async fn connect_with(
+        url: &str,
+        max_connections: u32,
+        sqlite_synchronous: crate::config::SqliteSynchronous,
+    ) -> Result<Self, StoreError> {
         match DbKind::from_url(url)? {
             DbKind::Postgres => {
-                let opts = PgConnectOptions::from_str(url)?;
+                let opts = quiet_statements(PgConnectOptions::from_str(url)?);
                 let pool = PgPoolOptions::new()
                     .max_connections(max_connections)
                     .acquire_timeout(Duration::from_secs(10))
@@ -89,17 +106,33 @@ impl Db {
                 Ok(Db::Postgres(pool))
             }
             DbKind::Sqlite => {
-                let opts = SqliteConnectOptions::from_str(url)?
+                let opts = quiet_statements(SqliteConnectOptions::from_str(url)?)
                     .create_if_missing(true)
                     .journal_mode(SqliteJournalMode::Wal)
-                    .synchronous(SqliteSynchronous::Full)
+                    .synchronous(match sqlite_synchronous {
+                        crate::config::SqliteSynchronous::Full => SqliteSynchronous::Full,
+                        crate::config::SqliteSynchronous::Normal => SqliteSynchronous::Normal,
+                    })
                     .busy_timeout(Duration::from_secs(30))
                     .foreign_keys(true);
+                let signal = super::sqlite_watch::signal_for(&opts);
                 let pool = SqlitePoolOptions::new()
                     .max_connections(max_connections)
                     .acquire_timeout(Duration::from_secs(30))
                     .idle_timeout(None)
                     .max_lifetime(None)
+                    // Commits in this process wake relays and consumers at
+                    // once (store/sqlite_watch.rs).
+                    .after_connect(move |conn, _meta| {
+                        let signal = signal.clone();
+                        Box::pin(async move {
+                            super::sqlite_busy::install(conn).await?;
+                            match signal {
+                                Some(s) => super::sqlite_watch::install_hooks(conn, s).await,
+                                None => Ok(()),
+                            }
+                        })
+                    })
                     .connect_with(opts)
                     .await?;
                 Ok(Db::Sqlite(pool))

@@ -1,0 +1,224 @@
+//! Change notification for a SQLite file, the embedded default's stand-in
+//! for Postgres's LISTEN/NOTIFY: relays and consumers wait on a
+//! [`watch::Receiver`] that ticks when the outbox or the embedded transport
+//! may have new rows, instead of polling the database.
+//!
+//! Two sources feed it:
+//! - commits in this process: every connection that [`Db::connect`] opens
+//!   gets an update hook and a commit hook, and a commit that inserted into
+//!   `outbox` or `transport_messages` wakes the watcher at once;
+//! - commits by other processes: a thread looks at the database and WAL
+//!   files' size and modification time every [`FILE_CHECK`] (a `stat`, no
+//!   query), so an idle host costs next to nothing.
+//!
+//! SQLite's commit hook runs before the commit is durable, so the watcher
+//! ticks only once `PRAGMA data_version` (on a connection of its own) shows
+//! that another connection committed: a woken reader always sees the rows.
+//!
+//! [`Db::connect`]: super::Db::connect
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::{Duration, SystemTime};
+
+use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteOperation, SqlitePool};
+use sqlx::{ConnectOptions, Connection};
+use tokio::sync::{Notify, watch};
+
+/// How often the file thread looks for commits made by other processes.
+pub const FILE_CHECK: Duration = Duration::from_millis(2);
+
+/// How long the watcher waits for a hooked commit to become visible before
+/// it gives up on it (the commit failed, or was rolled back by a hook).
+const COMMIT_VISIBLE_WITHIN: Duration = Duration::from_millis(100);
+
+/// The tables whose inserts readers wait for.
+const WATCHED_TABLES: [&str; 2] = ["outbox", "transport_messages"];
+
+/// One per database file in this process, shared by every pool on it.
+#[derive(Debug)]
+pub struct CommitSignal {
+    path: PathBuf,
+    ticks: watch::Sender<u64>,
+    /// A commit of a watched table is under way (commit hook) or the files
+    /// changed (file thread).
+    hint: Notify,
+    started: AtomicBool,
+}
+
+fn registry() -> &'static Mutex<HashMap<PathBuf, Weak<CommitSignal>>> {
+    static SIGNALS: OnceLock<Mutex<HashMap<PathBuf, Weak<CommitSignal>>>> = OnceLock::new();
+    SIGNALS.get_or_init(Default::default)
+}
+
+/// The signal of the file `opts` opens, or `None` for an in-memory
+/// database (nothing outside this pool can write to it).
+pub fn signal_for(opts: &SqliteConnectOptions) -> Option<Arc<CommitSignal>> {
+    let file = opts.get_filename();
+    if file.as_os_str().is_empty() || file == Path::new(":memory:") {
+        return None;
+    }
+    let path = std::path::absolute(file).unwrap_or_else(|_| file.to_path_buf());
+    let mut map = registry().lock().unwrap_or_else(|p| p.into_inner());
+    map.retain(|_, w| w.strong_count() > 0);
+    if let Some(s) = map.get(&path).and_then(Weak::upgrade) {
+        return Some(s);
+    }
+    let signal = Arc::new(CommitSignal {
+        path: path.clone(),
+        ticks: watch::channel(0).0,
+        hint: Notify::new(),
+        started: AtomicBool::new(false),
+    });
+    map.insert(path, Arc::downgrade(&signal));
+    Some(signal)
+}
+
+/// Installs the hooks that report this connection's commits of watched
+/// tables to `signal`. Called for every connection of a pool.
+pub async fn install_hooks(
+    conn: &mut SqliteConnection,
+    signal: Arc<CommitSignal>,
+) -> Result<(), sqlx::Error> {
+    let inserted = Arc::new(AtomicBool::new(false));
+    let mut handle = conn.lock_handle().await?;
+    let on_update = inserted.clone();
+    handle.set_update_hook(move |change| {
+        if matches!(change.operation, SqliteOperation::Insert)
+            && WATCHED_TABLES.contains(&change.table)
+        {
+            on_update.store(true, Ordering::Relaxed);
+        }
+    });
+    let on_commit = inserted.clone();
+    let weak = Arc::downgrade(&signal);
+    handle.set_commit_hook(move || {
+        if on_commit.swap(false, Ordering::Relaxed)
+            && let Some(signal) = weak.upgrade()
+        {
+            signal.hint.notify_one();
+        }
+        true
+    });
+    handle.set_rollback_hook(move || inserted.store(false, Ordering::Relaxed));
+    Ok(())
+}
+
+/// A receiver that ticks after a commit that may have added outbox or
+/// transport rows, by this process or another. The watcher starts on the
+/// first call for a file and stops when the last receiver is gone. `None`
+/// for an in-memory database.
+pub async fn subscribe(pool: &SqlitePool) -> Option<watch::Receiver<u64>> {
+    let opts = pool.connect_options();
+    let signal = signal_for(&opts)?;
+    let rx = signal.ticks.subscribe();
+    if !signal.started.swap(true, Ordering::AcqRel) {
+        match (*opts).clone().connect().await {
+            Ok(conn) => {
+                spawn_file_thread(&signal);
+                tokio::spawn(watch_commits(signal.clone(), conn));
+            }
+            Err(e) => {
+                signal.started.store(false, Ordering::Release);
+                tracing::warn!(error = %e, "cannot open the SQLite change watcher's connection; relays and consumers poll instead");
+                return None;
+            }
+        }
+    }
+    Some(rx)
+}
+
+/// Clears `started` when the watcher ends, however it ends (its runtime
+/// may shut down under it), so the next subscriber starts a new one.
+struct Running(Arc<CommitSignal>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.started.store(false, Ordering::Release);
+    }
+}
+
+/// Ticks the receivers after each commit that became visible, until the
+/// last receiver is gone.
+async fn watch_commits(signal: Arc<CommitSignal>, mut conn: SqliteConnection) {
+    let running = Running(signal);
+    let s = &running.0;
+    let mut seen = data_version(&mut conn).await.unwrap_or(0);
+    loop {
+        tokio::select! {
+            _ = s.hint.notified() => {}
+            _ = s.ticks.closed() => break,
+        }
+        // The hooked commit (or the other process's) may still be under
+        // way: wait until this connection can see it.
+        let deadline = tokio::time::Instant::now() + COMMIT_VISIBLE_WITHIN;
+        let mut tries = 0u32;
+        loop {
+            match data_version(&mut conn).await {
+                Ok(v) if v != seen => {
+                    seen = v;
+                    s.ticks.send_modify(|n| *n = n.wrapping_add(1));
+                    break;
+                }
+                Ok(_) if tokio::time::Instant::now() < deadline => {}
+                Ok(_) => break,
+                Err(e) => {
+                    tracing::debug!(error = %e, "SQLite change watcher: data_version failed");
+                    break;
+                }
+            }
+            tries += 1;
+            if tries < 4 {
+                tokio::task::yield_now().await;
+            } else {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+    }
+    let _ = conn.close().await;
+}
+
+async fn data_version(conn: &mut SqliteConnection) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("PRAGMA data_version")
+        .fetch_one(conn)
+        .await
+}
+
+/// What a `stat` of the database and its WAL says; a commit by any process
+/// changes it.
+fn file_state(path: &Path) -> [(u64, Option<SystemTime>); 2] {
+    let look = |p: &Path| match std::fs::metadata(p) {
+        Ok(m) => (m.len(), m.modified().ok()),
+        Err(_) => (0, None),
+    };
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    [look(path), look(Path::new(&wal))]
+}
+
+fn spawn_file_thread(signal: &Arc<CommitSignal>) {
+    let weak = Arc::downgrade(signal);
+    let path = signal.path.clone();
+    let spawned = std::thread::Builder::new()
+        .name("outboxd-sqlite-watch".into())
+        .spawn(move || {
+            let mut last = file_state(&path);
+            loop {
+                std::thread::sleep(FILE_CHECK);
+                let Some(s) = weak.upgrade() else { return };
+                if s.ticks.receiver_count() == 0 {
+                    return;
+                }
+                let now = file_state(&path);
+                if now != last {
+                    last = now;
+                    s.hint.notify_one();
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start the SQLite file watcher: commits by other processes are seen at the next poll");
+    }
+}
