@@ -116,6 +116,9 @@ impl Db {
                     .busy_timeout(Duration::from_secs(30))
                     .foreign_keys(true);
                 let signal = super::sqlite_watch::signal_for(&opts);
+                let background_checkpoints = signal
+                    .as_ref()
+                    .is_some_and(|s| super::sqlite_watch::start_checkpointer(s, &opts));
                 let pool = SqlitePoolOptions::new()
                     .max_connections(max_connections)
                     .acquire_timeout(Duration::from_secs(30))
@@ -127,6 +130,11 @@ impl Db {
                         let signal = signal.clone();
                         Box::pin(async move {
                             super::sqlite_busy::install(conn).await?;
+                            if background_checkpoints {
+                                sqlx::query("PRAGMA wal_autocheckpoint = 0")
+                                    .execute(&mut *conn)
+                                    .await?;
+                            }
                             match signal {
                                 Some(s) => super::sqlite_watch::install_hooks(conn, s).await,
                                 None => Ok(()),

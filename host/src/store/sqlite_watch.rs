@@ -15,6 +15,13 @@
 //! ticks only once `PRAGMA data_version` (on a connection of its own) shows
 //! that another connection committed: a woken reader always sees the rows.
 //!
+//! The same per-file state runs the WAL checkpoints: the pool's connections
+//! have `wal_autocheckpoint = 0`, and a task of its own checkpoints every
+//! [`CHECKPOINT_EVERY`]. Otherwise whichever commit crosses the threshold
+//! (1,000 pages) also writes the pages back and fsyncs the database, and
+//! on a busy disk that one relay, consumer or producer commit stalls for
+//! as long as the fsync takes.
+//!
 //! [`Db::connect`]: super::Db::connect
 
 use std::collections::HashMap;
@@ -34,6 +41,10 @@ pub const FILE_CHECK: Duration = Duration::from_millis(2);
 /// it gives up on it (the commit failed, or was rolled back by a hook).
 const COMMIT_VISIBLE_WITHIN: Duration = Duration::from_millis(100);
 
+/// How often the WAL is checkpointed (passively: never waiting for
+/// readers or writers).
+pub const CHECKPOINT_EVERY: Duration = Duration::from_millis(250);
+
 /// The tables whose inserts readers wait for.
 const WATCHED_TABLES: [&str; 2] = ["outbox", "transport_messages"];
 
@@ -46,6 +57,7 @@ pub struct CommitSignal {
     /// changed (file thread).
     hint: Notify,
     started: AtomicBool,
+    checkpointing: AtomicBool,
 }
 
 fn registry() -> &'static Mutex<HashMap<PathBuf, Weak<CommitSignal>>> {
@@ -71,9 +83,64 @@ pub fn signal_for(opts: &SqliteConnectOptions) -> Option<Arc<CommitSignal>> {
         ticks: watch::channel(0).0,
         hint: Notify::new(),
         started: AtomicBool::new(false),
+        checkpointing: AtomicBool::new(false),
     });
     map.insert(path, Arc::downgrade(&signal));
     Some(signal)
+}
+
+/// Starts the file's checkpointer (once per file and process) and returns
+/// whether it runs, in which case the pool's connections leave checkpoints
+/// to it (`wal_autocheckpoint = 0`).
+pub fn start_checkpointer(signal: &Arc<CommitSignal>, opts: &SqliteConnectOptions) -> bool {
+    if signal.checkpointing.swap(true, Ordering::AcqRel) {
+        return true;
+    }
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        signal.checkpointing.store(false, Ordering::Release);
+        return false;
+    };
+    runtime.spawn(checkpoint(Arc::downgrade(signal), opts.clone()));
+    true
+}
+
+/// Checkpoints the WAL until the last pool on the file is gone. A failed
+/// checkpoint is retried at the next round, with a fresh connection.
+async fn checkpoint(signal: Weak<CommitSignal>, opts: SqliteConnectOptions) {
+    /// Clears `checkpointing` however the task ends, so that the next pool
+    /// on the file starts a new checkpointer.
+    struct Checkpointing(Weak<CommitSignal>);
+    impl Drop for Checkpointing {
+        fn drop(&mut self) {
+            if let Some(s) = self.0.upgrade() {
+                s.checkpointing.store(false, Ordering::Release);
+            }
+        }
+    }
+    let _running = Checkpointing(signal.clone());
+    let mut conn: Option<SqliteConnection> = None;
+    let mut warned = false;
+    loop {
+        tokio::time::sleep(CHECKPOINT_EVERY).await;
+        let Some(s) = signal.upgrade() else { break };
+        drop(s);
+        if conn.is_none() {
+            conn = opts.connect().await.ok();
+        }
+        let Some(c) = conn.as_mut() else { continue };
+        if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)").execute(&mut *c).await {
+            if !warned {
+                tracing::warn!(error = %e, "SQLite WAL checkpoint failed; retrying");
+                warned = true;
+            }
+            conn = None;
+        } else {
+            warned = false;
+        }
+    }
+    if let Some(c) = conn {
+        let _ = c.close().await;
+    }
 }
 
 /// Installs the hooks that report this connection's commits of watched
