@@ -7,9 +7,10 @@
 //! - commits in this process: every connection that [`Db::connect`] opens
 //!   gets an update hook and a commit hook, and a commit that inserted into
 //!   `outbox` or `transport_messages` wakes the watcher at once;
-//! - commits by other processes: a thread looks at the database and WAL
-//!   files' size and modification time every [`FILE_CHECK`] (a `stat`, no
-//!   query), so an idle host costs next to nothing.
+//! - commits by other processes: a thread blocks on inotify (Linux) for
+//!   writes to the database and its WAL, so an idle host never wakes;
+//!   without inotify it `stat`s the files every [`FILE_CHECK_IDLE`], or
+//!   [`FILE_CHECK_BUSY`] while they keep changing.
 //!
 //! SQLite's commit hook runs before the commit is durable, so the watcher
 //! ticks only once `PRAGMA data_version` (on a connection of its own) shows
@@ -34,8 +35,13 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteOperation, Sqli
 use sqlx::{ConnectOptions, Connection};
 use tokio::sync::{Notify, watch};
 
-/// How often the file thread looks for commits made by other processes.
-pub const FILE_CHECK: Duration = Duration::from_millis(2);
+/// How often the file thread looks for commits made by other processes
+/// while the file is busy (it changed within [`BUSY_FOR`])...
+pub const FILE_CHECK_BUSY: Duration = Duration::from_millis(1);
+/// ...and while it is quiet, which is what an idle host pays for.
+pub const FILE_CHECK_IDLE: Duration = Duration::from_millis(4);
+/// How long the file counts as busy after its last change.
+const BUSY_FOR: Duration = Duration::from_secs(1);
 
 /// How long the watcher waits for a hooked commit to become visible before
 /// it gives up on it (the commit failed, or was rolled back by a hook).
@@ -128,7 +134,10 @@ async fn checkpoint(signal: Weak<CommitSignal>, opts: SqliteConnectOptions) {
             conn = opts.connect().await.ok();
         }
         let Some(c) = conn.as_mut() else { continue };
-        if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)").execute(&mut *c).await {
+        if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
+            .execute(&mut *c)
+            .await
+        {
             if !warned {
                 tracing::warn!(error = %e, "SQLite WAL checkpoint failed; retrying");
                 warned = true;
@@ -237,7 +246,9 @@ async fn watch_commits(signal: Arc<CommitSignal>, mut conn: SqliteConnection) {
                 }
             }
             tries += 1;
-            if tries < 4 {
+            // A commit usually lands within a few queries; an fsync (FULL)
+            // takes milliseconds, so after that wait a tick at a time.
+            if tries < 20 {
                 tokio::task::yield_now().await;
             } else {
                 tokio::time::sleep(Duration::from_millis(1)).await;
@@ -271,21 +282,82 @@ fn spawn_file_thread(signal: &Arc<CommitSignal>) {
     let spawned = std::thread::Builder::new()
         .name("outboxd-sqlite-watch".into())
         .spawn(move || {
-            let mut last = file_state(&path);
-            loop {
-                std::thread::sleep(FILE_CHECK);
-                let Some(s) = weak.upgrade() else { return };
-                if s.ticks.receiver_count() == 0 {
-                    return;
-                }
-                let now = file_state(&path);
-                if now != last {
-                    last = now;
-                    s.hint.notify_one();
-                }
+            #[cfg(target_os = "linux")]
+            match notify_on_writes(&weak, &path) {
+                Ok(()) => return,
+                Err(e) => tracing::debug!(error = %e, "inotify unavailable; watching the SQLite files by stat"),
             }
+            poll_files(&weak, &path);
         });
     if let Err(e) = spawned {
         tracing::warn!(error = %e, "cannot start the SQLite file watcher: commits by other processes are seen at the next poll");
+    }
+}
+
+/// Linux: blocks on inotify for writes to the database or its WAL, so an
+/// idle host does not wake at all. Returns when the file's last pool and
+/// receiver are gone (noticed at the next write), or fails at once when
+/// inotify is unavailable.
+#[cfg(target_os = "linux")]
+fn notify_on_writes(signal: &Weak<CommitSignal>, path: &Path) -> std::io::Result<()> {
+    use rustix::fs::inotify;
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let names: Vec<std::ffi::OsString> = {
+        let file = path.file_name().unwrap_or_default().to_owned();
+        let mut wal = file.clone();
+        wal.push("-wal");
+        vec![file, wal]
+    };
+    let fd = inotify::init(inotify::CreateFlags::CLOEXEC)?;
+    inotify::add_watch(
+        &fd,
+        dir,
+        inotify::WatchFlags::MODIFY | inotify::WatchFlags::CREATE | inotify::WatchFlags::MOVED_TO,
+    )?;
+    let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
+    let mut events = inotify::Reader::new(&fd, &mut buf);
+    loop {
+        let event = events.next()?;
+        let ours = event.file_name().is_some_and(|n| {
+            use std::os::unix::ffi::OsStrExt;
+            names.iter().any(|ours| ours.as_bytes() == n.to_bytes())
+        });
+        let Some(s) = signal.upgrade() else {
+            return Ok(());
+        };
+        if s.ticks.receiver_count() == 0 {
+            return Ok(());
+        }
+        if ours {
+            s.hint.notify_one();
+        }
+    }
+}
+
+/// Elsewhere, or without inotify: `stat` the files, every
+/// [`FILE_CHECK_BUSY`] while they keep changing and every
+/// [`FILE_CHECK_IDLE`] once they are quiet.
+fn poll_files(signal: &Weak<CommitSignal>, path: &Path) {
+    let mut last = file_state(path);
+    let mut changed_at = std::time::Instant::now();
+    loop {
+        std::thread::sleep(if changed_at.elapsed() < BUSY_FOR {
+            FILE_CHECK_BUSY
+        } else {
+            FILE_CHECK_IDLE
+        });
+        let Some(s) = signal.upgrade() else { return };
+        if s.ticks.receiver_count() == 0 {
+            return;
+        }
+        let now = file_state(path);
+        if now != last {
+            last = now;
+            changed_at = std::time::Instant::now();
+            s.hint.notify_one();
+        }
     }
 }
