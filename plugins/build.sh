@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds every plugin from source into plugins/dist/*.wasm (components).
-# Rust plugins: cargo, wasm32-wasip2, release. Python: componentize-py
+# Rust plugins: cargo, wasm32-wasip2 (added by wasm-target.sh when
+# missing), release. Python: componentize-py
 # 0.25.1 (pip install componentize-py==0.25.1); skipped only when
 # PLUGINS_SKIP_PYTHON=1. JavaScript: componentize-js 0.18.5 from npm
 # (plugins/js-tag); skipped only when PLUGINS_SKIP_JS=1.
@@ -10,6 +11,8 @@ export CARGO_TARGET_DIR="$PWD/target"
 dist="$PWD/dist"
 mkdir -p "$dist"
 
+source ./wasm-target.sh
+ensure_wasm_target
 cargo build --release --target wasm32-wasip2 --workspace
 for crate in cloudevents redact-pii route-by-amount hostile-spin hostile-memory-bomb \
     hostile-panic hostile-huge-output hostile-escape billing invoicing \

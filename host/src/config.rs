@@ -24,7 +24,7 @@ impl ConfigExt for Config {
 
     fn plugin_engine_config(&self) -> crate::plugin::EngineConfig {
         crate::plugin::EngineConfig {
-            cache_dir: self.plugin_runtime.cache_dir.clone(),
+            cache_dir: self.plugin_runtime.cache_dir.resolve(&self.database.url),
             pooling: self.plugin_runtime.pooling,
         }
     }

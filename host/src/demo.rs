@@ -18,10 +18,10 @@ use tokio::sync::watch;
 use crate::broker::Publisher;
 use crate::broker::embedded::EmbeddedPublisher;
 use crate::clock::SystemClock;
-use crate::config::{Config, ConsumerSection};
+use crate::config::{Config, ConsumerSection, SqliteSynchronous};
 use crate::daemon::{join_all_workers, spawn_pipeline};
 use crate::domain::billing;
-use crate::domain::orders::{self, ConfirmOrder, ConfirmOutcome, OrderService};
+use crate::domain::orders::{self, ConfirmOrder, ConfirmOutcome, OrderError, OrderService};
 use crate::relay::{Relay, RelayConfig, Router};
 use crate::store::sqlite::{SqliteStore, from_micros};
 use crate::store::{Db, migrate};
@@ -52,6 +52,39 @@ pub struct DemoArgs {
     /// billing handler instead of the billing consumer plugin.
     #[arg(long, conflicts_with = "transformer")]
     pub no_plugin: bool,
+    /// Orders confirmed per second: a steady load, so the latency reported
+    /// is the pipeline's and not a queue the demo built itself.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..))]
+    pub rate: u32,
+    /// Confirm the orders as fast as possible instead (4 concurrent
+    /// clients), and report the latency under that backlog.
+    #[arg(long, conflicts_with = "rate")]
+    pub burst: bool,
+    /// Fsync every commit (SQLite `synchronous = FULL`, the product's
+    /// default) instead of the demo's NORMAL, which survives a crash of the
+    /// process but may lose the last commits on a power loss. On a disk
+    /// whose fsync takes milliseconds this caps the commit rate.
+    #[arg(long)]
+    pub durable: bool,
+    /// Show the logs on the terminal instead of writing them to the log
+    /// file next to the database.
+    #[arg(long, short)]
+    pub verbose: bool,
+}
+
+impl DemoArgs {
+    /// Where the logs go unless `--verbose`: next to the database file.
+    pub fn log_file(&self) -> PathBuf {
+        self.db.with_extension("log")
+    }
+}
+
+/// Where the demo's logs went, and how many warnings they hold.
+#[derive(Debug, Default)]
+pub struct DemoLog {
+    /// `None`: on the terminal (`--verbose`).
+    pub file: Option<PathBuf>,
+    pub warnings: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// A plugin of this checkout's plugins/, built when missing.
@@ -62,6 +95,14 @@ fn built_plugin(name: &str) -> anyhow::Result<PathBuf> {
         return Ok(wasm);
     }
     println!("  building the {name} plugin (cargo, wasm32-wasip2) ...");
+    let target = std::process::Command::new("bash")
+        .arg(plugins.join("wasm-target.sh"))
+        .status()
+        .context("running plugins/wasm-target.sh (bash) to add the wasm32-wasip2 target")?;
+    anyhow::ensure!(
+        target.success(),
+        "the wasm32-wasip2 target is missing (see the message above), or pass --no-plugin"
+    );
     let status = std::process::Command::new("cargo")
         .args([
             "build",
@@ -71,6 +112,7 @@ fn built_plugin(name: &str) -> anyhow::Result<PathBuf> {
             "-p",
             name,
         ])
+        .arg("--quiet")
         .current_dir(&plugins)
         .env("CARGO_TARGET_DIR", plugins.join("target"))
         .status()
@@ -88,7 +130,7 @@ fn built_plugin(name: &str) -> anyhow::Result<PathBuf> {
     Ok(wasm)
 }
 
-pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
+pub async fn run(args: DemoArgs, log: DemoLog) -> anyhow::Result<ExitCode> {
     for suffix in ["", "-wal", "-shm"] {
         let mut p = args.db.clone().into_os_string();
         p.push(suffix);
@@ -100,7 +142,21 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         args.orders,
         args.db.display()
     );
-    let db = Db::connect(&url, 8)
+    let synchronous = if args.durable {
+        SqliteSynchronous::Full
+    } else {
+        SqliteSynchronous::Normal
+    };
+    println!(
+        "  SQLite synchronous = {} ({})",
+        if args.durable { "FULL" } else { "NORMAL" },
+        if args.durable {
+            "an fsync per commit"
+        } else {
+            "a crash of the process loses nothing; --durable fsyncs every commit"
+        }
+    );
+    let db = Db::connect_with(&url, 8, synchronous)
         .await
         .context("creating the demo database")?;
     migrate(&db).await?;
@@ -123,6 +179,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
 
     let mut config = Config::from_toml("(demo)", "", std::iter::empty())?;
     config.database.url = url.clone();
+    config.database.sqlite_synchronous = synchronous;
     config.relay.workers = args.workers.max(1);
     config.relay.poll_interval_ms = 20;
     let mut topic = orders::ORDER_CONFIRMED.to_string();
@@ -179,7 +236,11 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
             .push(crate::plugin::PluginSpec::new("billing", billing));
         "plugin:billing".to_string()
     };
-    config.consumers = vec![ConsumerSection::new(consumer, vec![topic], handler)];
+    // Billing handles up to 32 messages in one inbox transaction: one
+    // commit for all of them, and a failure reruns them one at a time.
+    let mut billing = ConsumerSection::new(consumer, vec![topic], handler);
+    billing.batch_in_transaction = 32;
+    config.consumers = vec![billing];
     let (stop_tx, stop_rx) = watch::channel(false);
     let (set, handles) =
         spawn_pipeline(&config, &db, crate::fault::Faults::none(), stop_rx).await?;
@@ -189,37 +250,19 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     // impatient client would; retries must not create events.
     let service = OrderService::new(db.clone());
     let started = Instant::now();
-    let mut writers = tokio::task::JoinSet::new();
-    let lanes = 4;
-    for lane in 0..lanes {
-        let service = service.clone();
-        let n = args.orders;
-        writers.spawn(async move {
-            let (mut confirmed, mut unchanged) = (0usize, 0usize);
-            for i in (lane..n).step_by(lanes) {
-                let cmd = ConfirmOrder {
-                    order_id: format!("order-{i:06}"),
-                    operation_key: None,
-                };
-                if let ConfirmOutcome::Confirmed(_) = service.confirm_order(&cmd).await? {
-                    confirmed += 1;
-                }
-                if i % 10 == 0 && service.confirm_order(&cmd).await? == ConfirmOutcome::Unchanged {
-                    unchanged += 1;
-                }
-            }
-            Ok::<_, crate::domain::orders::OrderError>((confirmed, unchanged))
-        });
-    }
-    let (mut written, mut retries) = (0, 0);
-    while let Some(r) = writers.join_next().await {
-        let (c, u) = r??;
-        written += c;
-        retries += u;
-    }
+    let (written, retries) = if args.burst {
+        confirm_burst(&service, args.orders).await?
+    } else {
+        confirm_steadily(&service, args.orders, args.rate).await?
+    };
     println!(
-        "  wrote {written} order.confirmed events in {:.2?}; {retries} client retries wrote none",
-        started.elapsed()
+        "  wrote {written} order.confirmed events in {:.2?} ({}); {retries} client retries wrote none",
+        started.elapsed(),
+        if args.burst {
+            "--burst: as fast as possible".to_string()
+        } else {
+            format!("{} orders/s", args.rate)
+        }
     );
 
     // Wait until the relay has published everything, then republish a slice
@@ -254,12 +297,90 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     join_all_workers(set).await?;
 
     let ok = summary(pool, written, retries, redelivered, &stats).await?;
+    match &log.file {
+        Some(file) => println!(
+            "  log: {} ({} warnings; --verbose shows the logs here)",
+            file.display(),
+            log.warnings.load(Ordering::Relaxed)
+        ),
+        None => println!("  log: on this terminal (--verbose)"),
+    }
     db.close().await;
     Ok(if ok {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// One confirmation, and a client retry for every tenth order.
+async fn confirm_one(service: &OrderService, i: usize) -> Result<(usize, usize), OrderError> {
+    let cmd = ConfirmOrder {
+        order_id: format!("order-{i:06}"),
+        operation_key: None,
+    };
+    let confirmed = matches!(
+        service.confirm_order(&cmd).await?,
+        ConfirmOutcome::Confirmed(_)
+    );
+    let retried =
+        i.is_multiple_of(10) && service.confirm_order(&cmd).await? == ConfirmOutcome::Unchanged;
+    Ok((usize::from(confirmed), usize::from(retried)))
+}
+
+/// Confirms order `i` at `i / rate` seconds from now, each in its own task
+/// (a bounded number at once), as independent clients would.
+async fn confirm_steadily(
+    service: &OrderService,
+    orders: usize,
+    rate: u32,
+) -> anyhow::Result<(usize, usize)> {
+    let limit = Arc::new(tokio::sync::Semaphore::new(8));
+    let start = tokio::time::Instant::now();
+    let mut clients = tokio::task::JoinSet::new();
+    for i in 0..orders {
+        let due = start + Duration::from_secs_f64(i as f64 / f64::from(rate));
+        tokio::time::sleep_until(due).await;
+        let permit = limit.clone().acquire_owned().await?;
+        let service = service.clone();
+        clients.spawn(async move {
+            let r = confirm_one(&service, i).await;
+            drop(permit);
+            r
+        });
+    }
+    let (mut written, mut retries) = (0, 0);
+    while let Some(r) = clients.join_next().await {
+        let (c, u) = r??;
+        written += c;
+        retries += u;
+    }
+    Ok((written, retries))
+}
+
+/// Four clients confirming as fast as they can.
+async fn confirm_burst(service: &OrderService, orders: usize) -> anyhow::Result<(usize, usize)> {
+    let lanes = 4;
+    let mut writers = tokio::task::JoinSet::new();
+    for lane in 0..lanes {
+        let service = service.clone();
+        writers.spawn(async move {
+            let (mut written, mut retries) = (0, 0);
+            for i in (lane..orders).step_by(lanes) {
+                let (c, u) = confirm_one(&service, i).await?;
+                written += c;
+                retries += u;
+            }
+            Ok::<_, OrderError>((written, retries))
+        });
+    }
+    let (mut written, mut retries) = (0, 0);
+    while let Some(r) = writers.join_next().await {
+        let (c, u) = r??;
+        written += c;
+        retries += u;
+    }
+    Ok((written, retries))
 }
 
 fn progress(written: usize, published: usize, stats: &crate::consumer::ConsumerStats) {

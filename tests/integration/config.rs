@@ -225,3 +225,58 @@ fn kafka_partitions_are_checked() {
         assert!(msg.contains("distinct partition numbers"), "{bad}: {msg}");
     }
 }
+
+/// The example config at the root holds every section, and the code
+/// accepts it as it is.
+#[test]
+fn the_example_config_parses_and_validates() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../outboxd.example.toml");
+    let text = std::fs::read_to_string(&path).expect("outboxd.example.toml at the repo root");
+    let config = Config::from_toml("outboxd.example.toml", &text, env(&[]))
+        .unwrap_or_else(|e| panic!("outboxd.example.toml: {e}"));
+    let table: toml::Table = text.parse().expect("TOML");
+    for section in [
+        "database",
+        "transport",
+        "relay",
+        "routes",
+        "plugins",
+        "plugin_runtime",
+        "consumers",
+        "log",
+        "retention",
+        "reconcile",
+        "admin",
+    ] {
+        assert!(
+            table.contains_key(section),
+            "outboxd.example.toml has no [{section}] section"
+        );
+    }
+    assert_eq!(config.consumers.len(), 1);
+    assert_eq!(config.plugins.len(), 2);
+}
+
+/// Every TOML block that README.md shows is a config the code accepts.
+#[test]
+fn every_toml_block_in_the_readme_parses_and_validates() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md");
+    let readme = std::fs::read_to_string(&path).expect("README.md");
+    let mut blocks = 0;
+    let mut rest = readme.as_str();
+    while let Some(start) = rest.find("```toml\n") {
+        let body = &rest[start + "```toml\n".len()..];
+        let end = body.find("\n```").expect("a closed ```toml block");
+        let block = &body[..end];
+        let line = readme[..readme.len() - rest.len() + start].lines().count() + 1;
+        if let Err(e) = Config::from_toml("README.md", block, env(&[])) {
+            panic!("README.md, the TOML block at line {line}: {e}\n{block}");
+        }
+        blocks += 1;
+        rest = &body[end..];
+    }
+    assert!(
+        blocks >= 3,
+        "README.md shows {blocks} TOML blocks; expected the config examples"
+    );
+}

@@ -12,6 +12,8 @@
 //! - `relay`: relay throughput over a grid of batch sizes and workers, next
 //!   to seed 000's sequential design in the same harness, with a check that
 //!   every event was published exactly once and in per-aggregate order.
+//! - `sqlite-wake`: how soon a SQLite commit wakes the relay and consumers
+//!   (in this process and from another), and the idle watcher's CPU.
 
 mod claim;
 mod consumer;
@@ -24,6 +26,7 @@ mod pipeline;
 mod relay;
 mod relay_report;
 mod relay_sink;
+mod sqlite_wake;
 
 pub use claim::{ClaimBenchArgs, ClaimBenchReport, claim};
 pub use consumer::{ConsumerBenchArgs, consumer};
@@ -32,6 +35,7 @@ pub use drain_report::DrainReport;
 pub use latency::{LatencyBenchArgs, LatencyRow, latency};
 pub use memory::{MemoryBenchArgs, MemoryRow, memory};
 pub use relay::{RelayBenchArgs, relay};
+pub use sqlite_wake::{SqliteWakeArgs, sqlite_wake};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {

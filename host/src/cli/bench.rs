@@ -19,6 +19,9 @@ pub(super) enum BenchCommand {
     /// Seed 001's outage arithmetic, measured: backlog and drain time after a
     /// broker outage, against backlog = rate × T, drain = backlog / (capacity − rate).
     Drain(crate::bench::DrainBenchArgs),
+    /// How soon a SQLite commit wakes relays and consumers, in this process
+    /// and from another, and what an idle watcher costs.
+    SqliteWake(crate::bench::SqliteWakeArgs),
 }
 
 pub(super) async fn bench_command(cmd: &BenchCommand) -> anyhow::Result<ExitCode> {
@@ -51,6 +54,7 @@ pub(super) async fn bench_command(cmd: &BenchCommand) -> anyhow::Result<ExitCode
         BenchCommand::Drain(args) => {
             crate::bench::drain(args).await?;
         }
+        BenchCommand::SqliteWake(args) => crate::bench::sqlite_wake(args).await?,
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -146,15 +146,54 @@ fn load_config(cli: &Cli) -> anyhow::Result<Config> {
 }
 
 fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("OUTBOXD_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn"));
     let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+        .with_env_filter(log_filter())
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Json => builder.json().try_init(),
         LogFormat::Human => builder.try_init(),
     };
+}
+
+fn log_filter() -> tracing_subscriber::EnvFilter {
+    tracing_subscriber::EnvFilter::try_from_env("OUTBOXD_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn"))
+}
+
+/// The demo's logs go to a file, so the terminal shows only the demo's own
+/// lines; the summary names the file and counts its warnings.
+fn init_file_logging(path: &std::path::Path) -> anyhow::Result<crate::demo::DemoLog> {
+    use tracing_subscriber::layer::SubscriberExt;
+    let file = std::fs::File::create(path).map_err(|e| {
+        anyhow::anyhow!("cannot create the demo's log file {}: {e}", path.display())
+    })?;
+    let warnings = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter(log_filter())
+        .with_ansi(false)
+        .with_writer(std::sync::Mutex::new(file))
+        .finish()
+        .with(CountWarnings(warnings.clone()));
+    let _ = tracing::subscriber::set_global_default(subscriber);
+    Ok(crate::demo::DemoLog {
+        file: Some(path.to_path_buf()),
+        warnings,
+    })
+}
+
+/// Counts the WARN and ERROR events that reach the log.
+struct CountWarnings(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for CountWarnings {
+    fn on_event(
+        &self,
+        event: &tracing::Event<'_>,
+        _ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        if *event.metadata().level() <= tracing::Level::WARN {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
 }
 
 fn faults_from_env() -> anyhow::Result<Faults> {
@@ -172,12 +211,17 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         return bench::bench_command(cmd).await;
     }
     if let Command::Demo(args) = &cli.command {
-        init_logging(if cli.log_json {
-            LogFormat::Json
+        let log = if args.verbose {
+            init_logging(if cli.log_json {
+                LogFormat::Json
+            } else {
+                LogFormat::Human
+            });
+            crate::demo::DemoLog::default()
         } else {
-            LogFormat::Human
-        });
-        return crate::demo::run(args.clone()).await;
+            init_file_logging(&args.log_file())?
+        };
+        return crate::demo::run(args.clone(), log).await;
     }
     if let Command::Plugin(cmd) = &cli.command
         && !matches!(cmd, PluginCommand::Registry(_))
@@ -337,14 +381,18 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
 }
 
 async fn connect(config: &Config) -> anyhow::Result<Db> {
-    Db::connect(&config.database.url, config.database.max_connections)
-        .await
-        .with_context(|| {
-            format!(
-                "cannot connect to database.url {}",
-                redact_url(&config.database.url)
-            )
-        })
+    Db::connect_with(
+        &config.database.url,
+        config.database.max_connections,
+        config.database.sqlite_synchronous,
+    )
+    .await
+    .with_context(|| {
+        format!(
+            "cannot connect to database.url {}",
+            redact_url(&config.database.url)
+        )
+    })
 }
 
 /// First SIGTERM or SIGINT: graceful shutdown. Second: exit at once.

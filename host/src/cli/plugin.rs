@@ -17,9 +17,15 @@ pub(super) enum PluginCommand {
     Test {
         /// The component (.wasm).
         wasm: PathBuf,
-        /// A JSON file: {"event_type": ..., "payload": ..., "headers": {...}}.
+        /// A JSON file: the event record as wit/README.md shows it
+        /// (kebab-case keys, payload as text), or {"event_type": ...,
+        /// "payload": <JSON>, "headers": {...}}.
         #[arg(long, value_name = "FILE")]
         event: PathBuf,
+        /// Compile the component even when the compiled-component cache
+        /// (~/.cache/outboxd/components) holds it.
+        #[arg(long)]
+        no_cache: bool,
         /// A plugin setting as KEY=VALUE (repeatable).
         #[arg(long = "set", value_name = "KEY=VALUE")]
         settings: Vec<String>,
@@ -44,7 +50,14 @@ pub(super) enum PluginCommand {
 
 pub(super) async fn plugin_command(cmd: &PluginCommand) -> anyhow::Result<ExitCode> {
     use crate::plugin::{EngineConfig, Limits, PluginEngine, harness, validate};
-    let engine = PluginEngine::new(EngineConfig::default())?;
+    let cache = match cmd {
+        PluginCommand::Test { no_cache: true, .. } => crate::config::CacheDir::Off,
+        _ => crate::config::CacheDir::Default,
+    };
+    let engine = PluginEngine::new(EngineConfig {
+        cache_dir: cache.resolve(""),
+        ..EngineConfig::default()
+    })?;
     match cmd {
         PluginCommand::Test {
             wasm,
@@ -52,6 +65,7 @@ pub(super) async fn plugin_command(cmd: &PluginCommand) -> anyhow::Result<ExitCo
             settings,
             timeout_ms,
             memory_mib,
+            no_cache: _,
         } => {
             let text = std::fs::read_to_string(event)
                 .with_context(|| format!("cannot read --event {}", event.display()))?;

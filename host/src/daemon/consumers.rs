@@ -21,8 +21,8 @@ use crate::plugin::{ConsumerPlugin, PluginEngine};
 use crate::store::Db;
 use crate::store::postgres::listen;
 
-/// How long an idle embedded consumer on Postgres waits for a publish
-/// notification before it looks again anyway (and renews its leases).
+/// How long an idle embedded consumer waits for a publish notification
+/// before it looks again anyway (and renews its leases).
 const EMBEDDED_FETCH_WAIT: Duration = Duration::from_millis(500);
 
 /// Spawns one task per configured consumer; they stop when `shutdown` turns
@@ -68,14 +68,19 @@ pub(super) async fn spawn_consumers(
                         lease: Duration::from_millis(config.transport.consumer_lease_ms),
                     },
                 );
-                // Postgres: publishes notify at commit, so an idle consumer
-                // waits for them instead of polling (polling stays the
-                // fallback when LISTEN is unavailable).
-                if let Db::Postgres(pool) = db {
-                    match listen(pool, NOTIFY_CHANNEL).await {
+                // An idle consumer waits for publishes instead of polling:
+                // Postgres notifies at commit, and on SQLite the change
+                // watcher ticks (polling stays the fallback).
+                match db {
+                    Db::Postgres(pool) => match listen(pool, NOTIFY_CHANNEL).await {
                         Ok(wake) => source = source.with_wake(wake, EMBEDDED_FETCH_WAIT),
                         Err(e) => {
                             tracing::warn!(consumer = %c.name, error = %e, "cannot LISTEN for published messages; polling instead")
+                        }
+                    },
+                    Db::Sqlite(pool) => {
+                        if let Some(wake) = crate::store::sqlite_watch::subscribe(pool).await {
+                            source = source.with_wake(wake, EMBEDDED_FETCH_WAIT);
                         }
                     }
                 }

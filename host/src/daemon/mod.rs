@@ -52,7 +52,12 @@ pub async fn run(
     faults: Faults,
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), DaemonError> {
-    let db = Db::connect(&config.database.url, config.database.max_connections).await?;
+    let db = Db::connect_with(
+        &config.database.url,
+        config.database.max_connections,
+        config.database.sqlite_synchronous,
+    )
+    .await?;
     if config.database.migrate_on_start {
         let report = migrate(&db).await?;
         if !report.applied.is_empty() {

@@ -50,6 +50,7 @@ pub(super) async fn spawn_relays_for<P: Publisher + Clone>(
             );
         }
         Db::Sqlite(pool) => {
+            let wake = crate::store::sqlite_watch::subscribe(pool).await;
             let store =
                 SqliteStore::new(pool.clone(), Duration::from_millis(config.relay.lease_ms));
             spawn_relays(
@@ -57,7 +58,7 @@ pub(super) async fn spawn_relays_for<P: Publisher + Clone>(
                 config,
                 store,
                 publisher,
-                None,
+                wake,
                 (faults.clone(), chains.clone()),
                 metrics.clone(),
                 shutdown.clone(),

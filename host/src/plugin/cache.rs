@@ -4,6 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
+use super::PluginError;
+
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
@@ -35,6 +37,46 @@ pub fn load_or_compile(
     Ok(component)
 }
 
+/// Creates the cache directory private (0700) when it is missing, and
+/// refuses one that this process's user does not own or that its group or
+/// others may write: whoever can write there can plant an artifact, and
+/// loading an artifact is native code execution (`Component::deserialize`).
+pub fn prepare_dir(dir: &Path) -> Result<(), PluginError> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    let refuse = |why: String| {
+        PluginError::Invalid(format!(
+            "plugin_runtime.cache_dir {}: {why}; fix it, point plugin_runtime.cache_dir at a private directory, or set cache_dir = false",
+            dir.display()
+        ))
+    };
+    if !dir.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| refuse(format!("cannot create it ({e})")))?;
+    }
+    let meta = std::fs::metadata(dir).map_err(|e| refuse(format!("cannot read it ({e})")))?;
+    if !meta.is_dir() {
+        return Err(refuse("it is not a directory".into()));
+    }
+    let me = rustix::process::geteuid().as_raw();
+    if meta.uid() != me {
+        return Err(refuse(format!(
+            "it is owned by uid {}, not by this process's uid {me}",
+            meta.uid()
+        )));
+    }
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o022 != 0 {
+        return Err(refuse(format!(
+            "its group or others may write to it (mode {mode:03o}), so they could plant a compiled artifact; run `chmod 700 {}`",
+            dir.display()
+        )));
+    }
+    Ok(())
+}
+
 fn artifact_path(engine: &Engine, dir: &Path, sha256: &str) -> PathBuf {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -61,4 +103,60 @@ fn deserialize(engine: &Engine, bytes: &[u8]) -> wasmtime::Result<Component> {
     // its source and by the engine's compatibility hash, and wasmtime still
     // checks its header, version and engine settings before use.
     unsafe { Component::deserialize(engine, bytes) }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::prepare_dir;
+    use crate::plugin::PluginError;
+
+    fn mode(p: &std::path::Path) -> u32 {
+        std::fs::metadata(p).expect("stat").permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn a_missing_cache_dir_is_created_private() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("a/b/components");
+        prepare_dir(&dir).expect("created");
+        assert_eq!(mode(&dir), 0o700);
+    }
+
+    #[test]
+    fn a_private_cache_dir_is_obeyed() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+        prepare_dir(tmp.path()).expect("a dir only its owner may write is accepted");
+    }
+
+    #[test]
+    fn a_cache_dir_others_can_write_is_refused_with_the_fix() {
+        for bad in [0o777, 0o770, 0o722] {
+            let tmp = tempfile::tempdir().expect("tempdir");
+            std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(bad))
+                .expect("chmod");
+            match prepare_dir(tmp.path()) {
+                Err(PluginError::Invalid(msg)) => {
+                    assert!(
+                        msg.contains("plugin_runtime.cache_dir")
+                            && msg.contains("chmod 700")
+                            && msg.contains(&format!("{bad:03o}")),
+                        "{msg}"
+                    );
+                }
+                other => panic!("mode {bad:03o} accepted: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_file_is_not_a_cache_dir() {
+        let tmp = tempfile::NamedTempFile::new().expect("tempfile");
+        assert!(
+            matches!(prepare_dir(tmp.path()), Err(PluginError::Invalid(m)) if m.contains("not a directory"))
+        );
+    }
 }

@@ -43,6 +43,9 @@ impl std::fmt::Debug for PluginEngine {
 
 impl PluginEngine {
     pub fn new(config: EngineConfig) -> Result<Self, PluginError> {
+        if let Some(dir) = &config.cache_dir {
+            super::cache::prepare_dir(dir)?;
+        }
         let mut wasm = Config::new();
         wasm.epoch_interruption(true);
         wasm.wasm_component_model(true);

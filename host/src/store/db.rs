@@ -10,54 +10,19 @@ use sqlx::sqlite::{
 
 use super::StoreError;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DbKind {
-    Postgres,
-    Sqlite,
-}
+pub use outboxd_core::db_url::{DbKind, redact_url};
 
-impl DbKind {
-    pub fn from_url(url: &str) -> Result<Self, StoreError> {
-        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            Ok(DbKind::Postgres)
-        } else if url.starts_with("sqlite:") {
-            Ok(DbKind::Sqlite)
-        } else {
-            Err(StoreError::UnsupportedUrl(redact_url(url)))
-        }
+impl From<outboxd_core::db_url::UnsupportedUrl> for StoreError {
+    fn from(e: outboxd_core::db_url::UnsupportedUrl) -> Self {
+        StoreError::UnsupportedUrl(e.0)
     }
 }
 
-/// The URL with its password (if any) replaced by `***`, for errors and
-/// logs: `postgres://user:***@host/db`, and `?password=***` (or any query
-/// parameter whose name says password, secret or token).
-pub fn redact_url(url: &str) -> String {
-    let (base, query) = match url.split_once('?') {
-        Some((b, q)) => (b, Some(q)),
-        None => (url, None),
-    };
-    let mut out = match (base.find("://"), base.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let creds = &base[scheme + 3..at];
-            match creds.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &base[..scheme + 3], &base[at..]),
-                None => base.to_string(),
-            }
-        }
-        _ => base.to_string(),
-    };
-    if let Some(query) = query {
-        let params: Vec<String> = query
-            .split('&')
-            .map(|p| match p.split_once('=') {
-                Some((k, _)) if crate::config::is_secret(k) => format!("{k}=***"),
-                _ => p.to_string(),
-            })
-            .collect();
-        out.push('?');
-        out.push_str(&params.join("&"));
-    }
-    out
+/// sqlx logs a statement slower than a second at WARN with its whole SQL
+/// text, which floods a terminal; SQL text belongs in DEBUG events only.
+fn quiet_statements<O: sqlx::ConnectOptions>(opts: O) -> O {
+    opts.log_statements(log::LevelFilter::Trace)
+        .log_slow_statements(log::LevelFilter::Debug, Duration::from_secs(1))
 }
 
 #[derive(Clone, Debug)]
@@ -72,9 +37,19 @@ impl Db {
     /// so several relay tasks and writers in one process wait instead of
     /// failing.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
+        Self::connect_with(url, max_connections, crate::config::SqliteSynchronous::Full).await
+    }
+
+    /// [`Db::connect`] with SQLite's commit durability chosen
+    /// (`database.sqlite_synchronous`); Postgres ignores it.
+    pub async fn connect_with(
+        url: &str,
+        max_connections: u32,
+        sqlite_synchronous: crate::config::SqliteSynchronous,
+    ) -> Result<Self, StoreError> {
         match DbKind::from_url(url)? {
             DbKind::Postgres => {
-                let opts = PgConnectOptions::from_str(url)?;
+                let opts = quiet_statements(PgConnectOptions::from_str(url)?);
                 let pool = PgPoolOptions::new()
                     .max_connections(max_connections)
                     .acquire_timeout(Duration::from_secs(10))
@@ -89,17 +64,41 @@ impl Db {
                 Ok(Db::Postgres(pool))
             }
             DbKind::Sqlite => {
-                let opts = SqliteConnectOptions::from_str(url)?
+                let opts = quiet_statements(SqliteConnectOptions::from_str(url)?)
                     .create_if_missing(true)
                     .journal_mode(SqliteJournalMode::Wal)
-                    .synchronous(SqliteSynchronous::Full)
+                    .synchronous(match sqlite_synchronous {
+                        crate::config::SqliteSynchronous::Full => SqliteSynchronous::Full,
+                        crate::config::SqliteSynchronous::Normal => SqliteSynchronous::Normal,
+                    })
                     .busy_timeout(Duration::from_secs(30))
                     .foreign_keys(true);
+                let signal = super::sqlite_watch::signal_for(&opts);
+                let background_checkpoints = signal
+                    .as_ref()
+                    .is_some_and(|s| super::sqlite_watch::start_checkpointer(s, &opts));
                 let pool = SqlitePoolOptions::new()
                     .max_connections(max_connections)
                     .acquire_timeout(Duration::from_secs(30))
                     .idle_timeout(None)
                     .max_lifetime(None)
+                    // Commits in this process wake relays and consumers at
+                    // once (store/sqlite_watch.rs).
+                    .after_connect(move |conn, _meta| {
+                        let signal = signal.clone();
+                        Box::pin(async move {
+                            super::sqlite_busy::install(conn).await?;
+                            if background_checkpoints {
+                                sqlx::query("PRAGMA wal_autocheckpoint = 0")
+                                    .execute(&mut *conn)
+                                    .await?;
+                            }
+                            match signal {
+                                Some(s) => super::sqlite_watch::install_hooks(conn, s).await,
+                                None => Ok(()),
+                            }
+                        })
+                    })
                     .connect_with(opts)
                     .await?;
                 Ok(Db::Sqlite(pool))

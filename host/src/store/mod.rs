@@ -14,6 +14,8 @@ pub mod offsets;
 pub mod postgres;
 pub mod problem;
 pub mod sqlite;
+mod sqlite_busy;
+pub mod sqlite_watch;
 
 use std::future::Future;
 

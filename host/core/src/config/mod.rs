@@ -101,6 +101,26 @@ pub struct DatabaseConfig {
     /// Apply pending migrations when `outboxd run` starts.
     #[serde(default = "yes")]
     pub migrate_on_start: bool,
+    /// SQLite only: when a commit reaches the disk.
+    #[serde(default)]
+    pub sqlite_synchronous: SqliteSynchronous,
+}
+
+/// `database.sqlite_synchronous`: SQLite's `synchronous` setting in WAL
+/// mode, the trade between commit latency and what a power loss may undo.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum SqliteSynchronous {
+    /// Every commit is on disk when it returns (an fsync per commit): a
+    /// power loss undoes nothing that committed. The default.
+    #[default]
+    Full,
+    /// Commits reach the disk at checkpoints: a crash of the process loses
+    /// nothing, but a power loss or OS crash may undo the last commits
+    /// (all of them together, in commit order, so the outbox, the embedded
+    /// transport and the inbox stay consistent with each other; an event
+    /// already published to an external broker may then have no row).
+    Normal,
 }
 
 impl Default for DatabaseConfig {
@@ -109,6 +129,7 @@ impl Default for DatabaseConfig {
             url: default_db_url(),
             max_connections: default_max_connections(),
             migrate_on_start: true,
+            sqlite_synchronous: SqliteSynchronous::Full,
         }
     }
 }
@@ -202,10 +223,11 @@ fn five() -> u32 {
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct PluginRuntimeSection {
-    /// Where compiled components are cached (by sha256); unset compiles at
-    /// every start.
+    /// Where compiled components are cached (by sha256). Unset means the
+    /// default directory ([`CacheDir::Default`]), a string is a directory,
+    /// and `false` compiles at every start.
     #[serde(default)]
-    pub cache_dir: Option<std::path::PathBuf>,
+    pub cache_dir: CacheDir,
     /// Use wasmtime's pooling instance allocator.
     #[serde(default)]
     pub pooling: bool,
@@ -217,6 +239,82 @@ pub struct PluginRuntimeSection {
     /// deployed to the registry as plugin NAME and activated.
     #[serde(default)]
     pub watch_dir: Option<std::path::PathBuf>,
+}
+
+/// `plugin_runtime.cache_dir`: compiled components are cached by default,
+/// because an 18 MB Python component takes seconds (release) to minutes
+/// (debug) to compile, and a restart after a crash would wait for it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum CacheDir {
+    /// `$XDG_CACHE_HOME/outboxd/components`, else
+    /// `$HOME/.cache/outboxd/components`, else a directory next to the
+    /// SQLite file; created private (0700).
+    #[default]
+    Default,
+    /// `cache_dir = false`: compile at every start.
+    Off,
+    /// `cache_dir = "PATH"`.
+    Dir(std::path::PathBuf),
+}
+
+impl<'de> Deserialize<'de> for CacheDir {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Flag(bool),
+            Path(std::path::PathBuf),
+        }
+        match Raw::deserialize(d).map_err(|_| {
+            serde::de::Error::custom(
+                "expected a directory (a string), true for the default directory, or false to turn the cache off",
+            )
+        })? {
+            Raw::Flag(true) => Ok(CacheDir::Default),
+            Raw::Flag(false) => Ok(CacheDir::Off),
+            Raw::Path(p) if p.as_os_str().is_empty() => Err(serde::de::Error::custom(
+                "an empty path; give a directory, or false to turn the cache off",
+            )),
+            Raw::Path(p) => Ok(CacheDir::Dir(p)),
+        }
+    }
+}
+
+impl CacheDir {
+    /// The directory to use, if any, for a host whose database is
+    /// `database_url`. The plugin engine creates it private and refuses it
+    /// when others can write to it (the host's `plugin::cache::prepare_dir`).
+    pub fn resolve(&self, database_url: &str) -> Option<std::path::PathBuf> {
+        match self {
+            CacheDir::Off => None,
+            CacheDir::Dir(p) => Some(p.clone()),
+            CacheDir::Default => default_cache_dir(database_url),
+        }
+    }
+}
+
+fn default_cache_dir(database_url: &str) -> Option<std::path::PathBuf> {
+    let user_cache = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|v| !v.is_empty())
+                .map(|h| std::path::PathBuf::from(h).join(".cache"))
+        });
+    if let Some(dir) = user_cache {
+        return Some(dir.join("outboxd").join("components"));
+    }
+    let file = database_url
+        .strip_prefix("sqlite://")
+        .or_else(|| database_url.strip_prefix("sqlite:"))?;
+    let file = file.split('?').next().unwrap_or(file);
+    if file.is_empty() || file == ":memory:" {
+        return None;
+    }
+    let mut dir = std::path::PathBuf::from(file).into_os_string();
+    dir.push(".components");
+    Some(dir.into())
 }
 
 impl PluginRuntimeSection {
@@ -357,5 +455,51 @@ impl Config {
                 )
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod cache_dir_tests {
+    use super::{CacheDir, Config};
+
+    fn parse(toml: &str) -> CacheDir {
+        Config::from_toml("t.toml", toml, std::iter::empty())
+            .expect("valid")
+            .plugin_runtime
+            .cache_dir
+    }
+
+    #[test]
+    fn the_cache_is_on_by_default_and_false_turns_it_off() {
+        assert_eq!(parse(""), CacheDir::Default);
+        assert_eq!(
+            parse("[plugin_runtime]\ncache_dir = true\n"),
+            CacheDir::Default
+        );
+        assert_eq!(
+            parse("[plugin_runtime]\ncache_dir = false\n"),
+            CacheDir::Off
+        );
+        assert_eq!(
+            parse("[plugin_runtime]\ncache_dir = \"/srv/c\"\n"),
+            CacheDir::Dir("/srv/c".into())
+        );
+        assert_eq!(CacheDir::Off.resolve("sqlite://x.db"), None);
+        assert!(CacheDir::Default.resolve("sqlite://x.db").is_some());
+    }
+
+    #[test]
+    fn a_bad_cache_dir_names_the_key() {
+        let err = Config::from_toml(
+            "t.toml",
+            "[plugin_runtime]\ncache_dir = 3\n",
+            std::iter::empty(),
+        )
+        .expect_err("a number is no directory");
+        let text = err.to_string();
+        assert!(
+            text.contains("plugin_runtime.cache_dir") && text.contains("false"),
+            "{text}"
+        );
     }
 }
