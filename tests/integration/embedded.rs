@@ -11,7 +11,7 @@ use outboxd::broker::{MessageSource, OutgoingMessage, Publisher};
 use crate::on_both;
 use crate::support::TestDb;
 
-fn msg(topic: &str, key: &str, n: usize) -> OutgoingMessage {
+pub(crate) fn msg(topic: &str, key: &str, n: usize) -> OutgoingMessage {
     OutgoingMessage {
         topic: topic.into(),
         key: key.as_bytes().to_vec(),

@@ -42,5 +42,6 @@ mod process;
 mod process_consumers;
 mod secrets;
 mod seed;
+mod sqlite_wake;
 mod swap_processes;
 mod timing;
