@@ -7,7 +7,7 @@
 //! commits, and owns a partition through a lease that expires when the
 //! consumer dies (then another member resumes from the cursor).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
@@ -64,32 +64,10 @@ pub(super) fn db_error(e: sqlx::Error) -> PublishError {
 impl Publisher for EmbeddedPublisher {
     async fn publish(&self, msg: OutgoingMessage) -> Result<(), PublishError> {
         let partition = partition_for(&msg.key, self.partitions);
-        match &self.db {
-            Db::Postgres(pool) => {
-                // One transaction for everything published at this moment.
-                return self
-                    .group
-                    .publish(pool, GroupRow::new(msg, partition))
-                    .await;
-            }
-            Db::Sqlite(pool) => {
-                let headers = headers_json(&msg.headers);
-                sqlx::query(
-                    "INSERT INTO transport_messages (topic, partition, message_key, payload, headers, message_id)
-                     VALUES ($1, $2, $3, $4, $5, $6)",
-                )
-                .bind(&msg.topic)
-                .bind(partition)
-                .bind(&msg.key)
-                .bind(&msg.payload)
-                .bind(&headers)
-                .bind(msg.message_id.to_string())
-                .execute(pool)
-                .await
-                .map_err(db_error)?;
-            }
-        }
-        Ok(())
+        // One transaction for everything published at this moment.
+        self.group
+            .publish(&self.db, GroupRow::new(msg, partition))
+            .await
     }
 }
 
@@ -268,6 +246,9 @@ impl EmbeddedConsumer {
     /// Reads what is there now from each owned partition, in partition order.
     async fn fetch_now(&mut self, max: usize) -> Result<Vec<Delivery>, ConsumeError> {
         self.refresh_leases().await?;
+        if let Db::Sqlite(pool) = &self.db {
+            return self.fetch_now_sqlite(pool.clone(), max).await;
+        }
         let mut out = Vec::new();
         let mut parts: Vec<_> = self
             .committed
@@ -325,6 +306,63 @@ impl EmbeddedConsumer {
                         });
                     }
                 }
+            }
+        }
+        Ok(out)
+    }
+
+    /// SQLite: one query per topic for all owned partitions (a round trip per
+    /// partition on every fetch adds up, with one writer at a time anyway).
+    /// Offsets are one AUTOINCREMENT sequence over the whole table, so
+    /// merging by offset keeps each partition's order.
+    async fn fetch_now_sqlite(
+        &mut self,
+        pool: sqlx::SqlitePool,
+        max: usize,
+    ) -> Result<Vec<Delivery>, ConsumeError> {
+        let mut by_topic: BTreeMap<String, Vec<(i32, i64)>> = BTreeMap::new();
+        for ((topic, partition), after) in &self.committed {
+            by_topic
+                .entry(topic.clone())
+                .or_default()
+                .push((*partition, *after));
+        }
+        let mut out = Vec::new();
+        for (topic, mut parts) in by_topic {
+            if out.len() >= max {
+                break;
+            }
+            parts.sort_unstable();
+            // One indexed range scan per partition, merged by offset.
+            let scans: Vec<String> = (0..parts.len())
+                .map(|i| {
+                    format!(
+                        "SELECT * FROM (SELECT \"offset\", partition, message_key, payload, headers
+                           FROM transport_messages
+                          WHERE topic = $1 AND partition = ${} AND \"offset\" > ${}
+                          ORDER BY \"offset\" LIMIT $2)",
+                        2 * i + 3,
+                        2 * i + 4
+                    )
+                })
+                .collect();
+            let sql = format!("{} ORDER BY 1 LIMIT $2", scans.join(" UNION ALL "));
+            let mut q = sqlx::query(&sql)
+                .bind(&topic)
+                .bind((max - out.len()) as i64);
+            for (partition, after) in &parts {
+                q = q.bind(*partition).bind(*after);
+            }
+            for r in q.fetch_all(&pool).await? {
+                out.push(Delivery {
+                    attempt: 0,
+                    topic: topic.clone(),
+                    partition: r.get::<i64, _>(1) as i32,
+                    offset: r.get(0),
+                    key: r.get(2),
+                    payload: r.get(3),
+                    headers: parse_headers(r.get::<&str, _>(4)),
+                });
             }
         }
         Ok(out)

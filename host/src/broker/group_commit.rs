@@ -1,7 +1,8 @@
-//! Group commit for the embedded transport on Postgres: the messages that
-//! relay workers publish at the same moment (a batch is published
-//! concurrently) are written in one transaction, instead of one transaction,
-//! one advisory lock and one WAL flush each.
+//! Group commit for the embedded transport: the messages that relay workers
+//! publish at the same moment (a batch is published concurrently) are
+//! written in one transaction, instead of one transaction, one lock and one
+//! WAL flush each. On SQLite, where every write queues for the one write
+//! lock, this is also what keeps a batch from queueing behind itself.
 //!
 //! Callers queue their message and wait for its result. Whoever finds no
 //! writer running starts one, as a task of its own, so a caller that gives
@@ -17,10 +18,11 @@
 
 use std::sync::{Arc, Mutex};
 
-use sqlx::PgPool;
+use sqlx::{PgPool, SqlitePool};
 use tokio::sync::oneshot;
 
 use super::{OutgoingMessage, PublishError};
+use crate::store::Db;
 
 type Reply = oneshot::Sender<Result<(), PublishError>>;
 
@@ -73,7 +75,7 @@ fn unavailable() -> PublishError {
 impl GroupCommit {
     /// Writes `row` together with whatever else is being published now, and
     /// resolves once it is committed (or failed).
-    pub(super) async fn publish(&self, pool: &PgPool, row: GroupRow) -> Result<(), PublishError> {
+    pub(super) async fn publish(&self, db: &Db, row: GroupRow) -> Result<(), PublishError> {
         let (reply, answer) = oneshot::channel();
         let start = {
             let mut q = self.queue.lock().map_err(|_| unavailable())?;
@@ -81,14 +83,14 @@ impl GroupCommit {
             !std::mem::replace(&mut q.writing, true)
         };
         if start {
-            let (queue, pool) = (self.queue.clone(), pool.clone());
-            tokio::spawn(async move { write_until_empty(&queue, &pool).await });
+            let (queue, db) = (self.queue.clone(), db.clone());
+            tokio::spawn(async move { write_until_empty(&queue, &db).await });
         }
         answer.await.unwrap_or_else(|_| Err(unavailable()))
     }
 }
 
-async fn write_until_empty(queue: &Mutex<Queue>, pool: &PgPool) {
+async fn write_until_empty(queue: &Mutex<Queue>, db: &Db) {
     // Let the rest of a concurrently published batch join the first group.
     tokio::task::yield_now().await;
     loop {
@@ -101,10 +103,10 @@ async fn write_until_empty(queue: &Mutex<Queue>, pool: &PgPool) {
             Err(_) => return,
         };
         let (rows, replies): (Vec<GroupRow>, Vec<Reply>) = group.into_iter().unzip();
-        match write(pool, &rows).await {
+        match write(db, &rows).await {
             Err(e) if e.is_permanent() && rows.len() > 1 => {
                 for (row, reply) in rows.iter().zip(replies) {
-                    let _ = reply.send(write(pool, std::slice::from_ref(row)).await);
+                    let _ = reply.send(write(db, std::slice::from_ref(row)).await);
                 }
             }
             result => {
@@ -116,12 +118,41 @@ async fn write_until_empty(queue: &Mutex<Queue>, pool: &PgPool) {
     }
 }
 
+async fn write(db: &Db, rows: &[GroupRow]) -> Result<(), PublishError> {
+    match db {
+        Db::Postgres(pool) => write_pg(pool, rows).await,
+        Db::Sqlite(pool) => write_sqlite(pool, rows).await,
+    }
+}
+
+/// One transaction of plain INSERTs: SQLite has one writer at a time, so
+/// the `offset` (an AUTOINCREMENT key) follows commit order by itself.
+async fn write_sqlite(pool: &SqlitePool, rows: &[GroupRow]) -> Result<(), PublishError> {
+    let mut tx = pool.begin().await.map_err(super::embedded::db_error)?;
+    for r in rows {
+        sqlx::query(
+            "INSERT INTO transport_messages (topic, partition, message_key, payload, headers, message_id)
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(&r.topic)
+        .bind(r.partition)
+        .bind(&r.key)
+        .bind(&r.payload)
+        .bind(&r.headers)
+        .bind(r.message_id.to_string())
+        .execute(&mut *tx)
+        .await
+        .map_err(super::embedded::db_error)?;
+    }
+    tx.commit().await.map_err(super::embedded::db_error)
+}
+
 /// One transaction: the partitions' advisory locks in a fixed order (so two
 /// writers cannot deadlock), then every row in one INSERT. Offsets are
 /// identity values drawn at insert time; holding each partition's lock
 /// until commit makes offset order commit order within a partition, so a
 /// consumer's cursor never skips a late commit.
-async fn write(pool: &PgPool, rows: &[GroupRow]) -> Result<(), PublishError> {
+async fn write_pg(pool: &PgPool, rows: &[GroupRow]) -> Result<(), PublishError> {
     let mut tx = pool.begin().await.map_err(super::embedded::db_error)?;
     let mut partitions: Vec<(&str, i32)> = rows
         .iter()
