@@ -38,6 +38,9 @@ bench latency --url "$url" --rates 100 --seconds 2 --poll-ms 200
 bench memory --url "$url" --backlogs 1000,4000
 bench drain --url "$url" --capacity-events 1000 --warmup-seconds 1 --outage-seconds 1 \
   --load 0.5 --max-drain-seconds 20
+wake_dir=$(mktemp -d)
+bench sqlite-wake --db "$wake_dir/wake.db" --commits 20 --idle-seconds 1
+rm -rf "$wake_dir"
 # The criterion micro-benchmarks of one plugin call, in criterion's test
 # mode (each benchmark runs once; `cargo bench` measures them).
 cargo test -q -p outboxd --bench plugin_calls
