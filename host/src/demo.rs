@@ -54,7 +54,7 @@ pub struct DemoArgs {
     pub no_plugin: bool,
     /// Orders confirmed per second: a steady load, so the latency reported
     /// is the pipeline's and not a queue the demo built itself.
-    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..))]
     pub rate: u32,
     /// Confirm the orders as fast as possible instead (4 concurrent
     /// clients), and report the latency under that backlog.

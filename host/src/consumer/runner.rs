@@ -163,12 +163,23 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
                 .or_default()
                 .push(d);
         }
-        let results = join_all(
-            by_partition
-                .into_values()
-                .map(|msgs| self.handle_partition(msgs)),
-        )
-        .await;
+        // Partitions are handled side by side where the database runs
+        // writers in parallel; on SQLite, with one writer at a time, side by
+        // side only makes their transactions queue for the lock.
+        let results = if self.db.writes_in_parallel() {
+            join_all(
+                by_partition
+                    .into_values()
+                    .map(|msgs| self.handle_partition(msgs)),
+            )
+            .await
+        } else {
+            let mut results = Vec::with_capacity(by_partition.len());
+            for msgs in by_partition.into_values() {
+                results.push(self.handle_partition(msgs).await);
+            }
+            results
+        };
         let mut done = 0;
         let mut any_failed = false;
         for (last_ok, count, failed) in results {

@@ -106,6 +106,12 @@ impl Db {
         }
     }
 
+    /// Whether write transactions run side by side (Postgres) or one at a
+    /// time (SQLite's single writer lock).
+    pub fn writes_in_parallel(&self) -> bool {
+        matches!(self, Db::Postgres(_))
+    }
+
     pub fn kind(&self) -> DbKind {
         match self {
             Db::Postgres(_) => DbKind::Postgres,
