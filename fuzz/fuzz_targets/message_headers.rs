@@ -98,10 +98,19 @@ fuzz_target!(|input: Input| {
         payload: Vec::new(),
         headers: input.plugin_headers,
     };
-    let msg = plugin_message(&ev, "orders", guest, index, count);
+    let msg = plugin_message(&ev, "orders", guest.clone(), index, count);
     assert_host_headers_once(&msg);
-    let want = output_message_id(ev.id.0, index, count);
+    // Output 0 keeps the outbox id, output i >= 1 is uuid_v5(outbox id, i),
+    // whatever the number of outputs.
+    let want = if index == 0 {
+        ev.id.0
+    } else {
+        uuid::Uuid::new_v5(&ev.id.0, index.to_string().as_bytes())
+    };
     assert_eq!(msg.message_id, want);
+    assert_eq!(output_message_id(ev.id.0, index), want);
+    let other_count = plugin_message(&ev, "orders", guest, index, count + 1);
+    assert_eq!(other_count.message_id, want);
     assert_eq!(delivery(&msg, 2).message_id(), Ok(want));
 
     // A message from elsewhere: any header bytes, any key.

@@ -126,17 +126,17 @@ async fn chain_split_rekeys_with_deterministic_ids(t: TestDb) {
             (
                 b"a".to_vec(),
                 "orders".to_string(),
-                output_message_id(id, 0, 3)
+                output_message_id(id, 0)
             ),
             (
                 b"b".to_vec(),
                 "orders.large".to_string(),
-                output_message_id(id, 1, 3)
+                output_message_id(id, 1)
             ),
             (
                 b"c".to_vec(),
                 "orders".to_string(),
-                output_message_id(id, 2, 3)
+                output_message_id(id, 2)
             ),
         ]
     );

@@ -151,11 +151,13 @@ pub fn message_for_event(router: &Router, ev: &OutboxEvent) -> OutgoingMessage {
     }
 }
 
-/// The id of output `index` of `count`: the outbox id itself for a 1:1
-/// transform, otherwise a v5 uuid named by the index in the outbox id's
-/// namespace.
-pub fn output_message_id(source: Uuid, index: usize, count: usize) -> Uuid {
-    if count == 1 {
+/// The id of output `index` of a transform: output 0 keeps the outbox id,
+/// and output `i ≥ 1` gets the v5 uuid named by `i` in the outbox id's
+/// namespace. The id never depends on how many outputs there are, so a
+/// republish after a rollout that changed the count (a plugin that now
+/// splits, or no longer does) keeps the ids a consumer already has.
+pub fn output_message_id(source: Uuid, index: usize) -> Uuid {
+    if index == 0 {
         source
     } else {
         Uuid::new_v5(&source, index.to_string().as_bytes())
@@ -173,7 +175,7 @@ pub fn plugin_message(
     index: usize,
     count: usize,
 ) -> OutgoingMessage {
-    let id = output_message_id(ev.id.0, index, count);
+    let id = output_message_id(ev.id.0, index);
     let mut hdrs = Vec::with_capacity(5 + m.headers.len());
     hdrs.push((headers::MESSAGE_ID.to_string(), id.to_string().into_bytes()));
     hdrs.push((
@@ -213,6 +215,40 @@ pub fn plugin_message(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn output_ids_do_not_depend_on_how_many_outputs_there_are() {
+        let source = Uuid::new_v4();
+        assert_eq!(output_message_id(source, 0), source);
+        assert_eq!(
+            output_message_id(source, 2),
+            Uuid::new_v5(&source, b"2"),
+            "output i >= 1 is uuid_v5(outbox id, i)"
+        );
+        let ev = OutboxEvent {
+            seq: 1,
+            id: crate::event::EventId(source),
+            aggregate_id: "a".into(),
+            event_type: "t".into(),
+            payload: "{}".into(),
+            headers: Default::default(),
+            created_at: chrono::Utc::now(),
+            attempts: 0,
+        };
+        let out = |index, count| {
+            let m = GuestMessage {
+                topic: None,
+                key: b"a".to_vec(),
+                payload: Vec::new(),
+                headers: Vec::new(),
+            };
+            plugin_message(&ev, "t", m, index, count).message_id
+        };
+        // One output before a rollout, three after it (or the other way).
+        assert_eq!(out(0, 1), out(0, 3));
+        assert_eq!(out(0, 1), source);
+        assert_eq!(out(1, 2), out(1, 3));
+    }
 
     #[test]
     fn a_producer_header_cannot_replace_the_message_id() {
