@@ -42,6 +42,7 @@ mod process;
 mod process_consumers;
 mod secrets;
 mod seed;
+mod sqlite_leases;
 mod sqlite_wake;
 mod swap_processes;
 mod timing;

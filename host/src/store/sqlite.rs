@@ -89,11 +89,18 @@ UPDATE outbox
                json_extract(value, '$.retry_at') AS retry_at,
                json_extract(value, '$.dead') AS dead
           FROM json_each($1)) AS f
- WHERE outbox.seq = f.seq";
+ WHERE outbox.seq = f.seq
+   -- Only the current lease holder records a failure: a holder whose lease
+   -- expired (and whose rows another relay claimed, or published) must not
+   -- count an attempt, or kill an event, that is no longer its own.
+   AND outbox.published_at IS NULL
+   AND outbox.lease_owner = $3";
 
 pub struct SqliteBatch {
     pool: SqlitePool,
     events: Vec<OutboxEvent>,
+    /// The lease this claim took.
+    owner: String,
 }
 
 impl ClaimedBatch for SqliteBatch {
@@ -145,6 +152,7 @@ impl ClaimedBatch for SqliteBatch {
             sqlx::query(MARK_FAILED)
                 .bind(serde_json::Value::Array(failed).to_string())
                 .bind(micros(now))
+                .bind(&self.owner)
                 .execute(&mut *tx)
                 .await?;
         }
@@ -161,7 +169,7 @@ impl OutboxStore for SqliteStore {
         let rows = sqlx::query(CLAIM)
             .bind(limit as i64)
             .bind(micros(now))
-            .bind(owner)
+            .bind(&owner)
             .bind(micros(now + self.lease))
             .fetch_all(&self.pool)
             .await?;
@@ -171,6 +179,7 @@ impl OutboxStore for SqliteStore {
         Ok(SqliteBatch {
             pool: self.pool.clone(),
             events,
+            owner,
         })
     }
 
