@@ -349,13 +349,7 @@ async fn confirm_steadily(
             r
         });
     }
-    let (mut written, mut retries) = (0, 0);
-    while let Some(r) = clients.join_next().await {
-        let (c, u) = r??;
-        written += c;
-        retries += u;
-    }
-    Ok((written, retries))
+    sum_confirmations(clients).await
 }
 
 /// Four clients confirming as fast as they can.
@@ -374,8 +368,15 @@ async fn confirm_burst(service: &OrderService, orders: usize) -> anyhow::Result<
             Ok::<_, OrderError>((written, retries))
         });
     }
+    sum_confirmations(writers).await
+}
+
+/// Events written and client retries, added up over every client task.
+async fn sum_confirmations(
+    mut clients: tokio::task::JoinSet<Result<(usize, usize), OrderError>>,
+) -> anyhow::Result<(usize, usize)> {
     let (mut written, mut retries) = (0, 0);
-    while let Some(r) = writers.join_next().await {
+    while let Some(r) = clients.join_next().await {
         let (c, u) = r??;
         written += c;
         retries += u;

@@ -27,8 +27,7 @@ fn pool(t: &TestDb) -> &sqlx::SqlitePool {
     }
 }
 
-async fn put_hooked(t: &TestDb, agg: &str) {
-    let mut tx = pool(t).begin().await.expect("begin");
+async fn put_in(mut tx: sqlx::Transaction<'_, sqlx::Sqlite>, agg: &str) {
     enqueue(
         &mut tx,
         NewEvent::new(agg, "order.confirmed", json!({"n": 1})),
@@ -38,15 +37,14 @@ async fn put_hooked(t: &TestDb, agg: &str) {
     tx.commit().await.expect("commit");
 }
 
+/// A commit on the test's pool: its connections carry the commit hook.
+async fn put_hooked(t: &TestDb, agg: &str) {
+    put_in(pool(t).begin().await.expect("begin"), agg).await;
+}
+
+/// A commit on a plain connection: only the file watch can see it.
 async fn put_unhooked(conn: &mut SqliteConnection, agg: &str) {
-    let mut tx = conn.begin().await.expect("begin");
-    enqueue(
-        &mut tx,
-        NewEvent::new(agg, "order.confirmed", json!({"n": 1})),
-    )
-    .await
-    .expect("enqueue");
-    tx.commit().await.expect("commit");
+    put_in(conn.begin().await.expect("begin"), agg).await;
 }
 
 async fn wait_published(t: &TestDb, agg: &str) {
