@@ -58,6 +58,11 @@ if command -v psql >/dev/null 2>&1; then
   psql "$OUTBOXD_TEST_DATABASE_URL" -Atqc \
     "SELECT datname FROM pg_database WHERE datname LIKE 'outboxd_t_%'" 2>/dev/null |
     while read -r db; do psql "$OUTBOXD_TEST_DATABASE_URL" -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 || true; done
+  # Consumer plugins' roles made by tests (named after their databases):
+  # roles belong to the cluster and outlive the databases dropped above.
+  psql "$OUTBOXD_TEST_DATABASE_URL" -Atqc \
+    "SELECT rolname FROM pg_roles WHERE rolname LIKE 'outboxd\_t\_%'" 2>/dev/null |
+    while read -r role; do psql "$OUTBOXD_TEST_DATABASE_URL" -qc "DROP ROLE IF EXISTS \"$role\"" >/dev/null 2>&1 || true; done
   # Tablespaces a failed full-disk test left (doors_pg_full.rs), with their
   # tmpfs: dropped only after the databases above, and unmounted only after
   # the tablespace is gone (unmounting first would make Postgres PANIC).

@@ -240,6 +240,9 @@ pub async fn run(args: DemoArgs, log: DemoLog) -> anyhow::Result<ExitCode> {
     // commit for all of them, and a failure reruns them one at a time.
     let mut billing = ConsumerSection::new(consumer, vec![topic], handler);
     billing.batch_in_transaction = 32;
+    // All the billing plugin's SQL may touch (SQLite's authorizer holds
+    // it to this).
+    billing.tables.write = vec!["invoices".into()];
     config.consumers = vec![billing];
     let (stop_tx, stop_rx) = watch::channel(false);
     let (set, handles) =

@@ -23,7 +23,7 @@ async fn postgres_role_limits_what_a_plugin_can_touch() {
     let policy = TxnPolicy {
         db_role: Some(role.clone()),
         statement_timeout_ms: 2_000,
-        ..TxnPolicy::default()
+        ..crate::support::plugin_policy()
     };
     // An event the plugin must not be able to delete.
     t.exec("SELECT outbox_enqueue('a1', 'order.confirmed', '{}'::jsonb, '{}'::jsonb)")
@@ -65,7 +65,7 @@ async fn statement_timeout_obeyed_and_violated() {
     billing::create_schema(&t.db).await.expect("billing schema");
     let policy = TxnPolicy {
         statement_timeout_ms: 300,
-        ..TxnPolicy::default()
+        ..crate::support::plugin_policy()
     };
     let d = order(1, "p1");
     let slow = handler(
@@ -96,7 +96,7 @@ async fn statement_timeout_holds_behind_the_configured_handler() {
     billing::create_schema(&t.db).await.expect("billing schema");
     let policy = TxnPolicy {
         statement_timeout_ms: 300,
-        ..TxnPolicy::default()
+        ..crate::support::plugin_policy()
     };
     let slow = ConsumerHandler::Plugin(handler(
         "hostile-consumer-sql",
@@ -121,7 +121,7 @@ async fn row_budget_obeyed_and_violated(t: TestDb) {
     billing::create_schema(&t.db).await.expect("billing schema");
     let tight = TxnPolicy {
         max_rows: 10,
-        ..TxnPolicy::default()
+        ..crate::support::plugin_policy()
     };
     let d = order(1, "p1");
     let rows = handler("hostile-consumer-sql", &[("attack", "rows")], tight.clone());

@@ -30,7 +30,7 @@ pub(crate) fn handler(name: &str, config: &[(&str, &str)], policy: TxnPolicy) ->
 }
 
 pub(crate) fn billing_plugin() -> PluginHandler {
-    handler("billing", &[], TxnPolicy::default())
+    handler("billing", &[], crate::support::plugin_policy())
 }
 
 pub fn order(offset: i64, order_id: &str) -> Delivery {
@@ -94,11 +94,11 @@ on_both!(billing_plugin_reads_a_cloudevents_envelope);
 
 async fn trap_after_write_leaves_no_effect_and_redelivery_succeeds_once(t: TestDb) {
     billing::create_schema(&t.db).await.expect("billing schema");
-    let broken = handler("hostile-consumer-trap", &[], TxnPolicy::default());
+    let broken = handler("hostile-consumer-trap", &[], crate::support::plugin_policy());
     let fixed = handler(
         "hostile-consumer-trap",
         &[("trap", "false")],
-        TxnPolicy::default(),
+        crate::support::plugin_policy(),
     );
     let d = order(1, "p1");
     let err = process(&t.db, "billing", &d, &broken)
@@ -131,7 +131,7 @@ async fn emit_is_atomic_with_the_effect(t: TestDb) {
     let failing = handler(
         "invoicing",
         &[("fail_after_emit", "true")],
-        TxnPolicy::default(),
+        crate::support::plugin_policy(),
     );
     let d = order(1, "p1");
     let err = process(&t.db, "billing", &d, &failing)
@@ -139,7 +139,7 @@ async fn emit_is_atomic_with_the_effect(t: TestDb) {
         .expect_err("the handler fails after emitting");
     assert!(matches!(err, HandlerError::Retryable(_)), "{err:?}");
     assert_eq!(counts(&t).await, (0, 0, 0), "no invoice, mark or event");
-    let ok = handler("invoicing", &[], TxnPolicy::default());
+    let ok = handler("invoicing", &[], crate::support::plugin_policy());
     process(&t.db, "billing", &d, &ok).await.expect("handled");
     process(&t.db, "billing", &d, &ok).await.expect("duplicate");
     assert_eq!(counts(&t).await, (1, 1, 1));
@@ -160,7 +160,7 @@ async fn hostile_statements_are_refused_and_leave_nothing(t: TestDb) {
         let h = handler(
             "hostile-consumer-sql",
             &[("attack", attack)],
-            TxnPolicy::default(),
+            crate::support::plugin_policy(),
         );
         let err = process(&t.db, "billing", &d, &h).await.expect_err(attack);
         let HandlerError::Retryable(text) = err else {
@@ -186,7 +186,7 @@ async fn a_plugin_looping_over_host_calls_is_stopped(t: TestDb) {
     spec.version = Some("test-1".into());
     spec.limits.timeout_ms = 200;
     let plugin = Arc::new(ConsumerPlugin::load(engine(), &spec).expect("load"));
-    let h = PluginHandler::new(plugin, TxnPolicy::default());
+    let h = PluginHandler::new(plugin, crate::support::plugin_policy());
     let d = order(1, "p1");
     let start = std::time::Instant::now();
     let err = process(&t.db, "billing", &d, &h)
@@ -209,7 +209,7 @@ async fn statement_budget_obeyed_and_violated(t: TestDb) {
     billing::create_schema(&t.db).await.expect("billing schema");
     let tight = TxnPolicy {
         max_statements: 1,
-        ..TxnPolicy::default()
+        ..crate::support::plugin_policy()
     };
     // invoicing runs two statements (the insert and the emit).
     let d = order(1, "p1");
@@ -238,7 +238,7 @@ async fn batched_savepoints_roll_back_only_the_failed_message(t: TestDb) {
         .await
         .expect("batch");
     assert!(results.iter().all(|r| matches!(r, Ok(Processed::Handled))));
-    let hostile = handler("hostile-consumer-trap", &[], TxnPolicy::default());
+    let hostile = handler("hostile-consumer-trap", &[], crate::support::plugin_policy());
     let next = [order(3, "c"), order(4, "d")];
     let results = process_batch(&t.db, "billing", &next, &hostile)
         .await

@@ -14,7 +14,7 @@
 use outboxd::consumer::PluginHandler;
 use outboxd::event::NewEvent;
 use outboxd::plugin::registry::{Deployed, Registry};
-use outboxd::plugin::{PluginSource, PluginSpec, TxnPolicy};
+use outboxd::plugin::{PluginSource, PluginSpec};
 use outboxd::relay::Rollout;
 use outboxd::store::{Db, enqueue};
 use serde_json::json;
@@ -43,7 +43,7 @@ pub(crate) async fn consumer_host(t: &TestDb) -> (Rollout, PluginHandler) {
     .expect("rollout")
     .with_consumers(["c".to_string()]);
     host.refresh().await.expect("refresh");
-    let handler = PluginHandler::swappable(host.consumer("c").expect("slot"), TxnPolicy::default());
+    let handler = PluginHandler::swappable(host.consumer("c").expect("slot"), crate::support::plugin_policy());
     (host, handler)
 }
 

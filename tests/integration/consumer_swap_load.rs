@@ -15,7 +15,6 @@ use outboxd::consumer::{
     Consumer, ConsumerConfig, Handler, HandlerError, InboxTx, Pinned, PluginHandler,
 };
 use outboxd::domain::billing;
-use outboxd::plugin::TxnPolicy;
 use outboxd::plugin::registry::Registry;
 use outboxd::relay::{Relay, RelayConfig, Rollout, Route, Router, StepOutcome};
 use tokio::sync::watch;
@@ -133,7 +132,7 @@ async fn twenty_consumer_swaps_under_load_lose_nothing_and_handle_nothing_twice(
         })
     };
     let handler = Arc::new(Recording {
-        inner: PluginHandler::swappable(slot.clone(), TxnPolicy::default()),
+        inner: PluginHandler::swappable(slot.clone(), crate::support::plugin_policy()),
         calls: Mutex::default(),
     });
     let source = EmbeddedConsumer::new(

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use outboxd::broker::Delivery;
 use outboxd::consumer::{HandlerError, PluginHandler, process};
 use outboxd::domain::billing;
-use outboxd::plugin::{ConsumerPlugin, PluginSpec, TxnPolicy};
+use outboxd::plugin::{ConsumerPlugin, PluginSpec};
 use serde_json::{Value, json};
 
 use crate::consumer_plugins::{counts, order};
@@ -26,7 +26,7 @@ fn misbehaving() -> PluginHandler {
     // still needs far longer.
     spec.limits.timeout_ms = 1_000;
     let plugin = ConsumerPlugin::load(engine(), &spec).expect("load consumer plugin");
-    PluginHandler::new(Arc::new(plugin), TxnPolicy::default())
+    PluginHandler::new(Arc::new(plugin), crate::support::plugin_policy())
 }
 
 fn message(partition: i32, offset: i64, payload: Value) -> Delivery {

@@ -22,6 +22,7 @@ mod doors_pg_full;
 mod embedded;
 mod hostile;
 mod hostile_consumers;
+mod hostile_sql_corpus;
 mod hot_swap;
 mod hot_swap_refusals;
 mod hot_swap_spread;

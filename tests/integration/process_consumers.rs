@@ -129,7 +129,20 @@ async fn plugin_consumer_killed_mid_batch_has_exactly_one_effect(t: TestDb) {
         r#"[{{name = "billing", path = "{}", limits = {{timeout_ms = 5000}}}}]"#,
         crate::plugins::plugin_path("billing").display()
     );
-    let consumers = r#"[{name = "billing", topics = ["order.confirmed"], handler = "plugin:billing", batch_in_transaction = 10}]"#;
+    let mut section = outboxd::config::ConsumerSection::new(
+        "billing",
+        vec!["order.confirmed".into()],
+        "plugin:billing",
+    );
+    section.tables.write = vec!["invoices".into()];
+    let role = match t.provision_plugin_role(&mut section).await {
+        Some(r) => format!(", db_role = \"{r}\""),
+        None => String::new(),
+    };
+    let consumers = format!(
+        r#"[{{name = "billing", topics = ["order.confirmed"], handler = "plugin:billing", batch_in_transaction = 10, tables = {{write = ["invoices"]}}{role}}}]"#
+    );
+    let consumers = consumers.as_str();
     let child = outboxd(&t)
         .arg("run")
         .env("OUTBOXD__PLUGINS", &plugins)

@@ -87,6 +87,24 @@ impl TestDb {
         Relay::new(self.store(), publisher, Router::default(), config, clock)
     }
 
+    /// Postgres: gives `c` (a consumer plugin) a role of its own for its
+    /// `tables`, as `outboxd plugin-roles` would, and sets `c.db_role`.
+    /// Roles belong to the cluster, so each is named after this test's
+    /// database (tests/run.sh drops the leftovers). Nothing on SQLite.
+    pub async fn provision_plugin_role(&self, c: &mut outboxd::config::ConsumerSection) -> Option<String> {
+        let Db::Postgres(pool) = &self.db else {
+            return None;
+        };
+        let database = self.url.rsplit('/').next().expect("database name");
+        let mut role = format!("{database}_{}", c.name.replace('-', "_"));
+        role.truncate(63);
+        c.db_role = Some(role.clone());
+        outboxd::store::plugin_roles::provision(pool, std::slice::from_ref(c))
+            .await
+            .expect("provision the plugin's role");
+        Some(role)
+    }
+
     /// Runs a query returning one integer.
     pub async fn count(&self, sql: &str) -> i64 {
         match &self.db {
@@ -124,6 +142,24 @@ impl TestDb {
 
     pub fn is_postgres(&self) -> bool {
         matches!(self.db, Db::Postgres(_))
+    }
+}
+
+/// The grants of the test plugins' tables (`invoices`, `ledger`): what
+/// their consumers' `tables` say.
+pub fn plugin_tables() -> outboxd::config::TableGrants {
+    outboxd::config::TableGrants {
+        read: vec![],
+        write: vec!["invoices".into(), "ledger".into()],
+    }
+}
+
+/// The default policy of a test plugin's consumer: its tables granted.
+pub fn plugin_policy() -> outboxd::plugin::TxnPolicy {
+    outboxd::plugin::TxnPolicy {
+        consumer: "test".into(),
+        tables: plugin_tables(),
+        ..outboxd::plugin::TxnPolicy::default()
     }
 }
 

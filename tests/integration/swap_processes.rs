@@ -76,6 +76,13 @@ async fn swapped_to(rx: &mut mpsc::UnboundedReceiver<(Instant, String)>, label: 
 
 async fn a_cli_activation_reaches_two_running_processes_within_two_seconds(t: TestDb) {
     billing::create_schema(&t.db).await.expect("billing schema");
+    let mut section =
+        outboxd::config::ConsumerSection::new("billing", vec!["orders".into()], "plugin:c");
+    section.tables.write = vec!["invoices".into()];
+    let role = match t.provision_plugin_role(&mut section).await {
+        Some(r) => format!("db_role = \"{r}\""),
+        None => String::new(),
+    };
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("outboxd.toml");
     std::fs::write(
@@ -101,12 +108,15 @@ limits = {{ timeout_ms = 2000 }}
 name = "billing"
 topics = ["orders"]
 handler = "plugin:c"
+tables = {{ write = ["invoices"] }}
+{role}
 
 [plugin_runtime]
 cache_dir = "{cache}"
 registry_poll_ms = 1000
 "#,
             url = t.url,
+            role = role,
             cache = dir.path().join("cache").display(),
         ),
     )

@@ -16,6 +16,8 @@
 //!   deduplicates on.
 //! - [`embedded_headers`]: headers as the embedded transport stores them.
 //! - [`sql_guard`]: the single-DML gate for plugin SQL, over its own lexer.
+//! - [`sql_gate`]: the capability gate: a parsed statement checked against
+//!   the tables and functions a consumer plugin may use.
 //! - [`sql_values`]: plugin SQL values bound as parameters and read back
 //!   from rows, for Postgres and SQLite.
 //! - [`db_url`]: which database a URL names, and the URL with its password
@@ -28,6 +30,7 @@ pub mod embedded_headers;
 pub mod event;
 pub mod message;
 pub mod route;
+pub mod sql_gate;
 pub mod sql_guard;
 mod sql_lexer;
 pub mod sql_values;

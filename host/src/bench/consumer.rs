@@ -132,7 +132,15 @@ pub async fn consumer(args: &ConsumerBenchArgs) -> Result<(), BenchError> {
     let plugin =
         ConsumerPlugin::load(&engine, &spec).map_err(|e| BenchError::Refused(e.to_string()))?;
     let plugin_ref = Arc::new(plugin);
-    let plugin = Arc::new(PluginHandler::new(plugin_ref.clone(), TxnPolicy::default()));
+    let policy = TxnPolicy {
+        consumer: "billing".into(),
+        tables: crate::config::TableGrants {
+            read: vec![],
+            write: vec!["invoices".into()],
+        },
+        ..TxnPolicy::default()
+    };
+    let plugin = Arc::new(PluginHandler::new(plugin_ref.clone(), policy));
     let native = Arc::new(BillingHandler);
     let tag = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
     // A warm-up run fills the plugin's Store pool and the connection pool.

@@ -60,8 +60,16 @@ enum Command {
     /// Run relay workers and consumers until SIGTERM or SIGINT (a second
     /// signal forces the exit).
     Run,
-    /// Apply pending migrations and exit.
+    /// Apply pending migrations and exit. On Postgres, also creates or
+    /// repairs the consumer plugins' roles when the login may create roles.
     Migrate,
+    /// Postgres: create or repair each consumer plugin's role
+    /// (`consumers[].db_role`) so it holds exactly `consumers[].tables`.
+    PluginRoles {
+        /// Print the SQL instead of running it (for a superuser to run).
+        #[arg(long)]
+        print: bool,
+    },
     /// Print outbox health: pending, oldest pending age, failing, dead,
     /// blocked aggregates.
     Stats {
@@ -240,9 +248,50 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             tracing::info!("stopped cleanly");
             Ok(ExitCode::SUCCESS)
         }
+        Command::PluginRoles { print } => {
+            let db = connect(&config).await?;
+            let Db::Postgres(pool) = &db else {
+                println!("SQLite needs no roles: the authorizer confines plugin SQL to consumers[].tables");
+                return Ok(ExitCode::SUCCESS);
+            };
+            if print {
+                print!("{}", crate::store::plugin_roles::print_sql(pool, &config.consumers).await?);
+                return Ok(ExitCode::SUCCESS);
+            }
+            migrate(&db).await?;
+            let ran = crate::store::plugin_roles::provision(pool, &config.consumers)
+                .await
+                .map_err(anyhow::Error::msg)?;
+            for s in &ran {
+                println!("{s};");
+            }
+            for (i, c) in config.consumers.iter().enumerate() {
+                if c.plugin_name().is_some() {
+                    crate::store::plugin_roles::check(pool, i, c)
+                        .await
+                        .map_err(anyhow::Error::msg)?;
+                    println!("consumer `{}`: role ok", c.name);
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Migrate => {
             let db = connect(&config).await?;
             let report = migrate(&db).await?;
+            if let Db::Postgres(pool) = &db
+                && config.consumers.iter().any(|c| c.plugin_name().is_some() && c.db_role.is_some())
+            {
+                if crate::store::plugin_roles::may_create_roles(pool).await? {
+                    crate::store::plugin_roles::provision(pool, &config.consumers)
+                        .await
+                        .map_err(anyhow::Error::msg)?;
+                    println!("consumer plugin roles are provisioned");
+                } else {
+                    println!(
+                        "this login may not create roles: have a superuser run the SQL of `outboxd plugin-roles --print`"
+                    );
+                }
+            }
             if report.applied.is_empty() {
                 println!("schema is up to date (version {})", report.current);
             } else {

@@ -87,7 +87,8 @@ async fn begin_batch<H: Handler>(db: &Db, handler: &H) -> Result<InboxTx, sqlx::
     Ok(tx)
 }
 
-async fn commit(tx: InboxTx) -> Result<(), sqlx::Error> {
+async fn commit<H: Handler>(mut tx: InboxTx, handler: &H) -> Result<(), sqlx::Error> {
+    handler.before_commit(&mut tx).await?;
     match tx {
         InboxTx::Postgres(t) => t.commit().await,
         InboxTx::Sqlite(t) => t.commit().await,
@@ -155,7 +156,7 @@ async fn attempt_all<H: Handler>(
         results.push(Attempt { result, handled_by });
     }
     results.extend(refused);
-    commit(tx).await?;
+    commit(tx, handler).await?;
     Ok(AllOrFailure::All(results))
 }
 
@@ -232,6 +233,6 @@ async fn attempt_with_savepoints<H: Handler>(
             break;
         }
     }
-    commit(tx).await?;
+    commit(tx, handler).await?;
     Ok(results)
 }

@@ -32,6 +32,13 @@ impl Handler for ConsumerHandler {
         }
     }
 
+    async fn before_commit(&self, tx: &mut InboxTx) -> Result<(), sqlx::Error> {
+        match self {
+            ConsumerHandler::Billing(h) => h.before_commit(tx).await,
+            ConsumerHandler::Plugin(h) => h.before_commit(tx).await,
+        }
+    }
+
     async fn handle(&self, tx: &mut InboxTx, d: &Delivery) -> Result<(), HandlerError> {
         match self {
             ConsumerHandler::Billing(h) => h.handle(tx, d).await,

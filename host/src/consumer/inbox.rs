@@ -56,6 +56,15 @@ pub trait Handler: Send + Sync + 'static {
         async { Ok(()) }
     }
 
+    /// Runs right before each commit: a consumer plugin's handler resets
+    /// the session there, so the pooled connection goes back clean.
+    fn before_commit(
+        &self,
+        _tx: &mut InboxTx,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send {
+        async { Ok(()) }
+    }
+
     fn handle(
         &self,
         tx: &mut InboxTx,
@@ -160,6 +169,10 @@ pub async fn attempt<H: Handler>(
     }
     match mark_and_handle(&mut tx, consumer, message_id, delivery, handler).await {
         (handled_by, Ok(Processed::Handled)) => {
+            if let Err(e) = handler.before_commit(&mut tx).await {
+                let _ = rollback(tx).await;
+                return failed(e.into());
+            }
             let committed = match tx {
                 InboxTx::Postgres(t) => t.commit().await,
                 InboxTx::Sqlite(t) => t.commit().await,

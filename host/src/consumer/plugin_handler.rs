@@ -92,6 +92,8 @@ pub struct PluginHandler {
     policy: TxnPolicy,
     /// The slot is swapped by a rollout (a registry plugin).
     swappable: bool,
+    /// Postgres: where a statement past the wall deadline is cancelled from.
+    cancel: Option<sqlx::PgPool>,
 }
 
 impl PluginHandler {
@@ -101,6 +103,7 @@ impl PluginHandler {
             plugin: ActiveConsumer::fixed(plugin.name().to_string(), plugin),
             policy,
             swappable: false,
+            cancel: None,
         }
     }
 
@@ -110,7 +113,17 @@ impl PluginHandler {
             plugin: slot,
             policy,
             swappable: true,
+            cancel: None,
         }
+    }
+
+    /// Statements past the wall deadline are cancelled on the server
+    /// through `db` (Postgres; SQLite needs no side connection).
+    pub fn with_db(mut self, db: &crate::store::Db) -> Self {
+        if let crate::store::Db::Postgres(pool) = db {
+            self.cancel = Some(pool.clone());
+        }
+        self
     }
 
     /// The dead letters' handler id when a message names no version of its
@@ -138,7 +151,9 @@ impl PluginHandler {
     ) -> Result<(Result<(), PluginError>, Duration), HandlerError> {
         exec(tx, "SAVEPOINT outboxd_shadow").await?;
         let start = Instant::now();
-        let result = candidate.handle(tx, message, &self.policy).await;
+        let result = candidate
+            .handle_cancellable(tx, message, &self.policy, self.cancel.as_ref())
+            .await;
         let took = start.elapsed();
         exec(tx, "ROLLBACK TO SAVEPOINT outboxd_shadow").await?;
         exec(tx, "RELEASE SAVEPOINT outboxd_shadow").await?;
@@ -181,6 +196,10 @@ fn compare(active: &Result<(), PluginError>, candidate: &Result<(), PluginError>
 impl Handler for PluginHandler {
     async fn begin(&self, tx: &mut InboxTx) -> Result<(), sqlx::Error> {
         crate::plugin::transaction::begin_session(tx, &self.policy).await
+    }
+
+    async fn before_commit(&self, tx: &mut InboxTx) -> Result<(), sqlx::Error> {
+        crate::plugin::transaction::end_session(tx).await
     }
 
     async fn handle(&self, tx: &mut InboxTx, d: &Delivery) -> Result<(), HandlerError> {

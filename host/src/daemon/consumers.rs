@@ -37,7 +37,14 @@ pub(super) async fn spawn_consumers(
     shutdown: &watch::Receiver<bool>,
 ) -> Result<(), DaemonError> {
     let mut consumer_engine = None;
-    for c in &config.consumers {
+    for (i, c) in config.consumers.iter().enumerate() {
+        // The database's wall around plugin SQL: refuse to start a plugin
+        // consumer whose role could reach more than its tables.
+        if let (Some(_), Db::Postgres(pool)) = (c.plugin_name(), db) {
+            crate::store::plugin_roles::check(pool, i, c)
+                .await
+                .map_err(DaemonError::Plugin)?;
+        }
         if c.plugin_name().is_none() {
             // The built-in example handler writes `invoices`; plugins bring
             // their own tables.
@@ -45,6 +52,7 @@ pub(super) async fn spawn_consumers(
         }
         let handler = Arc::new(consumer_handler(
             config,
+            db,
             c,
             registry_consumers,
             &mut consumer_engine,
@@ -136,6 +144,7 @@ pub(super) async fn spawn_consumers(
 /// use.
 fn consumer_handler(
     config: &Config,
+    db: &Db,
     c: &ConsumerSection,
     registry: &[ActiveConsumer],
     engine: &mut Option<PluginEngine>,
@@ -144,10 +153,9 @@ fn consumer_handler(
         return Ok(ConsumerHandler::Billing(BillingHandler));
     };
     if let Some(slot) = registry.iter().find(|s| s.name() == name) {
-        return Ok(ConsumerHandler::Plugin(PluginHandler::swappable(
-            slot.clone(),
-            c.txn_policy(),
-        )));
+        return Ok(ConsumerHandler::Plugin(
+            PluginHandler::swappable(slot.clone(), c.txn_policy()).with_db(db),
+        ));
     }
     let spec = config
         .plugins
@@ -163,8 +171,7 @@ fn consumer_handler(
     };
     let plugin =
         ConsumerPlugin::load(engine, spec).map_err(|e| DaemonError::Plugin(e.to_string()))?;
-    Ok(ConsumerHandler::Plugin(PluginHandler::new(
-        Arc::new(plugin),
-        c.txn_policy(),
-    )))
+    Ok(ConsumerHandler::Plugin(
+        PluginHandler::new(Arc::new(plugin), c.txn_policy()).with_db(db),
+    ))
 }

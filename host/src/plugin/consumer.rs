@@ -164,8 +164,21 @@ impl ConsumerPlugin {
         message: &Message,
         policy: &TxnPolicy,
     ) -> Result<(), PluginError> {
+        self.handle_cancellable(tx, message, policy, None).await
+    }
+
+    /// [`handle`](Self::handle), where a Postgres statement still running
+    /// at the wall deadline is cancelled on the server through `cancel` (a
+    /// pool on the same server), not only abandoned by the host.
+    pub async fn handle_cancellable(
+        &self,
+        tx: &mut InboxTx,
+        message: &Message,
+        policy: &TxnPolicy,
+        cancel: Option<&sqlx::PgPool>,
+    ) -> Result<(), PluginError> {
         let start = Instant::now();
-        let result = self.call(tx, message, policy).await;
+        let result = self.call(tx, message, policy, cancel).await;
         self.metrics.record(
             start.elapsed(),
             result.as_ref().err().map(PluginError::kind),
@@ -178,6 +191,7 @@ impl ConsumerPlugin {
         tx: &mut InboxTx,
         message: &Message,
         policy: &TxnPolicy,
+        cancel: Option<&sqlx::PgPool>,
     ) -> Result<(), PluginError> {
         let idle = self.idle.lock().ok().and_then(|mut v| v.pop());
         let mut slot = match idle {
@@ -222,7 +236,11 @@ impl ConsumerPlugin {
             tokio::time::timeout(wall, serve).await
         };
         let Ok(result) = result else {
-            // The Store was abandoned mid-call: drop it.
+            // The Store was abandoned mid-call: drop it. A statement may
+            // still be running on the server: stop it there too.
+            let pid = server.backend_pid();
+            drop(server);
+            stop_abandoned_statement(tx, pid, cancel).await;
             return Err(PluginError::Timeout(self.limits.timeout_ms));
         };
         slot.store.data_mut().txn = None;
@@ -261,6 +279,36 @@ impl ConsumerPlugin {
         let data = store.data();
         drain(&self.name, "stdout", &data.stdout, &self.log_budget);
         drain(&self.name, "stderr", &data.stderr, &self.log_budget);
+    }
+}
+
+/// After the wall deadline: on Postgres, `pg_cancel_backend` from another
+/// connection (the transaction is rolled back by the caller, and the
+/// rollback would otherwise wait for the statement); on SQLite, the
+/// statement is interrupted by the guard's progress handler and the
+/// connection reset.
+async fn stop_abandoned_statement(
+    tx: &mut InboxTx,
+    pid: Option<i32>,
+    cancel: Option<&sqlx::PgPool>,
+) {
+    match tx {
+        InboxTx::Postgres(_) => {
+            if let (Some(pid), Some(pool)) = (pid, cancel) {
+                let cancelled = sqlx::query("SELECT pg_cancel_backend($1)")
+                    .bind(pid)
+                    .execute(pool)
+                    .await;
+                if let Err(e) = cancelled {
+                    tracing::warn!(pid, error = %e, "cannot cancel a plugin statement past its deadline");
+                }
+            }
+        }
+        InboxTx::Sqlite(t) => {
+            if let Err(e) = crate::store::sqlite_plugin_guard::reset(t).await {
+                tracing::warn!(error = %e, "cannot reset a SQLite connection after a plugin deadline");
+            }
+        }
     }
 }
 

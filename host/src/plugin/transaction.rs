@@ -11,6 +11,9 @@ use super::host::HostState;
 use super::sql_values::{bind_pg, bind_sqlite, pg_row, sqlite_row};
 use crate::consumer::InboxTx;
 use crate::consumer::sql_guard::check_statement;
+use crate::store::sqlite_plugin_guard as guard;
+use outboxd_core::db_url::DbKind;
+use outboxd_core::sql_gate::{self, Checked};
 
 /// The resource the guest borrows. It carries nothing: the live link to
 /// the transaction is [`HostState::txn`], set only during a call.
@@ -154,7 +157,8 @@ impl wit::HostTransaction for HostState {
 /// (Postgres only), once per transaction rather than once per message: it is
 /// set before any message's savepoint, so rolling a message back keeps it.
 /// The host's own inbox and outbox statements run under it too, which only
-/// bounds them.
+/// bounds them. Plugin SQL cannot change it: settings writes are refused by
+/// the gate, and [`end_session`] resets the session before commit anyway.
 pub(crate) async fn begin_session(tx: &mut InboxTx, policy: &TxnPolicy) -> Result<(), sqlx::Error> {
     if let InboxTx::Postgres(t) = tx {
         let sql = format!(
@@ -166,17 +170,60 @@ pub(crate) async fn begin_session(tx: &mut InboxTx, policy: &TxnPolicy) -> Resul
     Ok(())
 }
 
+/// Runs before a transaction in which plugin SQL ran commits: whatever the
+/// plugin managed to leave on the session (a temporary object, a setting)
+/// goes, so the pooled connection the relay or another consumer gets next
+/// is the host's. `DISCARD TEMP` and `RESET ALL` keep the driver's prepared
+/// statements (`DISCARD ALL` would drop them behind sqlx's back).
+pub(crate) async fn end_session(tx: &mut InboxTx) -> Result<(), sqlx::Error> {
+    match tx {
+        InboxTx::Postgres(t) => {
+            sqlx::Executor::execute(&mut **t, sqlx::raw_sql("DISCARD TEMP; RESET ALL")).await?;
+        }
+        InboxTx::Sqlite(t) => crate::store::sqlite_plugin_guard::reset(t).await?,
+    }
+    Ok(())
+}
+
 /// Runs one message's plugin statements against the host's transaction.
+///
+/// Each statement passes three layers before it runs: the lexical guard
+/// (one statement, text both databases read alike), the capability gate
+/// (a parse checked against `consumers[].tables` and the function
+/// allowlist), then the database's own wall: on Postgres the consumer's
+/// role (`SET LOCAL ROLE`, grants only on its tables, no TEMP), on SQLite
+/// the authorizer (store/sqlite_plugin_guard.rs). `emit` runs as the host.
 pub(crate) struct TxnServer<'a> {
     tx: &'a mut InboxTx,
     policy: &'a TxnPolicy,
     statements: u32,
     rows: u64,
-    session_set: bool,
+    bytes: u64,
+    /// Postgres: the plugin's role is set (and this is the backend's pid,
+    /// for a cancel from another connection).
+    role_set: Option<i32>,
+    /// Any plugin statement reached the database.
+    pub(crate) touched: bool,
     /// The first error the guest was given. A message whose plugin saw an
     /// error fails even if the plugin returns `ok`: on Postgres the
     /// transaction is aborted, and a refused statement is a broken plugin.
     pub(crate) failure: Option<String>,
+}
+
+/// The Postgres wrapper around a statement that returns rows: the server
+/// checks each row's size before sending it, so the host never buffers a
+/// value larger than `max_result_bytes` (the driver reads a whole row at a
+/// time, and one value may be 1 GB). `outboxd_row_fits` raises with a
+/// clear message (migration 0009). The LIMIT bounds the rows the server
+/// sends to one more than the budget left.
+fn pg_wrapped(sql: &str, max_bytes: u64, rows_left: u64) -> String {
+    let sql = sql.trim_end().trim_end_matches(';');
+    format!(
+        "WITH outboxd_rows AS ({sql}\n) SELECT outboxd_rows.* FROM outboxd_rows \
+         WHERE outboxd_row_fits(octet_length(outboxd_rows::text), {max_bytes}) \
+         LIMIT {}",
+        rows_left.saturating_add(1)
+    )
 }
 
 impl<'a> TxnServer<'a> {
@@ -186,9 +233,16 @@ impl<'a> TxnServer<'a> {
             policy,
             statements: 0,
             rows: 0,
-            session_set: false,
+            bytes: 0,
+            role_set: None,
+            touched: false,
             failure: None,
         }
+    }
+
+    /// The Postgres backend running the plugin's statements, once one ran.
+    pub(crate) fn backend_pid(&self) -> Option<i32> {
+        self.role_set
     }
 
     /// Runs one request and leaves its answer in `link`.
@@ -212,117 +266,210 @@ impl<'a> TxnServer<'a> {
         }
         match op {
             Op::Execute(sql, params) => {
-                check_statement(&sql).map_err(|e| DbError::Refused(e.to_string()))?;
-                self.prepare_session().await?;
-                self.execute(&sql, params).await.map(Reply::Affected)
+                let checked = self.admit(&sql)?;
+                self.run_as_plugin().await?;
+                self.execute(&sql, checked, params).await.map(Reply::Affected)
             }
             Op::Query(sql, params) => {
-                check_statement(&sql).map_err(|e| DbError::Refused(e.to_string()))?;
-                self.prepare_session().await?;
-                self.query(&sql, params).await.map(Reply::Rows)
+                let checked = self.admit(&sql)?;
+                self.run_as_plugin().await?;
+                self.query(&sql, checked, params).await.map(Reply::Rows)
             }
-            Op::Emit(event) => self.emit(event).await.map(Reply::Emitted),
+            Op::Emit(event) => {
+                self.run_as_host().await?;
+                self.emit(event).await.map(Reply::Emitted)
+            }
         }
     }
 
+    /// The lexical guard, then the capability gate.
+    fn admit(&self, sql: &str) -> Result<Checked, DbError> {
+        check_statement(sql).map_err(|e| DbError::Refused(e.to_string()))?;
+        let kind = match self.tx {
+            InboxTx::Postgres(_) => DbKind::Postgres,
+            InboxTx::Sqlite(_) => DbKind::Sqlite,
+        };
+        sql_gate::check(sql, kind, &self.policy.tables, &self.policy.consumer)
+            .map_err(|e| DbError::Refused(e.to_string()))
+    }
+
     /// On Postgres, the plugin's statements run under its role:
-    /// `SET LOCAL ROLE` before its first statement of each message (undone
-    /// by [`TxnServer::finish`] or by the message's savepoint rollback). The
-    /// statement timeout is already set for the transaction by
-    /// [`begin_session`].
-    async fn prepare_session(&mut self) -> Result<(), DbError> {
+    /// `set_config('role', …, true)` (`SET LOCAL ROLE`) before its first
+    /// statement, in the same round trip as reading the backend's pid.
+    /// Undone by [`TxnServer::finish`], by `emit`, or by the message's
+    /// savepoint rollback.
+    async fn run_as_plugin(&mut self) -> Result<(), DbError> {
+        self.touched = true;
         let InboxTx::Postgres(t) = &mut *self.tx else {
             return Ok(());
         };
-        if self.session_set {
+        if self.role_set.is_some() {
             return Ok(());
         }
-        if let Some(role) = &self.policy.db_role {
+        let pid: i32 = match &self.policy.db_role {
             // The role name is checked at startup to be a plain identifier.
-            let sql = format!("SET LOCAL ROLE \"{role}\"");
-            sqlx::Executor::execute(&mut **t, sql.as_str())
+            Some(role) => sqlx::query_scalar("SELECT pg_backend_pid() FROM set_config('role', $1, true)")
+                .bind(role)
+                .fetch_one(&mut **t)
+                .await
+                .map_err(database)?,
+            None => sqlx::query_scalar("SELECT pg_backend_pid()")
+                .fetch_one(&mut **t)
+                .await
+                .map_err(database)?,
+        };
+        self.role_set = Some(pid);
+        Ok(())
+    }
+
+    /// Gives the host its own role back (before `emit`, and before the next
+    /// inbox mark of a batch).
+    async fn run_as_host(&mut self) -> Result<(), DbError> {
+        if let (InboxTx::Postgres(t), Some(_), Some(_)) =
+            (&mut *self.tx, self.role_set, &self.policy.db_role)
+        {
+            sqlx::Executor::execute(&mut **t, "RESET ROLE")
                 .await
                 .map_err(database)?;
         }
-        self.session_set = true;
+        self.role_set = None;
         Ok(())
     }
 
     /// Gives the host its own role back before it writes the next inbox
     /// mark of a batch. Only called when the plugin succeeded.
-    pub(crate) async fn finish(self) -> Result<(), String> {
-        if let (InboxTx::Postgres(t), true, Some(_)) =
-            (&mut *self.tx, self.session_set, &self.policy.db_role)
-        {
-            sqlx::Executor::execute(&mut **t, "RESET ROLE")
-                .await
-                .map_err(|e| format!("cannot reset the plugin's role: {e}"))?;
-        }
-        Ok(())
+    pub(crate) async fn finish(mut self) -> Result<(), String> {
+        self.run_as_host()
+            .await
+            .map_err(|e| format!("cannot reset the plugin's role: {}", describe(&e)))
     }
 
-    async fn execute(&mut self, sql: &str, params: Vec<Value>) -> Result<u64, DbError> {
+    /// The SQLite wall for one statement: the authorizer with the
+    /// consumer's grants, the deadline and the value-length limit.
+    fn sqlite_policy(&self) -> crate::store::sqlite_plugin_guard::PluginPolicy {
+        crate::store::sqlite_plugin_guard::PluginPolicy {
+            consumer: self.policy.consumer.clone(),
+            grants: self.policy.tables.clone(),
+            deadline: std::time::Instant::now()
+                + std::time::Duration::from_millis(self.policy.statement_timeout_ms),
+            max_value_bytes: self.policy.max_result_bytes,
+        }
+    }
+
+    fn rows_left(&self) -> u64 {
+        self.policy.max_rows.saturating_sub(self.rows)
+    }
+
+    async fn execute(&mut self, sql: &str, checked: Checked, params: Vec<Value>) -> Result<u64, DbError> {
+        let sqlite_policy = self.sqlite_policy();
+        let (max_bytes, rows_left) = (self.policy.max_result_bytes, self.rows_left());
         match &mut *self.tx {
             InboxTx::Postgres(t) => {
-                let q = bind_pg(sqlx::query(sql), params)?;
+                let wrapped;
+                let text = if checked.returns_rows {
+                    wrapped = pg_wrapped(sql, max_bytes, rows_left);
+                    wrapped.as_str()
+                } else {
+                    sql
+                };
+                let q = bind_pg(sqlx::query(text).persistent(false), params)?;
                 q.execute(&mut **t)
                     .await
                     .map(|r| r.rows_affected())
                     .map_err(database)
             }
             InboxTx::Sqlite(t) => {
-                let q = bind_sqlite(sqlx::query(sql), params)?;
-                q.execute(&mut **t)
-                    .await
-                    .map(|r| r.rows_affected())
-                    .map_err(database)
+                let q = bind_sqlite(sqlx::query(sql).persistent(false), params)?;
+                let active = guard::begin(t, sqlite_policy).await.map_err(database)?;
+                let result = q.execute(&mut **t).await.map(|r| r.rows_affected());
+                let refused = active.end(t).await.map_err(database)?;
+                result.map_err(|e| sqlite_error(e, refused))
             }
         }
     }
 
-    async fn query(&mut self, sql: &str, params: Vec<Value>) -> Result<Rows, DbError> {
+    async fn query(&mut self, sql: &str, checked: Checked, params: Vec<Value>) -> Result<Rows, DbError> {
         use futures_util::TryStreamExt;
         use sqlx::{Column, Row};
-        let left = self.policy.max_rows.saturating_sub(self.rows);
-        let over = || {
+        let left = self.rows_left();
+        let max_rows = self.policy.max_rows;
+        let max_bytes = self.policy.max_result_bytes;
+        let bytes_left = max_bytes.saturating_sub(self.bytes);
+        let over_rows = || {
             DbError::BudgetExceeded(format!(
-                "more than {} rows returned for one message (consumers[].max_rows)",
-                self.policy.max_rows
+                "more than {max_rows} rows returned for one message (consumers[].max_rows)"
+            ))
+        };
+        let over_bytes = || {
+            DbError::BudgetExceeded(format!(
+                "more than {max_bytes} bytes returned for one message (consumers[].max_result_bytes)"
             ))
         };
         let mut out = Rows {
             columns: Vec::new(),
             rows: Vec::new(),
         };
+        let mut bytes = 0u64;
+        let sqlite_policy = self.sqlite_policy();
         match &mut *self.tx {
             InboxTx::Postgres(t) => {
-                let q = bind_pg(sqlx::query(sql), params)?;
+                let wrapped;
+                let text = if checked.returns_rows {
+                    wrapped = pg_wrapped(sql, max_bytes, left);
+                    wrapped.as_str()
+                } else {
+                    sql
+                };
+                let q = bind_pg(sqlx::query(text).persistent(false), params)?;
                 let mut stream = q.fetch(&mut **t);
                 while let Some(row) = stream.try_next().await.map_err(database)? {
                     if out.rows.len() as u64 >= left {
-                        return Err(over());
+                        return Err(over_rows());
                     }
                     if out.columns.is_empty() {
                         out.columns = row.columns().iter().map(|c| c.name().into()).collect();
                     }
-                    out.rows.push(pg_row(&row)?);
+                    let values = pg_row(&row)?;
+                    bytes += values_size(&values);
+                    if bytes > bytes_left {
+                        return Err(over_bytes());
+                    }
+                    out.rows.push(values);
                 }
             }
             InboxTx::Sqlite(t) => {
-                let q = bind_sqlite(sqlx::query(sql), params)?;
-                let mut stream = q.fetch(&mut **t);
-                while let Some(row) = stream.try_next().await.map_err(database)? {
-                    if out.rows.len() as u64 >= left {
-                        return Err(over());
+                let q = bind_sqlite(sqlx::query(sql).persistent(false), params)?;
+                let active = guard::begin(t, sqlite_policy).await.map_err(database)?;
+                let result: Result<(), Result<DbError, sqlx::Error>> = async {
+                    let mut stream = q.fetch(&mut **t);
+                    while let Some(row) = stream.try_next().await.map_err(Err)? {
+                        if out.rows.len() as u64 >= left {
+                            return Err(Ok(over_rows()));
+                        }
+                        if out.columns.is_empty() {
+                            out.columns =
+                                row.columns().iter().map(|c| c.name().into()).collect();
+                        }
+                        let values = sqlite_row(&row).map_err(Ok)?;
+                        bytes += values_size(&values);
+                        if bytes > bytes_left {
+                            return Err(Ok(over_bytes()));
+                        }
+                        out.rows.push(values);
                     }
-                    if out.columns.is_empty() {
-                        out.columns = row.columns().iter().map(|c| c.name().into()).collect();
-                    }
-                    out.rows.push(sqlite_row(&row)?);
+                    Ok(())
+                }
+                .await;
+                let refused = active.end(t).await.map_err(database)?;
+                match result {
+                    Ok(()) => {}
+                    Err(Ok(e)) => return Err(e),
+                    Err(Err(e)) => return Err(sqlite_error(e, refused)),
                 }
             }
         }
         self.rows += out.rows.len() as u64;
+        self.bytes += bytes;
         Ok(out)
     }
 
@@ -340,6 +487,29 @@ impl<'a> TxnServer<'a> {
             Err(crate::store::EnqueueError::Database(e)) => Err(database(e)),
             Err(e) => Err(DbError::Refused(format!("emit: {e}"))),
         }
+    }
+}
+
+/// Roughly what a row's values weigh in the host's memory.
+fn values_size(values: &[Value]) -> u64 {
+    values
+        .iter()
+        .map(|v| match v {
+            Value::Text(s) | Value::Json(s) | Value::Timestamp(s) | Value::Uuid(s) => s.len() as u64,
+            Value::Bytes(b) => b.len() as u64,
+            _ => 8,
+        })
+        .sum::<u64>()
+        + 16
+}
+
+/// A SQLite error, with the authorizer's or the deadline's reason when one
+/// of them stopped the statement (SQLite itself only says `not authorized`
+/// or `interrupted`).
+fn sqlite_error(e: sqlx::Error, refused: Option<String>) -> DbError {
+    match refused {
+        Some(why) => DbError::Refused(why),
+        None => database(e),
     }
 }
 

@@ -49,7 +49,7 @@ impl Db {
     ) -> Result<Self, StoreError> {
         match DbKind::from_url(url)? {
             DbKind::Postgres => {
-                let opts = quiet_statements(PgConnectOptions::from_str(url)?);
+                let opts = pg_temp_last(quiet_statements(PgConnectOptions::from_str(url)?));
                 let pool = PgPoolOptions::new()
                     .max_connections(max_connections)
                     .acquire_timeout(Duration::from_secs(10))
@@ -84,10 +84,22 @@ impl Db {
                     .max_lifetime(None)
                     // Commits in this process wake relays and consumers at
                     // once (store/sqlite_watch.rs).
+                    // A connection whose plugin statement was abandoned
+                    // mid-run is reset before anyone else gets it
+                    // (store/sqlite_plugin_guard.rs).
+                    .before_acquire(|conn, _meta| {
+                        Box::pin(async move {
+                            if super::sqlite_plugin_guard::any_draining() {
+                                super::sqlite_plugin_guard::reset(conn).await?;
+                            }
+                            Ok(true)
+                        })
+                    })
                     .after_connect(move |conn, _meta| {
                         let signal = signal.clone();
                         Box::pin(async move {
                             super::sqlite_busy::install(conn).await?;
+                            super::sqlite_plugin_guard::install(conn).await?;
                             if background_checkpoints {
                                 sqlx::query("PRAGMA wal_autocheckpoint = 0")
                                     .execute(&mut *conn)
@@ -125,6 +137,22 @@ impl Db {
             Db::Sqlite(p) => p.close().await,
         }
     }
+}
+
+/// The host's statements name its tables unqualified, and Postgres
+/// searches a session's temporary schema first unless `search_path` lists
+/// it: so the host's connections list it last, and a temporary table
+/// (which plugin SQL cannot create, see store/plugin_roles.rs) could never
+/// shadow `inbox` or `outbox` for them. A URL that sets its own
+/// `search_path` keeps it.
+fn pg_temp_last(opts: PgConnectOptions) -> PgConnectOptions {
+    if opts
+        .get_options()
+        .is_some_and(|o| o.contains("search_path"))
+    {
+        return opts;
+    }
+    opts.options([("search_path", "\"$user\",public,pg_temp")])
 }
 
 /// Runs `$body` once with `$pool` bound to whichever pool `$db` holds: one

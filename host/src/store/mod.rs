@@ -15,6 +15,8 @@ pub mod postgres;
 pub mod problem;
 pub mod sqlite;
 mod sqlite_busy;
+pub mod plugin_roles;
+pub mod sqlite_plugin_guard;
 pub mod sqlite_watch;
 
 use std::future::Future;

@@ -3,7 +3,10 @@
 
 use serde::Deserialize;
 
-use super::{five, one};
+use super::validate::is_plain_identifier;
+use super::{ConfigError, five, one};
+use crate::db_url::DbKind;
+use crate::sql_gate::is_host_table;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -20,8 +23,14 @@ pub struct ConsumerSection {
     /// Failed attempts before a message is dead-lettered.
     #[serde(default = "five")]
     pub max_attempts: u32,
+    /// Plugin handlers: the tables the plugin's SQL may read and write.
+    /// Nothing else is reachable: not the host's tables, not the catalogs,
+    /// not other schemas, whatever this says.
+    #[serde(default)]
+    pub tables: TableGrants,
     /// Postgres, plugin handlers: the role the plugin's statements run as
-    /// (`SET LOCAL ROLE`); unset keeps the host's role.
+    /// (`SET LOCAL ROLE`). Required on Postgres: the role must hold exactly
+    /// the grants of `tables` (see `outboxd plugin-roles`).
     #[serde(default)]
     pub db_role: Option<String>,
     /// Postgres, plugin handlers: `SET LOCAL statement_timeout`.
@@ -33,6 +42,10 @@ pub struct ConsumerSection {
     /// Plugin handlers: rows queries may return for one message.
     #[serde(default = "default_max_rows")]
     pub max_rows: u64,
+    /// Plugin handlers: bytes queries may return for one message (also the
+    /// largest single value a statement may build).
+    #[serde(default = "default_max_result_bytes")]
+    pub max_result_bytes: u64,
     /// Kafka only: read these partitions of every topic without joining a
     /// consumer group, with offsets kept in the database. Unset: the
     /// consumer is a member of the group named after it.
@@ -49,10 +62,12 @@ impl ConsumerSection {
             handler: handler.into(),
             batch_in_transaction: one(),
             max_attempts: five(),
+            tables: TableGrants::default(),
             db_role: None,
             statement_timeout_ms: default_statement_timeout_ms(),
             max_statements: default_max_statements(),
             max_rows: default_max_rows(),
+            max_result_bytes: default_max_result_bytes(),
             kafka_partitions: None,
         }
     }
@@ -62,12 +77,57 @@ impl ConsumerSection {
         self.handler.strip_prefix("plugin:")
     }
 
+    /// `tables` names plain tables, none of them the host's; on Postgres a
+    /// plugin consumer needs `db_role`, the role its SQL runs as.
+    pub(super) fn validate_grants(&self, i: usize, db: Option<DbKind>) -> Result<(), ConfigError> {
+        let bad = |key: String, message: String| Err(ConfigError::Key { key, message });
+        for (list, names) in [("read", &self.tables.read), ("write", &self.tables.write)] {
+            for t in names {
+                let key = format!("consumers[{i}].tables.{list}");
+                if !is_plain_identifier(t) {
+                    return bad(
+                        key,
+                        format!("`{t}` is not a plain table name (lower-case letters, digits, _; unqualified)"),
+                    );
+                }
+                if is_host_table(t) {
+                    return bad(
+                        key,
+                        format!("`{t}` is outboxd's own table or a catalog (or a name reserved for them); plugin SQL may never reach it: remove it"),
+                    );
+                }
+            }
+        }
+        if self.plugin_name().is_none() {
+            if self.tables != TableGrants::default() {
+                return bad(
+                    format!("consumers[{i}].tables"),
+                    "applies to plugin handlers only; remove it".into(),
+                );
+            }
+            return Ok(());
+        }
+        if db == Some(DbKind::Postgres) && self.db_role.is_none() {
+            return bad(
+                format!("consumers[{i}].db_role"),
+                format!(
+                    "a consumer plugin on Postgres runs its SQL as a role of its own that holds exactly the grants of consumers[{i}].tables; set db_role = \"outboxd_plugin_{}\" and create the role with `outboxd plugin-roles` (or run the SQL `outboxd plugin-roles --print` shows)",
+                    self.name.replace('-', "_")
+                ),
+            );
+        }
+        Ok(())
+    }
+
     pub fn txn_policy(&self) -> TxnPolicy {
         TxnPolicy {
+            consumer: self.name.clone(),
+            tables: self.tables.clone(),
             db_role: self.db_role.clone(),
             statement_timeout_ms: self.statement_timeout_ms,
             max_statements: self.max_statements,
             max_rows: self.max_rows,
+            max_result_bytes: self.max_result_bytes,
         }
     }
 }
@@ -81,10 +141,38 @@ fn default_max_statements() -> u32 {
 fn default_max_rows() -> u64 {
     TxnPolicy::default().max_rows
 }
+fn default_max_result_bytes() -> u64 {
+    TxnPolicy::default().max_result_bytes
+}
+
+/// `consumers[].tables`: what a consumer plugin's SQL may touch. `write`
+/// covers reading too (an UPDATE's WHERE reads the table it writes).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TableGrants {
+    #[serde(default)]
+    pub read: Vec<String>,
+    #[serde(default)]
+    pub write: Vec<String>,
+}
+
+impl TableGrants {
+    pub fn may_read(&self, table: &str) -> bool {
+        self.read.iter().chain(&self.write).any(|t| t == table)
+    }
+
+    pub fn may_write(&self, table: &str) -> bool {
+        self.write.iter().any(|t| t == table)
+    }
+}
 
 /// How a consumer's plugin statements are run and bounded, per message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TxnPolicy {
+    /// The consumer's name, for errors that name its config keys.
+    pub consumer: String,
+    /// What the plugin's SQL may touch (`consumers[].tables`).
+    pub tables: TableGrants,
     /// Postgres only: `SET LOCAL ROLE` before the plugin's first statement.
     pub db_role: Option<String>,
     /// Postgres only: `SET LOCAL statement_timeout` for each transaction.
@@ -93,15 +181,21 @@ pub struct TxnPolicy {
     pub max_statements: u32,
     /// Rows `query` may return across one message.
     pub max_rows: u64,
+    /// Bytes `query` may return across one message, and the largest single
+    /// value (the databases build a value whole before the host sees it).
+    pub max_result_bytes: u64,
 }
 
 impl Default for TxnPolicy {
     fn default() -> Self {
         Self {
+            consumer: String::new(),
+            tables: TableGrants::default(),
             db_role: None,
             statement_timeout_ms: 5_000,
             max_statements: 100,
             max_rows: 10_000,
+            max_result_bytes: 16 * 1024 * 1024,
         }
     }
 }

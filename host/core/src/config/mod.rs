@@ -12,7 +12,7 @@ mod ops;
 mod plugins;
 mod validate;
 
-pub use consumer::{ConsumerSection, TxnPolicy};
+pub use consumer::{ConsumerSection, TableGrants, TxnPolicy};
 pub use env::is_secret;
 use env::{apply_env, syntax_message};
 pub use ops::{ReconcileRule, RetentionConfig};

@@ -232,6 +232,7 @@ impl Config {
                 }
                 None => {}
             }
+            c.validate_grants(i, DbKind::from_url(&self.database.url).ok())?;
             if let Some(role) = &c.db_role
                 && !is_plain_identifier(role)
             {
@@ -295,7 +296,7 @@ impl Config {
 
 /// A role name is spliced into `SET LOCAL ROLE "…"`, so only plain
 /// identifiers are accepted.
-fn is_plain_identifier(s: &str) -> bool {
+pub(super) fn is_plain_identifier(s: &str) -> bool {
     let mut chars = s.chars();
     chars
         .next()

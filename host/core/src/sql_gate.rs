@@ -1,0 +1,668 @@
+//! The capability gate for consumer-plugin SQL: a parser's view of one
+//! statement, checked against what the consumer's config grants
+//! (`consumers[].tables`).
+//!
+//! It refuses early and with a reason that names the table and the config
+//! key. It is not the wall: the databases' own machinery is (the plugin's
+//! role and its grants on Postgres, the authorizer on SQLite), because a
+//! parser and a database can disagree about a statement. The gate is the
+//! stricter of the two wherever it can tell:
+//!
+//! - one SELECT, INSERT, UPDATE or DELETE (VALUES and set operations
+//!   allowed), and WITH only at the start: no RECURSIVE, no writable CTEs,
+//!   no nested WITH (so the gate's scoping of CTE names is the databases');
+//! - no `SELECT … INTO`, no locking clauses, no `TABLE name`, no
+//!   table-valued functions;
+//! - every table is a single, unqualified name: a CTE in scope, or a table
+//!   of `tables.read`/`tables.write` (writes need `write`); outboxd's own
+//!   tables and the catalogs never, whatever the config says;
+//! - every function is on [`ALLOWED_FUNCTIONS`] (operators and casts are
+//!   not functions and are allowed).
+
+use std::collections::HashSet;
+use std::ops::ControlFlow;
+
+use sqlparser::ast::{
+    Expr, FromTable, Ident, ObjectName, ObjectNamePart, Query, SetExpr, Statement, TableFactor,
+    TableObject, TableWithJoins, UpdateTableFromKind, Visit, Visitor,
+};
+use sqlparser::dialect::{Dialect, PostgreSqlDialect, SQLiteDialect};
+use sqlparser::parser::Parser;
+
+use crate::config::TableGrants;
+use crate::db_url::DbKind;
+
+/// Why the gate refused a statement; the text goes back to the plugin and
+/// into the dead letter.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GateError {
+    #[error(
+        "outboxd cannot parse this statement ({0}); plugin SQL is one plain SELECT, INSERT, UPDATE or DELETE"
+    )]
+    Parse(String),
+    #[error("only one statement per call")]
+    MultipleStatements,
+    #[error("`{0}` statements are not allowed; send one SELECT, INSERT, UPDATE or DELETE")]
+    NotDml(String),
+    #[error("{0} is not allowed in plugin SQL")]
+    Construct(&'static str),
+    #[error(
+        "`{0}` is outboxd's own table or a catalog; plugin SQL can never reach it, whatever the config says"
+    )]
+    HostTable(String),
+    #[error(
+        "`{name}`: schema-qualified names are not allowed; plugin SQL names the tables of consumers[{consumer}].tables unqualified"
+    )]
+    Qualified { name: String, consumer: String },
+    #[error(
+        "table `{table}` is not in consumers[{consumer}].tables.{key}; add it there (and grant it to the consumer's db_role on Postgres) to allow it"
+    )]
+    NotGranted {
+        table: String,
+        consumer: String,
+        key: &'static str,
+    },
+    #[error(
+        "function `{0}` is not on plugin SQL's allowlist (see SECURITY.md); compute the value in the plugin and bind it as a parameter"
+    )]
+    Function(String),
+    #[error("`{0}`: identifiers must be ASCII")]
+    NonAscii(String),
+}
+
+/// What the gate learnt about an accepted statement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Checked {
+    /// It returns rows (a query, or DML with RETURNING).
+    pub returns_rows: bool,
+    /// It writes (INSERT, UPDATE or DELETE).
+    pub writes: bool,
+}
+
+/// Functions plugin SQL may call, lower case, on either database (one that
+/// a database lacks fails there). Left out on purpose: anything that
+/// builds a value much larger than its input (`repeat`, `lpad`, `rpad`,
+/// `replace`, `zeroblob`, `randomblob`, `printf`, `format`, the string and
+/// array aggregates), generates rows (`generate_series`), sleeps, reads or
+/// changes settings, reads files, large objects or the network, or names
+/// the catalogs (every `pg_*` function).
+pub const ALLOWED_FUNCTIONS: &[&str] = &[
+    // aggregates
+    "count",
+    "sum",
+    "avg",
+    "min",
+    "max",
+    "total",
+    "bool_and",
+    "bool_or",
+    "every",
+    // nulls and comparisons
+    "coalesce",
+    "nullif",
+    "ifnull",
+    "iif",
+    "greatest",
+    "least",
+    // numbers
+    "abs",
+    "round",
+    "floor",
+    "ceil",
+    "ceiling",
+    "trunc",
+    "mod",
+    "sign",
+    // text, bounded by its input
+    "lower",
+    "upper",
+    "length",
+    "char_length",
+    "character_length",
+    "octet_length",
+    "trim",
+    "ltrim",
+    "rtrim",
+    "btrim",
+    "substr",
+    "substring",
+    "left",
+    "right",
+    "position",
+    "strpos",
+    "instr",
+    "starts_with",
+    "split_part",
+    "concat",
+    "md5",
+    // time
+    "now",
+    "current_timestamp",
+    "current_date",
+    "current_time",
+    "localtimestamp",
+    "date_trunc",
+    "date_part",
+    "to_timestamp",
+    "to_char",
+    "strftime",
+    "datetime",
+    "date",
+    "time",
+    "julianday",
+    "unixepoch",
+    // JSON
+    "json_extract",
+    "json_valid",
+    "json_type",
+    "json_array_length",
+    "jsonb_array_length",
+    "json_typeof",
+    "jsonb_typeof",
+    "json_extract_path_text",
+    "jsonb_extract_path_text",
+    "jsonb_extract_path",
+    "json_build_object",
+    "jsonb_build_object",
+    "to_json",
+    "to_jsonb",
+    // other
+    "typeof",
+    "gen_random_uuid",
+];
+
+/// Whether `name` (any case) is one of outboxd's own tables, or a name
+/// reserved for them or for the databases' catalogs. Plugin SQL never
+/// reaches these, and `consumers[].tables` may not list them.
+pub fn is_host_table(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    n == "outbox"
+        || n == "inbox"
+        || [
+            "outbox_",
+            "inbox_",
+            "outboxd",
+            "transport_",
+            "plugin",
+            "consumer_",
+            "pg_",
+            "sqlite_",
+            "information_schema",
+        ]
+        .iter()
+        .any(|p| n.starts_with(p))
+}
+
+pub fn is_allowed_function(name: &str) -> bool {
+    ALLOWED_FUNCTIONS.contains(&name)
+}
+
+/// Checks one statement against `grants`; `consumer` names the config
+/// entry in errors.
+pub fn check(
+    sql: &str,
+    db: DbKind,
+    grants: &TableGrants,
+    consumer: &str,
+) -> Result<Checked, GateError> {
+    let dialect: &dyn Dialect = match db {
+        DbKind::Postgres => &PostgreSqlDialect {},
+        DbKind::Sqlite => &SQLiteDialect {},
+    };
+    let statements = Parser::new(dialect)
+        .with_recursion_limit(48)
+        .try_with_sql(sql)
+        .and_then(|mut p| p.parse_statements())
+        .map_err(|e| GateError::Parse(e.to_string()))?;
+    let statement = match statements.as_slice() {
+        [one] => one,
+        [] => return Err(GateError::Parse("empty statement".into())),
+        _ => return Err(GateError::MultipleStatements),
+    };
+    let mut gate = Gate {
+        grants,
+        consumer,
+        scope: HashSet::new(),
+    };
+    gate.statement(statement)
+}
+
+struct Gate<'a> {
+    grants: &'a TableGrants,
+    consumer: &'a str,
+    /// CTE names the statement's tables may refer to at this point.
+    scope: HashSet<String>,
+}
+
+impl Gate<'_> {
+    fn statement(&mut self, statement: &Statement) -> Result<Checked, GateError> {
+        match statement {
+            Statement::Query(q) => self.root_query(q),
+            Statement::Insert(_) | Statement::Update(_) | Statement::Delete(_) => {
+                self.dml(statement)
+            }
+            other => Err(GateError::NotDml(statement_kind(other))),
+        }
+    }
+
+    /// The statement's own query: its WITH (the only one allowed) is
+    /// checked CTE by CTE, each seeing only the CTEs before it.
+    fn root_query(&mut self, q: &Query) -> Result<Checked, GateError> {
+        if let Some(with) = &q.with {
+            if with.recursive {
+                return Err(GateError::Construct("WITH RECURSIVE"));
+            }
+            for cte in &with.cte_tables {
+                let name = normalize(&cte.alias.name)?;
+                if cte.from.is_some() {
+                    return Err(GateError::Construct("a CTE with FROM"));
+                }
+                self.walk(&*cte.query)?;
+                if !self.scope.insert(name) {
+                    return Err(GateError::Construct("two CTEs of one name"));
+                }
+            }
+        }
+        match &*q.body {
+            SetExpr::Insert(s) | SetExpr::Update(s) | SetExpr::Delete(s) if q.with.is_some() => {
+                if q.order_by.is_some() || q.limit_clause.is_some() || !q.locks.is_empty() {
+                    return Err(GateError::Construct("ORDER BY, LIMIT or FOR after DML"));
+                }
+                self.dml(s)
+            }
+            _ => {
+                let mut bare = q.clone();
+                bare.with = None;
+                self.walk(&bare)?;
+                Ok(Checked {
+                    returns_rows: true,
+                    writes: false,
+                })
+            }
+        }
+    }
+
+    fn dml(&mut self, statement: &Statement) -> Result<Checked, GateError> {
+        let (target, returns_rows) = match statement {
+            Statement::Insert(i) => {
+                let TableObject::TableName(name) = &i.table else {
+                    return Err(GateError::Construct("INSERT INTO a table function"));
+                };
+                (name.clone(), i.returning.is_some())
+            }
+            Statement::Update(u) => {
+                if matches!(u.from, Some(UpdateTableFromKind::BeforeSet(_))) {
+                    return Err(GateError::Construct("UPDATE FROM before SET"));
+                }
+                (single_table(&u.table)?, u.returning.is_some())
+            }
+            Statement::Delete(d) => {
+                if !d.tables.is_empty() || d.limit.is_some() || !d.order_by.is_empty() {
+                    return Err(GateError::Construct("multi-table DELETE"));
+                }
+                let (FromTable::WithFromKeyword(from) | FromTable::WithoutKeyword(from)) = &d.from;
+                match from.as_slice() {
+                    [t] => (single_table(t)?, d.returning.is_some()),
+                    _ => return Err(GateError::Construct("DELETE from several tables")),
+                }
+            }
+            other => return Err(GateError::NotDml(statement_kind(other))),
+        };
+        // A write target is always a real table (never a CTE), so it is
+        // checked against the grants whatever is in scope.
+        let table = self.table_name(&target)?;
+        if !self.grants.may_write(&table) {
+            return Err(GateError::NotGranted {
+                table,
+                consumer: self.consumer.into(),
+                key: "write",
+            });
+        }
+        self.walk(statement)?;
+        Ok(Checked {
+            returns_rows,
+            writes: true,
+        })
+    }
+
+    fn walk<V: Visit>(&mut self, node: &V) -> Result<(), GateError> {
+        match node.visit(self) {
+            ControlFlow::Continue(()) => Ok(()),
+            ControlFlow::Break(e) => Err(e),
+        }
+    }
+
+    /// A relation's name as the database resolves it: one ASCII part,
+    /// unquoted names folded to lower case, never a host table.
+    fn table_name(&self, name: &ObjectName) -> Result<String, GateError> {
+        let [ObjectNamePart::Identifier(ident)] = name.0.as_slice() else {
+            return Err(GateError::Qualified {
+                name: name.to_string(),
+                consumer: self.consumer.into(),
+            });
+        };
+        let n = normalize(ident)?;
+        if is_host_table(&n) {
+            return Err(GateError::HostTable(n));
+        }
+        Ok(n)
+    }
+}
+
+impl Visitor for Gate<'_> {
+    type Break = GateError;
+
+    fn pre_visit_query(&mut self, q: &Query) -> ControlFlow<GateError> {
+        let refuse = |what| ControlFlow::Break(GateError::Construct(what));
+        if q.with.is_some() {
+            return refuse("WITH inside a statement (put it at the start)");
+        }
+        if !q.locks.is_empty() {
+            return refuse("a locking clause (FOR UPDATE, FOR SHARE …)");
+        }
+        if q.for_clause.is_some()
+            || q.settings.is_some()
+            || q.format_clause.is_some()
+            || !q.pipe_operators.is_empty()
+        {
+            return refuse("this query syntax");
+        }
+        match body_problem(&q.body) {
+            Some(what) => refuse(what),
+            None => ControlFlow::Continue(()),
+        }
+    }
+
+    fn pre_visit_relation(&mut self, relation: &ObjectName) -> ControlFlow<GateError> {
+        let table = match self.table_name(relation) {
+            Ok(t) => t,
+            Err(e) => return ControlFlow::Break(e),
+        };
+        if self.scope.contains(&table) || self.grants.may_read(&table) {
+            return ControlFlow::Continue(());
+        }
+        ControlFlow::Break(GateError::NotGranted {
+            table,
+            consumer: self.consumer.into(),
+            key: "read",
+        })
+    }
+
+    fn pre_visit_table_factor(&mut self, factor: &TableFactor) -> ControlFlow<GateError> {
+        match factor {
+            TableFactor::Table {
+                args, with_hints, ..
+            } if args.is_none() && with_hints.is_empty() => ControlFlow::Continue(()),
+            TableFactor::Table { .. } => {
+                ControlFlow::Break(GateError::Construct("a table-valued function"))
+            }
+            TableFactor::Derived { .. } | TableFactor::NestedJoin { .. } => {
+                ControlFlow::Continue(())
+            }
+            _ => ControlFlow::Break(GateError::Construct(
+                "this FROM item (only tables, subqueries and joins)",
+            )),
+        }
+    }
+
+    fn pre_visit_expr(&mut self, expr: &Expr) -> ControlFlow<GateError> {
+        let Expr::Function(f) = expr else {
+            return ControlFlow::Continue(());
+        };
+        let [ObjectNamePart::Identifier(ident)] = f.name.0.as_slice() else {
+            return ControlFlow::Break(GateError::Function(f.name.to_string()));
+        };
+        match normalize(ident) {
+            Ok(name) if is_allowed_function(&name) => ControlFlow::Continue(()),
+            Ok(name) => ControlFlow::Break(GateError::Function(name)),
+            Err(e) => ControlFlow::Break(e),
+        }
+    }
+}
+
+/// What in a query body (outside its subqueries, which are visited as
+/// queries of their own) is refused.
+fn body_problem(body: &SetExpr) -> Option<&'static str> {
+    match body {
+        SetExpr::Select(s) if s.into.is_some() => Some("SELECT … INTO"),
+        SetExpr::Select(_) | SetExpr::Values(_) | SetExpr::Query(_) => None,
+        SetExpr::SetOperation { left, right, .. } => body_problem(left).or(body_problem(right)),
+        SetExpr::Insert(_) | SetExpr::Update(_) | SetExpr::Delete(_) | SetExpr::Merge(_) => {
+            Some("a data-modifying statement inside a query (a writable CTE)")
+        }
+        SetExpr::Table(_) => Some("`TABLE name`"),
+    }
+}
+
+fn single_table(t: &TableWithJoins) -> Result<ObjectName, GateError> {
+    match &t.relation {
+        TableFactor::Table { name, args, .. } if args.is_none() && t.joins.is_empty() => {
+            Ok(name.clone())
+        }
+        _ => Err(GateError::Construct("writing to anything but one table")),
+    }
+}
+
+/// An identifier as both databases resolve it, for the checks: ASCII only;
+/// unquoted folded to lower case; quoted kept (Postgres is case-sensitive
+/// there, so a quoted name must match a grant exactly).
+fn normalize(ident: &Ident) -> Result<String, GateError> {
+    if !ident.value.is_ascii() {
+        return Err(GateError::NonAscii(ident.value.clone()));
+    }
+    Ok(match ident.quote_style {
+        None => ident.value.to_ascii_lowercase(),
+        Some(_) => ident.value.clone(),
+    })
+}
+
+fn statement_kind(s: &Statement) -> String {
+    let text = s.to_string();
+    text.split_whitespace()
+        .next()
+        .unwrap_or("?")
+        .to_uppercase()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grants() -> TableGrants {
+        TableGrants {
+            read: vec!["customers".into()],
+            write: vec!["invoices".into()],
+        }
+    }
+
+    fn on_both(sql: &str) -> Vec<Result<Checked, GateError>> {
+        [DbKind::Postgres, DbKind::Sqlite]
+            .into_iter()
+            .map(|db| check(sql, db, &grants(), "billing"))
+            .collect()
+    }
+
+    #[test]
+    fn statements_within_the_grants_pass_on_both_databases() {
+        for sql in [
+            "SELECT id, name FROM customers WHERE id = $1",
+            "SELECT c.name, count(*) FROM customers c JOIN invoices i ON i.customer_id = c.id GROUP BY c.name",
+            "INSERT INTO invoices (order_id, amount_cents) VALUES ($1, $2)",
+            "INSERT INTO invoices (order_id) SELECT id FROM customers WHERE id = $1",
+            "INSERT INTO invoices (order_id) VALUES ($1) ON CONFLICT (order_id) DO UPDATE SET amount_cents = invoices.amount_cents + 1",
+            "UPDATE invoices SET amount_cents = amount_cents + $1 WHERE order_id = $2",
+            "DELETE FROM invoices WHERE order_id = $1",
+            "DELETE FROM invoices WHERE order_id IN (SELECT id FROM customers)",
+            "WITH big AS (SELECT id FROM customers WHERE id > $1) SELECT count(*) FROM big",
+            "WITH a AS (SELECT 1 AS x), b AS (SELECT x FROM a) SELECT x FROM b",
+            "SELECT coalesce(max(amount_cents), 0) FROM invoices",
+            "SELECT 1 UNION ALL SELECT 2",
+            "SELECT lower(name) || '-' || upper(name) FROM customers",
+            "SELECT CAST(amount_cents AS text) FROM invoices",
+            "INSERT INTO invoices (order_id) VALUES ($1) RETURNING order_id",
+        ] {
+            for r in on_both(sql) {
+                assert!(r.is_ok(), "{sql}: {r:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn host_tables_are_never_reachable_whatever_the_grants_say() {
+        let everything = TableGrants {
+            read: vec!["inbox".into(), "outbox".into(), "customers".into()],
+            write: vec!["inbox".into(), "transport_messages".into()],
+        };
+        for sql in [
+            "DELETE FROM inbox",
+            "UPDATE outbox SET published_at = now()",
+            "SELECT * FROM inbox",
+            "SELECT * FROM INBOX",
+            "SELECT * FROM \"inbox\"",
+            "DELETE FROM transport_messages",
+            "SELECT * FROM plugin_activations",
+            "SELECT * FROM outboxd_migrations",
+            "SELECT * FROM pg_shadow",
+            "SELECT * FROM sqlite_master",
+            "SELECT * FROM customers WHERE id IN (SELECT message_id FROM inbox)",
+            "WITH i AS (SELECT * FROM inbox) SELECT * FROM i",
+        ] {
+            for db in [DbKind::Postgres, DbKind::Sqlite] {
+                let r = check(sql, db, &everything, "billing");
+                assert!(
+                    matches!(r, Err(GateError::HostTable(_))),
+                    "{sql} on {db:?}: {r:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn tables_outside_the_grants_are_refused_with_the_key_to_change() {
+        let r = check(
+            "UPDATE customers SET name = $1",
+            DbKind::Postgres,
+            &grants(),
+            "billing",
+        );
+        let e = r.expect_err("customers is read-only");
+        assert_eq!(
+            e.to_string(),
+            "table `customers` is not in consumers[billing].tables.write; add it there (and grant it to the consumer's db_role on Postgres) to allow it"
+        );
+        for sql in [
+            "SELECT * FROM secrets",
+            "DELETE FROM customers",
+            "INSERT INTO customers (id) VALUES (1)",
+            "SELECT * FROM invoices, secrets",
+            "SELECT (SELECT count(*) FROM secrets)",
+            "SELECT * FROM \"Invoices\"",
+            "SELECT * FROM public.invoices",
+            "SELECT * FROM main.invoices",
+            "SELECT * FROM temp.invoices",
+            "SELECT * FROM pg_temp.invoices",
+            "SELECT * FROM information_schema.tables",
+            "SELECT * FROM pg_catalog.pg_authid",
+            // The CTE is out of scope in its own body and before it.
+            "WITH a AS (SELECT * FROM b), b AS (SELECT 1) SELECT * FROM a",
+            "WITH secrets AS (SELECT * FROM secrets) SELECT * FROM secrets",
+            // A write target is never a CTE.
+            "WITH invoices AS (SELECT 1) DELETE FROM customers",
+        ] {
+            for r in on_both(sql) {
+                assert!(r.is_err(), "{sql} must be refused");
+            }
+        }
+    }
+
+    #[test]
+    fn constructs_that_escape_the_statement_or_its_bounds_are_refused() {
+        for sql in [
+            "SELECT * INTO TEMP inbox_copy FROM invoices",
+            "SELECT * INTO invoices2 FROM invoices",
+            "SELECT * FROM invoices FOR UPDATE",
+            "SELECT * FROM customers FOR SHARE",
+            "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c",
+            "WITH d AS (DELETE FROM invoices RETURNING 1) SELECT count(*) FROM d",
+            "SELECT * FROM (WITH x AS (SELECT 1) SELECT * FROM x) y",
+            "TABLE invoices",
+            "SELECT * FROM generate_series(1, 1000000000)",
+            "SELECT * FROM pragma_table_info('inbox')",
+            "SELECT * FROM json_each('[1]')",
+            "SELECT * FROM unnest(ARRAY[1, 2])",
+            "SELECT 1; SELECT 2",
+            "SET statement_timeout = 0",
+            "RESET ALL",
+            "COMMIT",
+            "CREATE TEMP TABLE inbox (x int)",
+            "PRAGMA writable_schema = 1",
+            "ATTACH DATABASE '/tmp/x' AS x",
+            "VACUUM INTO '/tmp/x'",
+            "LOCK TABLE invoices",
+            "COPY invoices TO '/tmp/x'",
+            "EXPLAIN SELECT 1",
+            "UPDATE pg_settings SET setting = 'on' WHERE name = 'default_transaction_read_only'",
+        ] {
+            for r in on_both(sql) {
+                assert!(r.is_err(), "{sql} must be refused");
+            }
+        }
+    }
+
+    #[test]
+    fn functions_outside_the_allowlist_are_refused() {
+        for sql in [
+            "SELECT set_config('role', 'postgres', false)",
+            "SELECT pg_catalog.set_config('role', 'postgres', false)",
+            "SELECT \"set_config\"('statement_timeout', '0', false)",
+            "SELECT current_setting('role')",
+            "SELECT repeat('x', 300000000)",
+            "SELECT lpad('x', 300000000, 'y')",
+            "SELECT zeroblob(300000000)",
+            "SELECT randomblob(300000000)",
+            "SELECT printf('%.*c', 300000000, 'x')",
+            "SELECT string_agg(name, ',') FROM customers",
+            "SELECT group_concat(name) FROM customers",
+            "SELECT pg_sleep(60)",
+            "SELECT pg_read_file('/etc/passwd')",
+            "SELECT lo_import('/etc/passwd')",
+            "SELECT load_extension('/tmp/x.so')",
+            "SELECT readfile('/etc/passwd')",
+            "SELECT dblink_connect('host=evil')",
+            "SELECT pg_advisory_lock(1)",
+            "SELECT name FROM customers WHERE id = length(set_config('role', 'postgres', true))",
+            "INSERT INTO invoices (order_id) VALUES (set_config('role', 'postgres', true))",
+            "SELECT outbox_enqueue('a', 'b', '{}', '{}')",
+        ] {
+            for r in on_both(sql) {
+                assert!(
+                    matches!(r, Err(GateError::Function(_)) | Err(GateError::Parse(_))),
+                    "{sql}: {r:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn host_name_rules_cover_every_host_table() {
+        for t in [
+            "outbox",
+            "inbox",
+            "transport_messages",
+            "transport_cursors",
+            "plugins",
+            "plugin_activations",
+            "plugin_shadow_stats",
+            "consumer_dead_letters",
+            "consumer_offsets",
+            "outboxd_migrations",
+            "pg_authid",
+            "sqlite_schema",
+        ] {
+            assert!(is_host_table(t), "{t}");
+        }
+        for t in ["invoices", "customers", "orders", "outgoing"] {
+            assert!(!is_host_table(t), "{t}");
+        }
+    }
+}
