@@ -8,10 +8,61 @@
 //! backticks, no dollar quotes). Whatever either database would run as live
 //! SQL must be a single statement whose first word is allowed and which
 //! names no transaction control, DDL or session-changing function.
+//!
+//! Behind the guard, the capability gate (`sql_gate`, a parser's view) runs
+//! on both dialects with `customers` readable and `invoices` writable. It
+//! never panics, and a statement it accepts never names one of outboxd's
+//! tables where either database reads a table name (after FROM, JOIN,
+//! INTO, UPDATE or TABLE, as the lexers above see the live words).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use outboxd_core::config::TableGrants;
+use outboxd_core::db_url::DbKind;
+use outboxd_core::sql_gate;
 use outboxd_core::sql_guard::{MAX_STATEMENT_BYTES, check_statement};
+
+/// outboxd's own tables, by their exact names.
+const HOST_TABLES: &[&str] = &[
+    "outbox",
+    "inbox",
+    "transport_messages",
+    "transport_cursors",
+    "plugins",
+    "plugin_activations",
+    "plugin_shadow_stats",
+    "consumer_dead_letters",
+    "consumer_offsets",
+    "outboxd_migrations",
+    "pg_shadow",
+    "pg_authid",
+    "pg_settings",
+    "sqlite_master",
+    "sqlite_schema",
+];
+
+/// Words after which both databases read a table name.
+const TABLE_POSITION: &[&str] = &["from", "join", "into", "update", "table"];
+
+fn assert_no_host_table(sql: &str, dialect: &str, tokens: &[Tok]) {
+    for pair in tokens.windows(2) {
+        let (Tok::Word(k), next) = (&pair[0], &pair[1]) else {
+            continue;
+        };
+        if !TABLE_POSITION.contains(&k.as_str()) {
+            continue;
+        }
+        let name = match next {
+            Tok::Word(w) => w.clone(),
+            Tok::Quoted(q) => q.to_ascii_lowercase(),
+            _ => continue,
+        };
+        assert!(
+            !HOST_TABLES.contains(&name.as_str()),
+            "the gate let {dialect} reach `{name}`: {sql:?}"
+        );
+    }
+}
 
 #[derive(Debug, PartialEq)]
 enum Tok {
@@ -342,10 +393,26 @@ fuzz_target!(|data: &[u8]| {
     };
     assert!(sql.len() <= MAX_STATEMENT_BYTES);
     assert!(FIRST_WORDS.contains(&kind), "kind {kind}");
-    if let Some(tokens) = lex_postgres(sql.as_bytes()) {
-        assert_single_dml(sql, "postgres", &tokens);
+    let pg = lex_postgres(sql.as_bytes());
+    let lite = lex_sqlite(sql.as_bytes());
+    if let Some(tokens) = &pg {
+        assert_single_dml(sql, "postgres", tokens);
     }
-    if let Some(tokens) = lex_sqlite(sql.as_bytes()) {
-        assert_single_dml(sql, "sqlite", &tokens);
+    if let Some(tokens) = &lite {
+        assert_single_dml(sql, "sqlite", tokens);
+    }
+    let grants = TableGrants {
+        read: vec!["customers".into()],
+        write: vec!["invoices".into()],
+    };
+    for (db, tokens, dialect) in [
+        (DbKind::Postgres, &pg, "postgres"),
+        (DbKind::Sqlite, &lite, "sqlite"),
+    ] {
+        if sql_gate::check(sql, db, &grants, "fuzz").is_ok()
+            && let Some(tokens) = tokens
+        {
+            assert_no_host_table(sql, dialect, tokens);
+        }
     }
 });

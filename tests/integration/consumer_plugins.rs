@@ -94,7 +94,11 @@ on_both!(billing_plugin_reads_a_cloudevents_envelope);
 
 async fn trap_after_write_leaves_no_effect_and_redelivery_succeeds_once(t: TestDb) {
     billing::create_schema(&t.db).await.expect("billing schema");
-    let broken = handler("hostile-consumer-trap", &[], crate::support::plugin_policy());
+    let broken = handler(
+        "hostile-consumer-trap",
+        &[],
+        crate::support::plugin_policy(),
+    );
     let fixed = handler(
         "hostile-consumer-trap",
         &[("trap", "false")],
@@ -238,7 +242,11 @@ async fn batched_savepoints_roll_back_only_the_failed_message(t: TestDb) {
         .await
         .expect("batch");
     assert!(results.iter().all(|r| matches!(r, Ok(Processed::Handled))));
-    let hostile = handler("hostile-consumer-trap", &[], crate::support::plugin_policy());
+    let hostile = handler(
+        "hostile-consumer-trap",
+        &[],
+        crate::support::plugin_policy(),
+    );
     let next = [order(3, "c"), order(4, "d")];
     let results = process_batch(&t.db, "billing", &next, &hostile)
         .await

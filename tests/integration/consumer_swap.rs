@@ -43,7 +43,10 @@ pub(crate) async fn consumer_host(t: &TestDb) -> (Rollout, PluginHandler) {
     .expect("rollout")
     .with_consumers(["c".to_string()]);
     host.refresh().await.expect("refresh");
-    let handler = PluginHandler::swappable(host.consumer("c").expect("slot"), crate::support::plugin_policy());
+    let handler = PluginHandler::swappable(
+        host.consumer("c").expect("slot"),
+        crate::support::plugin_policy(),
+    );
     (host, handler)
 }
 

@@ -37,11 +37,12 @@ fn a(class: &'static str, sql: &str, query: bool) -> Attack {
     }
 }
 
-/// A value doubled `levels` times through nested subqueries: no function,
-/// no recursion, so the gate lets it through, and only the value-size
-/// bound stops it (16 B × 2^25 = 512 MiB).
-pub(crate) fn doubling_bomb(levels: usize) -> String {
-    let mut sql = "SELECT 'xxxxxxxxxxxxxxxx' AS c0".to_string();
+/// A literal of `bytes` doubled `levels` times through nested subqueries:
+/// no function and no recursion. At 13 levels the gate's expansion bound
+/// lets it through, and only the value-size bound stops it (60 000 B ×
+/// 2^13 = 491 MB); far deeper, the gate refuses it as a planner bomb.
+pub(crate) fn doubling_bomb(levels: usize, bytes: usize) -> String {
+    let mut sql = format!("SELECT '{}' AS c0", "x".repeat(bytes));
     for i in 1..=levels {
         sql = format!("SELECT c{p} || c{p} AS c{i} FROM ({sql}) t{i}", p = i - 1);
     }
@@ -51,18 +52,62 @@ pub(crate) fn doubling_bomb(levels: usize) -> String {
 fn corpus() -> Vec<Attack> {
     vec![
         // Temporary objects: a temporary `inbox` would shadow the host's.
-        a("temporary objects", "SELECT * INTO TEMP inbox FROM invoices", false),
-        a("temporary objects", "SELECT 1 AS consumer INTO TEMPORARY TABLE outbox", false),
-        a("temporary objects", "CREATE TEMP TABLE inbox (consumer text, message_id text)", false),
-        a("temporary objects", "CREATE TEMPORARY VIEW transport_messages AS SELECT 1 AS x", false),
-        a("temporary objects", "INSERT INTO temp.inbox (consumer) VALUES ('x')", false),
-        a("temporary objects", "INSERT INTO pg_temp.inbox (consumer) VALUES ('x')", false),
+        a(
+            "temporary objects",
+            "SELECT * INTO TEMP inbox FROM invoices",
+            false,
+        ),
+        a(
+            "temporary objects",
+            "SELECT 1 AS consumer INTO TEMPORARY TABLE outbox",
+            false,
+        ),
+        a(
+            "temporary objects",
+            "CREATE TEMP TABLE inbox (consumer text, message_id text)",
+            false,
+        ),
+        a(
+            "temporary objects",
+            "CREATE TEMPORARY VIEW transport_messages AS SELECT 1 AS x",
+            false,
+        ),
+        a(
+            "temporary objects",
+            "INSERT INTO temp.inbox (consumer) VALUES ('x')",
+            false,
+        ),
+        a(
+            "temporary objects",
+            "INSERT INTO pg_temp.inbox (consumer) VALUES ('x')",
+            false,
+        ),
         // Settings, by every route.
-        a("settings", "UPDATE pg_settings SET setting = 'on' WHERE name = 'default_transaction_read_only'", false),
-        a("settings", "SELECT set_config('default_transaction_read_only', 'on', false)", true),
-        a("settings", "SELECT set_config('statement_timeout', '0', false)", true),
-        a("settings", "SELECT name FROM customers WHERE id = CAST(length(set_config('role', 'postgres', true)) AS text)", true),
-        a("settings", "SET SESSION default_transaction_read_only = on", false),
+        a(
+            "settings",
+            "UPDATE pg_settings SET setting = 'on' WHERE name = 'default_transaction_read_only'",
+            false,
+        ),
+        a(
+            "settings",
+            "SELECT set_config('default_transaction_read_only', 'on', false)",
+            true,
+        ),
+        a(
+            "settings",
+            "SELECT set_config('statement_timeout', '0', false)",
+            true,
+        ),
+        a(
+            "settings",
+            "SELECT name FROM customers WHERE id = CAST(length(set_config('role', 'postgres', true)) AS text)",
+            true,
+        ),
+        a(
+            "settings",
+            "SET SESSION default_transaction_read_only = on",
+            false,
+        ),
         a("settings", "SET statement_timeout = 0", false),
         a("settings", "RESET ROLE", false),
         a("settings", "SELECT current_setting('data_directory')", true),
@@ -70,18 +115,50 @@ fn corpus() -> Vec<Attack> {
         a("settings", "PRAGMA journal_mode = OFF", false),
         // The host's tables, directly and through CTEs.
         a("host tables", "DELETE FROM inbox", false),
-        a("host tables", "UPDATE outbox SET published_at = NULL", false),
+        a(
+            "host tables",
+            "UPDATE outbox SET published_at = NULL",
+            false,
+        ),
         a("host tables", "DELETE FROM transport_messages", false),
-        a("host tables", "UPDATE transport_cursors SET next_offset = 0", false),
+        a(
+            "host tables",
+            "UPDATE transport_cursors SET next_offset = 0",
+            false,
+        ),
         a("host tables", "DELETE FROM plugin_activations", false),
-        a("host tables", "WITH gone AS (DELETE FROM inbox RETURNING 1) SELECT count(*) FROM gone", true),
-        a("host tables", "WITH i AS (SELECT * FROM inbox) SELECT count(*) FROM i", true),
-        a("host tables", "INSERT INTO invoices (order_id, customer_id, amount_cents, message_id, issued_at) SELECT aggregate_id, 'x', 1, 'x', 0 FROM outbox", false),
-        a("host tables", "SELECT count(*) FROM customers WHERE id IN (SELECT consumer FROM inbox)", true),
+        a(
+            "host tables",
+            "WITH gone AS (DELETE FROM inbox RETURNING 1) SELECT count(*) FROM gone",
+            true,
+        ),
+        a(
+            "host tables",
+            "WITH i AS (SELECT * FROM inbox) SELECT count(*) FROM i",
+            true,
+        ),
+        a(
+            "host tables",
+            "INSERT INTO invoices (order_id, customer_id, amount_cents, message_id, issued_at) SELECT aggregate_id, 'x', 1, 'x', 0 FROM outbox",
+            false,
+        ),
+        a(
+            "host tables",
+            "SELECT count(*) FROM customers WHERE id IN (SELECT consumer FROM inbox)",
+            true,
+        ),
         // Catalogs and other schemas.
         a("catalogs", "SELECT usename, passwd FROM pg_shadow", true),
-        a("catalogs", "SELECT rolname, rolpassword FROM pg_catalog.pg_authid", true),
-        a("catalogs", "SELECT table_name FROM information_schema.tables", true),
+        a(
+            "catalogs",
+            "SELECT rolname, rolpassword FROM pg_catalog.pg_authid",
+            true,
+        ),
+        a(
+            "catalogs",
+            "SELECT table_name FROM information_schema.tables",
+            true,
+        ),
         a("catalogs", "SELECT sql FROM sqlite_master", true),
         a("catalogs", "SELECT secret FROM secrets", true),
         a("catalogs", "SELECT * FROM public.inbox", true),
@@ -89,27 +166,65 @@ fn corpus() -> Vec<Attack> {
         // Row locks.
         a("row locks", "SELECT * FROM customers FOR UPDATE", true),
         a("row locks", "SELECT * FROM invoices FOR SHARE", true),
-        a("row locks", "LOCK TABLE invoices IN ACCESS EXCLUSIVE MODE", false),
+        a(
+            "row locks",
+            "LOCK TABLE invoices IN ACCESS EXCLUSIVE MODE",
+            false,
+        ),
         a("row locks", "SELECT pg_advisory_lock(42)", true),
         // Byte and time bombs.
         a("byte and time bombs", "SELECT repeat('x', 300000000)", true),
-        a("byte and time bombs", "SELECT lpad('x', 300000000, 'y')", true),
+        a(
+            "byte and time bombs",
+            "SELECT lpad('x', 300000000, 'y')",
+            true,
+        ),
         a("byte and time bombs", "SELECT zeroblob(300000000)", true),
-        a("byte and time bombs", "WITH RECURSIVE b(x) AS (SELECT zeroblob(1000000) UNION ALL SELECT x || x FROM b) SELECT length(x) FROM b", true),
-        a("byte and time bombs", "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c", true),
-        a("byte and time bombs", "SELECT count(*) FROM customers a, customers b, customers c, customers d, customers e, customers f", true),
+        a(
+            "byte and time bombs",
+            "WITH RECURSIVE b(x) AS (SELECT zeroblob(1000000) UNION ALL SELECT x || x FROM b) SELECT length(x) FROM b",
+            true,
+        ),
+        a(
+            "byte and time bombs",
+            "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c",
+            true,
+        ),
+        a(
+            "byte and time bombs",
+            "SELECT count(*) FROM customers a, customers b, customers c, customers d, customers e, customers f",
+            true,
+        ),
         Attack {
             class: "byte and time bombs",
-            sql: doubling_bomb(25),
+            sql: doubling_bomb(13, 60_000),
+            query: true,
+        },
+        // A planner bomb: 2^25 nodes once the subqueries are inlined.
+        Attack {
+            class: "byte and time bombs",
+            sql: doubling_bomb(25, 16),
             query: true,
         },
         a("byte and time bombs", "SELECT pg_sleep(60)", true),
         // Files, large objects and the network.
-        a("files and network", "SELECT pg_read_file('/etc/passwd')", true),
+        a(
+            "files and network",
+            "SELECT pg_read_file('/etc/passwd')",
+            true,
+        ),
         a("files and network", "SELECT lo_import('/etc/passwd')", true),
-        a("files and network", "COPY invoices TO '/tmp/outboxd-stolen'", false),
+        a(
+            "files and network",
+            "COPY invoices TO '/tmp/outboxd-stolen'",
+            false,
+        ),
         a("files and network", "SELECT readfile('/etc/passwd')", true),
-        a("files and network", "SELECT dblink('host=127.0.0.1', 'select 1')", true),
+        a(
+            "files and network",
+            "SELECT dblink('host=127.0.0.1', 'select 1')",
+            true,
+        ),
         a("files and network", "SELECT * FROM pg_ls_dir('.')", true),
         // Qualified, quoted and Unicode-escaped names.
         a("names", "DELETE FROM \"inbox\"", false),
@@ -117,15 +232,39 @@ fn corpus() -> Vec<Attack> {
         a("names", "DELETE FROM U&\"\\0069nbox\"", false),
         a("names", "SELECT * FROM \"public\".\"outbox\"", true),
         // Comments and dollar quotes.
-        a("comments and quotes", "SELECT 1 /* x */; DELETE FROM inbox", false),
+        a(
+            "comments and quotes",
+            "SELECT 1 /* x */; DELETE FROM inbox",
+            false,
+        ),
         a("comments and quotes", "DELETE/**/FROM/**/inbox", false),
-        a("comments and quotes", "SELECT $$x$$; DELETE FROM inbox --$$", false),
-        a("comments and quotes", "SELECT 1 --\r\nDELETE FROM inbox", false),
+        a(
+            "comments and quotes",
+            "SELECT $$x$$; DELETE FROM inbox --$$",
+            false,
+        ),
+        a(
+            "comments and quotes",
+            "SELECT 1 --\r\nDELETE FROM inbox",
+            false,
+        ),
         // SQLite's own doors.
-        a("sqlite doors", "ATTACH DATABASE '/tmp/outboxd-evil.db' AS evil", false),
+        a(
+            "sqlite doors",
+            "ATTACH DATABASE '/tmp/outboxd-evil.db' AS evil",
+            false,
+        ),
         a("sqlite doors", "PRAGMA writable_schema = ON", false),
-        a("sqlite doors", "SELECT load_extension('/tmp/outboxd-evil.so')", true),
-        a("sqlite doors", "SELECT * FROM pragma_table_info('inbox')", true),
+        a(
+            "sqlite doors",
+            "SELECT load_extension('/tmp/outboxd-evil.so')",
+            true,
+        ),
+        a(
+            "sqlite doors",
+            "SELECT * FROM pragma_table_info('inbox')",
+            true,
+        ),
         a("sqlite doors", "VACUUM INTO '/tmp/outboxd-copy.db'", false),
         // The host's transaction.
         a("transaction control", "COMMIT", false),
@@ -247,7 +386,12 @@ async fn every_attack_is_stopped_and_the_next_messages_run_exactly_once(t: TestD
         )
         .await;
         for j in 0..20 {
-            send(&t, format!("innocent-{k}-{j}"), json!({ "order_id": format!("{k}-{j}") })).await;
+            send(
+                &t,
+                format!("innocent-{k}-{j}"),
+                json!({ "order_id": format!("{k}-{j}") }),
+            )
+            .await;
         }
         wait_for(
             &t,
@@ -274,14 +418,18 @@ async fn every_attack_is_stopped_and_the_next_messages_run_exactly_once(t: TestD
             STOPPED.iter().any(|s| reason.contains(s)),
             "{what}: not refused or cut off with a reason: {reason}"
         );
-        report.push(format!("{:<22} {:<60.60} {reason:.160}", attack.class, attack.sql));
+        report.push(format!(
+            "{:<22} {:<60.60} {reason:.160}",
+            attack.class, attack.sql
+        ));
     }
     // Exactly once each: 20 invoices per attack, every one distinct, none
     // from an attack.
     let innocents = 20 * attacks.len() as i64;
     assert_eq!(t.count("SELECT count(*) FROM invoices").await, innocents);
     assert_eq!(
-        t.count("SELECT count(DISTINCT order_id) FROM invoices").await,
+        t.count("SELECT count(DISTINCT order_id) FROM invoices")
+            .await,
         innocents
     );
     assert_eq!(
@@ -314,6 +462,10 @@ async fn every_attack_is_stopped_and_the_next_messages_run_exactly_once(t: TestD
     }
     child.start_kill().expect("stop outboxd");
     let _ = child.wait().await;
-    eprintln!("{} attacks, each stopped:\n{}", attacks.len(), report.join("\n"));
+    eprintln!(
+        "{} attacks, each stopped:\n{}",
+        attacks.len(),
+        report.join("\n")
+    );
 }
 on_both!(every_attack_is_stopped_and_the_next_messages_run_exactly_once);

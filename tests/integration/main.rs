@@ -38,6 +38,7 @@ mod ops;
 mod ordering;
 mod plugin_chains;
 mod plugin_limits;
+mod plugin_sql_walls;
 mod plugins;
 mod process;
 mod process_consumers;

@@ -91,7 +91,10 @@ impl TestDb {
     /// `tables`, as `outboxd plugin-roles` would, and sets `c.db_role`.
     /// Roles belong to the cluster, so each is named after this test's
     /// database (tests/run.sh drops the leftovers). Nothing on SQLite.
-    pub async fn provision_plugin_role(&self, c: &mut outboxd::config::ConsumerSection) -> Option<String> {
+    pub async fn provision_plugin_role(
+        &self,
+        c: &mut outboxd::config::ConsumerSection,
+    ) -> Option<String> {
         let Db::Postgres(pool) = &self.db else {
             return None;
         };

@@ -68,6 +68,8 @@ pub enum GateError {
     Function(String),
     #[error("`{0}`: identifiers must be ASCII")]
     NonAscii(String),
+    #[error("the statement is too complex for plugin SQL ({0}); split it or compute in the plugin")]
+    TooComplex(String),
 }
 
 /// What the gate learnt about an accepted statement.
@@ -197,20 +199,107 @@ pub fn is_allowed_function(name: &str) -> bool {
     ALLOWED_FUNCTIONS.contains(&name)
 }
 
+/// The largest an output column may grow when the databases inline the
+/// subqueries and CTEs it is built from, in expression nodes (see
+/// [`expansion`]).
+pub const MAX_EXPANDED_COLUMN: u64 = 20_000;
+/// The largest the whole statement may grow the same way.
+pub const MAX_EXPANDED_STATEMENT: u64 = 200_000;
+
+/// Deepest parenthesis nesting a statement may have.
+pub const MAX_DEPTH: usize = 40;
+/// Most operators (and AND, OR, NOT) a statement may have: a chain of them
+/// is a tree as deep as it is long.
+pub const MAX_OPERATORS: usize = 2_000;
+
 /// Checks one statement against `grants`; `consumer` names the config
 /// entry in errors.
+///
+/// Parsing, walking and dropping a syntax tree recurse as deep as the
+/// tree. Its depth is bounded first, from the tokens ([`MAX_DEPTH`],
+/// [`MAX_OPERATORS`]); a statement beyond a shallow shape is then checked
+/// on a thread with a stack sized for the bound, so no statement can
+/// overflow the caller's stack, in a debug build either.
 pub fn check(
     sql: &str,
     db: DbKind,
     grants: &TableGrants,
     consumer: &str,
 ) -> Result<Checked, GateError> {
-    let dialect: &dyn Dialect = match db {
+    let (depth, operators) = shape(sql, db)?;
+    if depth <= 6 && operators <= 48 {
+        return check_parsed(sql, db, grants, consumer);
+    }
+    std::thread::scope(|scope| {
+        std::thread::Builder::new()
+            .name("outboxd-sql-gate".into())
+            .stack_size(256 << 20)
+            .spawn_scoped(scope, || check_parsed(sql, db, grants, consumer))
+            .map_err(|e| GateError::Parse(format!("cannot start the gate's thread: {e}")))?
+            .join()
+            .unwrap_or_else(|_| Err(GateError::Parse("the gate failed on this statement".into())))
+    })
+}
+
+fn dialect(db: DbKind) -> &'static dyn Dialect {
+    match db {
         DbKind::Postgres => &PostgreSqlDialect {},
         DbKind::Sqlite => &SQLiteDialect {},
-    };
-    let statements = Parser::new(dialect)
-        .with_recursion_limit(48)
+    }
+}
+
+/// The statement's parenthesis depth and operator count, refused beyond
+/// the bounds.
+fn shape(sql: &str, db: DbKind) -> Result<(usize, usize), GateError> {
+    use sqlparser::keywords::Keyword;
+    use sqlparser::tokenizer::{Token, Tokenizer};
+    let tokens = Tokenizer::new(dialect(db), sql)
+        .tokenize()
+        .map_err(|e| GateError::Parse(e.to_string()))?;
+    let (mut depth, mut deepest, mut operators) = (0usize, 0usize, 0usize);
+    for t in &tokens {
+        match t {
+            Token::LParen | Token::LBracket | Token::LBrace => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            Token::RParen | Token::RBracket | Token::RBrace => depth = depth.saturating_sub(1),
+            Token::Word(w) if matches!(w.keyword, Keyword::AND | Keyword::OR | Keyword::NOT) => {
+                operators += 1
+            }
+            Token::Word(_)
+            | Token::Number(..)
+            | Token::SingleQuotedString(_)
+            | Token::Placeholder(_)
+            | Token::Comma
+            | Token::Period
+            | Token::SemiColon
+            | Token::Whitespace(_)
+            | Token::EOF => {}
+            _ => operators += 1,
+        }
+    }
+    if deepest > MAX_DEPTH {
+        return Err(GateError::TooComplex(format!(
+            "nested {deepest} levels deep; the limit is {MAX_DEPTH}"
+        )));
+    }
+    if operators > MAX_OPERATORS {
+        return Err(GateError::TooComplex(format!(
+            "{operators} operators; the limit is {MAX_OPERATORS}"
+        )));
+    }
+    Ok((deepest, operators))
+}
+
+fn check_parsed(
+    sql: &str,
+    db: DbKind,
+    grants: &TableGrants,
+    consumer: &str,
+) -> Result<Checked, GateError> {
+    let statements = Parser::new(dialect(db))
+        .with_recursion_limit(4 * MAX_DEPTH + 16)
         .try_with_sql(sql)
         .and_then(|mut p| p.parse_statements())
         .map_err(|e| GateError::Parse(e.to_string()))?;
@@ -224,7 +313,160 @@ pub fn check(
         consumer,
         scope: HashSet::new(),
     };
-    gate.statement(statement)
+    let checked = gate.statement(statement)?;
+    expansion(statement)?;
+    Ok(checked)
+}
+
+/// Refuses a statement that grows when it is planned.
+///
+/// Both planners inline a subquery or CTE into the query that reads it
+/// (Postgres pulls subqueries up, SQLite flattens them): every reference to
+/// an inner output column is replaced by that column's expression. Twenty
+/// levels of `SELECT c || c AS c FROM (…)` are a few hundred bytes of SQL
+/// and 2^20 nodes to plan; twenty-five made a Postgres backend allocate
+/// 23 GB before the kernel killed it, and SQLite plans inside the host's
+/// own process, before any deadline runs. So the gate weighs each output
+/// column as the planners would expand it (a column reference weighs what
+/// the heaviest column of the subqueries and CTEs in its FROM weighs) and
+/// bounds the column ([`MAX_EXPANDED_COLUMN`]) and the statement
+/// ([`MAX_EXPANDED_STATEMENT`]).
+fn expansion(statement: &Statement) -> Result<(), GateError> {
+    let mut ctes = std::collections::HashMap::new();
+    if let Statement::Query(q) = statement
+        && let Some(with) = &q.with
+    {
+        for cte in &with.cte_tables {
+            let w = query_weight(&cte.query, &ctes);
+            ctes.insert(cte.alias.name.value.to_ascii_lowercase(), w);
+        }
+    }
+    let mut total = Expansion {
+        ctes: &ctes,
+        total: 0,
+        heaviest: 0,
+    };
+    let _ = statement.visit(&mut total);
+    if total.heaviest > MAX_EXPANDED_COLUMN || total.total > MAX_EXPANDED_STATEMENT {
+        return Err(GateError::TooComplex(format!(
+            "it expands to {} expression nodes when its subqueries are inlined ({} in one column); the limits are {MAX_EXPANDED_STATEMENT} and {MAX_EXPANDED_COLUMN}",
+            total.total, total.heaviest
+        )));
+    }
+    Ok(())
+}
+
+type Weights<'a> = &'a std::collections::HashMap<String, u64>;
+
+/// Sums the expanded size of every SELECT in the statement.
+struct Expansion<'a> {
+    ctes: Weights<'a>,
+    total: u64,
+    heaviest: u64,
+}
+
+impl Visitor for Expansion<'_> {
+    type Break = ();
+
+    fn pre_visit_query(&mut self, q: &Query) -> ControlFlow<()> {
+        let mut selects = Vec::new();
+        collect_selects(&q.body, &mut selects);
+        for select in selects {
+            let inner = from_weight(&select.from, self.ctes);
+            self.total = self.total.saturating_add(nodes(select, inner));
+            self.heaviest = self.heaviest.max(select_weight(select, self.ctes));
+        }
+        ControlFlow::Continue(())
+    }
+}
+
+fn collect_selects<'q>(body: &'q SetExpr, out: &mut Vec<&'q sqlparser::ast::Select>) {
+    match body {
+        SetExpr::Select(s) => out.push(s),
+        SetExpr::SetOperation { left, right, .. } => {
+            collect_selects(left, out);
+            collect_selects(right, out);
+        }
+        _ => {}
+    }
+}
+
+/// The heaviest output column of a query.
+fn query_weight(q: &Query, ctes: Weights<'_>) -> u64 {
+    set_weight(&q.body, ctes)
+}
+
+fn set_weight(body: &SetExpr, ctes: Weights<'_>) -> u64 {
+    match body {
+        SetExpr::Select(s) => select_weight(s, ctes),
+        SetExpr::Query(q) => query_weight(q, ctes),
+        SetExpr::SetOperation { left, right, .. } => {
+            set_weight(left, ctes).max(set_weight(right, ctes))
+        }
+        SetExpr::Values(v) => nodes(v, 1),
+        _ => 1,
+    }
+}
+
+fn select_weight(s: &sqlparser::ast::Select, ctes: Weights<'_>) -> u64 {
+    use sqlparser::ast::SelectItem;
+    let inner = from_weight(&s.from, ctes);
+    s.projection
+        .iter()
+        .map(|item| match item {
+            SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => {
+                nodes(e, inner)
+            }
+            _ => inner,
+        })
+        .max()
+        .unwrap_or(1)
+}
+
+/// What a column reference weighs in a query with this FROM: the heaviest
+/// column of its subqueries and CTEs, 1 for tables.
+fn from_weight(from: &[TableWithJoins], ctes: Weights<'_>) -> u64 {
+    from.iter()
+        .flat_map(|t| std::iter::once(&t.relation).chain(t.joins.iter().map(|j| &j.relation)))
+        .map(|f| factor_weight(f, ctes))
+        .max()
+        .unwrap_or(1)
+}
+
+fn factor_weight(f: &TableFactor, ctes: Weights<'_>) -> u64 {
+    match f {
+        TableFactor::Table { name, .. } => match name.0.as_slice() {
+            [ObjectNamePart::Identifier(i)] => ctes
+                .get(&i.value.to_ascii_lowercase())
+                .copied()
+                .unwrap_or(1),
+            _ => 1,
+        },
+        TableFactor::Derived { subquery, .. } => query_weight(subquery, ctes),
+        TableFactor::NestedJoin {
+            table_with_joins, ..
+        } => from_weight(std::slice::from_ref(table_with_joins), ctes),
+        _ => 1,
+    }
+}
+
+/// Expression nodes in `node`, a column reference weighing `column`.
+fn nodes<V: Visit>(node: &V, column: u64) -> u64 {
+    struct Count(u64, u64);
+    impl Visitor for Count {
+        type Break = ();
+        fn pre_visit_expr(&mut self, e: &Expr) -> ControlFlow<()> {
+            let n = match e {
+                Expr::Identifier(_) | Expr::CompoundIdentifier(_) => self.1,
+                _ => 1,
+            };
+            self.0 = self.0.saturating_add(n);
+            ControlFlow::Continue(())
+        }
+    }
+    let mut c = Count(0, column);
+    let _ = node.visit(&mut c);
+    c.0.max(1)
 }
 
 struct Gate<'a> {
@@ -458,10 +700,7 @@ fn normalize(ident: &Ident) -> Result<String, GateError> {
 
 fn statement_kind(s: &Statement) -> String {
     let text = s.to_string();
-    text.split_whitespace()
-        .next()
-        .unwrap_or("?")
-        .to_uppercase()
+    text.split_whitespace().next().unwrap_or("?").to_uppercase()
 }
 
 #[cfg(test)]
@@ -640,6 +879,60 @@ mod tests {
                     "{sql}: {r:?}"
                 );
             }
+        }
+    }
+
+    /// Deep trees are checked on a thread with room for them, and bounded:
+    /// none of these may overflow the test thread's stack.
+    #[test]
+    fn deep_and_long_statements_are_bounded_without_overflowing_the_stack() {
+        let nested = |levels: usize| {
+            let mut sql = "SELECT 'x' AS c0".to_string();
+            for i in 1..=levels {
+                sql = format!("SELECT c{p} || c{p} AS c{i} FROM ({sql}) t{i}", p = i - 1);
+            }
+            sql
+        };
+        for r in on_both(&nested(10)) {
+            assert!(r.is_ok(), "{r:?}");
+        }
+        // Planned, these double at every level: 2^25 nodes made a Postgres
+        // backend allocate 23 GB before the kernel killed it.
+        for levels in [16, 25, MAX_DEPTH + 1] {
+            for r in on_both(&nested(levels)) {
+                assert!(
+                    matches!(r, Err(GateError::TooComplex(_))),
+                    "{levels}: {r:?}"
+                );
+            }
+        }
+        let ctes = (1..=20)
+            .map(|i| format!("c{i} AS (SELECT x || x AS x FROM c{})", i - 1))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let cte_bomb = format!("WITH c0 AS (SELECT 'x' AS x), {ctes} SELECT x FROM c20");
+        for r in on_both(&cte_bomb) {
+            assert!(matches!(r, Err(GateError::TooComplex(_))), "{r:?}");
+        }
+        let parens = format!("SELECT {}1{}", "(".repeat(5000), ")".repeat(5000));
+        let chain = format!("SELECT 1{}", " + 1".repeat(10_000));
+        let ands = format!(
+            "SELECT 1 FROM customers WHERE true{}",
+            " AND true".repeat(1_500)
+        );
+        let nots = format!("SELECT {}true", "NOT ".repeat(1_500));
+        for sql in [parens, chain] {
+            for r in on_both(&sql) {
+                assert!(matches!(r, Err(GateError::TooComplex(_))), "{r:?}");
+            }
+        }
+        for r in on_both(&ands) {
+            assert!(r.is_ok(), "{r:?}");
+        }
+        // Refused by the parser's own recursion limit; what matters is that
+        // it returns.
+        for r in on_both(&nots) {
+            assert!(r.is_err(), "{r:?}");
         }
     }
 

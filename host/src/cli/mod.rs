@@ -251,11 +251,16 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::PluginRoles { print } => {
             let db = connect(&config).await?;
             let Db::Postgres(pool) = &db else {
-                println!("SQLite needs no roles: the authorizer confines plugin SQL to consumers[].tables");
+                println!(
+                    "SQLite needs no roles: the authorizer confines plugin SQL to consumers[].tables"
+                );
                 return Ok(ExitCode::SUCCESS);
             };
             if print {
-                print!("{}", crate::store::plugin_roles::print_sql(pool, &config.consumers).await?);
+                print!(
+                    "{}",
+                    crate::store::plugin_roles::print_sql(pool, &config.consumers).await?
+                );
                 return Ok(ExitCode::SUCCESS);
             }
             migrate(&db).await?;
@@ -279,7 +284,10 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             let db = connect(&config).await?;
             let report = migrate(&db).await?;
             if let Db::Postgres(pool) = &db
-                && config.consumers.iter().any(|c| c.plugin_name().is_some() && c.db_role.is_some())
+                && config
+                    .consumers
+                    .iter()
+                    .any(|c| c.plugin_name().is_some() && c.db_role.is_some())
             {
                 if crate::store::plugin_roles::may_create_roles(pool).await? {
                     crate::store::plugin_roles::provision(pool, &config.consumers)

@@ -293,7 +293,7 @@ async fn stop_abandoned_statement(
     cancel: Option<&sqlx::PgPool>,
 ) {
     match tx {
-        InboxTx::Postgres(_) => {
+        InboxTx::Postgres(t) => {
             if let (Some(pid), Some(pool)) = (pid, cancel) {
                 let cancelled = sqlx::query("SELECT pg_cancel_backend($1)")
                     .bind(pid)
@@ -302,6 +302,10 @@ async fn stop_abandoned_statement(
                 if let Err(e) = cancelled {
                     tracing::warn!(pid, error = %e, "cannot cancel a plugin statement past its deadline");
                 }
+                // The abandoned statement's answer (now `canceling
+                // statement due to user request`) is still on the wire:
+                // read it here, so the caller's rollback gets its own.
+                let _drained = sqlx::Executor::execute(&mut **t, "SELECT 1").await;
             }
         }
         InboxTx::Sqlite(t) => {

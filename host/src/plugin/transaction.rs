@@ -268,7 +268,9 @@ impl<'a> TxnServer<'a> {
             Op::Execute(sql, params) => {
                 let checked = self.admit(&sql)?;
                 self.run_as_plugin().await?;
-                self.execute(&sql, checked, params).await.map(Reply::Affected)
+                self.execute(&sql, checked, params)
+                    .await
+                    .map(Reply::Affected)
             }
             Op::Query(sql, params) => {
                 let checked = self.admit(&sql)?;
@@ -308,11 +310,13 @@ impl<'a> TxnServer<'a> {
         }
         let pid: i32 = match &self.policy.db_role {
             // The role name is checked at startup to be a plain identifier.
-            Some(role) => sqlx::query_scalar("SELECT pg_backend_pid() FROM set_config('role', $1, true)")
-                .bind(role)
-                .fetch_one(&mut **t)
-                .await
-                .map_err(database)?,
+            Some(role) => {
+                sqlx::query_scalar("SELECT pg_backend_pid() FROM set_config('role', $1, true)")
+                    .bind(role)
+                    .fetch_one(&mut **t)
+                    .await
+                    .map_err(database)?
+            }
             None => sqlx::query_scalar("SELECT pg_backend_pid()")
                 .fetch_one(&mut **t)
                 .await
@@ -360,7 +364,12 @@ impl<'a> TxnServer<'a> {
         self.policy.max_rows.saturating_sub(self.rows)
     }
 
-    async fn execute(&mut self, sql: &str, checked: Checked, params: Vec<Value>) -> Result<u64, DbError> {
+    async fn execute(
+        &mut self,
+        sql: &str,
+        checked: Checked,
+        params: Vec<Value>,
+    ) -> Result<u64, DbError> {
         let sqlite_policy = self.sqlite_policy();
         let (max_bytes, rows_left) = (self.policy.max_result_bytes, self.rows_left());
         match &mut *self.tx {
@@ -388,7 +397,12 @@ impl<'a> TxnServer<'a> {
         }
     }
 
-    async fn query(&mut self, sql: &str, checked: Checked, params: Vec<Value>) -> Result<Rows, DbError> {
+    async fn query(
+        &mut self,
+        sql: &str,
+        checked: Checked,
+        params: Vec<Value>,
+    ) -> Result<Rows, DbError> {
         use futures_util::TryStreamExt;
         use sqlx::{Column, Row};
         let left = self.rows_left();
@@ -447,8 +461,7 @@ impl<'a> TxnServer<'a> {
                             return Err(Ok(over_rows()));
                         }
                         if out.columns.is_empty() {
-                            out.columns =
-                                row.columns().iter().map(|c| c.name().into()).collect();
+                            out.columns = row.columns().iter().map(|c| c.name().into()).collect();
                         }
                         let values = sqlite_row(&row).map_err(Ok)?;
                         bytes += values_size(&values);
@@ -495,7 +508,9 @@ fn values_size(values: &[Value]) -> u64 {
     values
         .iter()
         .map(|v| match v {
-            Value::Text(s) | Value::Json(s) | Value::Timestamp(s) | Value::Uuid(s) => s.len() as u64,
+            Value::Text(s) | Value::Json(s) | Value::Timestamp(s) | Value::Uuid(s) => {
+                s.len() as u64
+            }
             Value::Bytes(b) => b.len() as u64,
             _ => 8,
         })

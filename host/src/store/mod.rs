@@ -11,11 +11,11 @@ mod enqueue;
 mod fingerprint;
 mod migrate;
 pub mod offsets;
+pub mod plugin_roles;
 pub mod postgres;
 pub mod problem;
 pub mod sqlite;
 mod sqlite_busy;
-pub mod plugin_roles;
 pub mod sqlite_plugin_guard;
 pub mod sqlite_watch;
 

@@ -54,7 +54,10 @@ pub fn provisioning_sql(site: &Site, c: &ConsumerSection, role: &str) -> Vec<Str
         format!("CREATE ROLE {r} NOLOGIN NOINHERIT"),
         // TEMP is granted to PUBLIC by default, and a temporary table
         // shadows any table of the same name for the session.
-        format!("REVOKE TEMPORARY ON DATABASE {} FROM PUBLIC", q(&site.database)),
+        format!(
+            "REVOKE TEMPORARY ON DATABASE {} FROM PUBLIC",
+            q(&site.database)
+        ),
         format!(
             "GRANT TEMPORARY ON DATABASE {} TO {}",
             q(&site.database),
@@ -72,7 +75,11 @@ pub fn provisioning_sql(site: &Site, c: &ConsumerSection, role: &str) -> Vec<Str
     ];
     for t in &c.tables.read {
         if !c.tables.write.contains(t) {
-            sql.push(format!("GRANT SELECT ON {}.{} TO {r}", q(&site.schema), q(t)));
+            sql.push(format!(
+                "GRANT SELECT ON {}.{} TO {r}",
+                q(&site.schema),
+                q(t)
+            ));
         }
     }
     for t in &c.tables.write {
@@ -130,7 +137,11 @@ pub async fn check(pool: &PgPool, index: usize, c: &ConsumerSection) -> Result<(
 }
 
 /// Everything wrong with `role` for `c`, in words.
-async fn problems(pool: &PgPool, role: &str, c: &ConsumerSection) -> Result<Vec<String>, sqlx::Error> {
+async fn problems(
+    pool: &PgPool,
+    role: &str,
+    c: &ConsumerSection,
+) -> Result<Vec<String>, sqlx::Error> {
     let mut out = Vec::new();
     let attrs: Option<(bool, bool, bool, bool)> = sqlx::query_as(
         "SELECT rolsuper, rolcreaterole, rolcreatedb, rolbypassrls FROM pg_roles WHERE rolname = $1",
@@ -161,7 +172,9 @@ async fn problems(pool: &PgPool, role: &str, c: &ConsumerSection) -> Result<Vec<
         ));
     }
     if temp {
-        out.push("it may create temporary tables (TEMPORARY is granted to PUBLIC by default)".into());
+        out.push(
+            "it may create temporary tables (TEMPORARY is granted to PUBLIC by default)".into(),
+        );
     }
     if create_db {
         out.push("it has CREATE on the database".into());
@@ -204,11 +217,15 @@ async fn problems(pool: &PgPool, role: &str, c: &ConsumerSection) -> Result<Vec<
             continue;
         }
         if !in_host_schema {
-            out.push(format!("it has privileges on `{name}`, outside the schema plugin SQL uses"));
+            out.push(format!(
+                "it has privileges on `{name}`, outside the schema plugin SQL uses"
+            ));
             continue;
         }
         if other {
-            out.push(format!("it has TRUNCATE, REFERENCES or TRIGGER on `{name}`"));
+            out.push(format!(
+                "it has TRUNCATE, REFERENCES or TRIGGER on `{name}`"
+            ));
         }
         if write && !c.tables.may_write(&table) {
             out.push(format!(
@@ -231,7 +248,9 @@ async fn problems(pool: &PgPool, role: &str, c: &ConsumerSection) -> Result<Vec<
         .await?
         .flatten();
         if granted == Some(false) {
-            out.push(format!("it cannot read `{t}`, which consumers[].tables lists"));
+            out.push(format!(
+                "it cannot read `{t}`, which consumers[].tables lists"
+            ));
         }
     }
     let functions: Vec<String> = sqlx::query_scalar(
@@ -251,7 +270,10 @@ async fn problems(pool: &PgPool, role: &str, c: &ConsumerSection) -> Result<Vec<
 
 /// Creates or repairs the role of every plugin consumer in `consumers`
 /// (those on Postgres with a `db_role`); returns what it ran.
-pub async fn provision(pool: &PgPool, consumers: &[ConsumerSection]) -> Result<Vec<String>, String> {
+pub async fn provision(
+    pool: &PgPool,
+    consumers: &[ConsumerSection],
+) -> Result<Vec<String>, String> {
     let site = site(pool).await.map_err(|e| e.to_string())?;
     let mut ran = Vec::new();
     for c in consumers.iter().filter(|c| c.plugin_name().is_some()) {
@@ -289,7 +311,10 @@ pub async fn may_create_roles(pool: &PgPool) -> Result<bool, sqlx::Error> {
 }
 
 /// The whole SQL for `consumers`, for `outboxd plugin-roles --print`.
-pub async fn print_sql(pool: &PgPool, consumers: &[ConsumerSection]) -> Result<String, sqlx::Error> {
+pub async fn print_sql(
+    pool: &PgPool,
+    consumers: &[ConsumerSection],
+) -> Result<String, sqlx::Error> {
     let site = site(pool).await?;
     let mut out = String::new();
     for (i, c) in consumers.iter().enumerate() {
@@ -297,10 +322,16 @@ pub async fn print_sql(pool: &PgPool, consumers: &[ConsumerSection]) -> Result<S
             continue;
         }
         let Some(role) = &c.db_role else {
-            out.push_str(&format!("-- consumers[{i}] ({}) has no db_role; set one\n", c.name));
+            out.push_str(&format!(
+                "-- consumers[{i}] ({}) has no db_role; set one\n",
+                c.name
+            ));
             continue;
         };
-        out.push_str(&format!("-- consumers[{i}] ({}): its plugin's SQL runs as {role}\n", c.name));
+        out.push_str(&format!(
+            "-- consumers[{i}] ({}): its plugin's SQL runs as {role}\n",
+            c.name
+        ));
         for s in provisioning_sql(&site, c, role) {
             out.push_str(&s);
             out.push_str(";\n");

@@ -208,9 +208,9 @@ unsafe extern "C" fn progress(data: *mut c_void) -> c_int {
     }
     match &state.policy {
         Some(p) if Instant::now() >= p.deadline => {
-            state
-                .refused
-                .get_or_insert("the statement ran past the plugin's deadline and was interrupted".into());
+            state.refused.get_or_insert(
+                "the statement ran past the plugin's deadline and was interrupted".into(),
+            );
             1
         }
         _ => 0,
@@ -275,7 +275,10 @@ impl std::fmt::Debug for ConnGuard {
 }
 
 /// Makes `policy` the rule for the next statement on `conn`.
-pub async fn begin(conn: &mut SqliteConnection, policy: PluginPolicy) -> Result<Active, sqlx::Error> {
+pub async fn begin(
+    conn: &mut SqliteConnection,
+    policy: PluginPolicy,
+) -> Result<Active, sqlx::Error> {
     let limit = c_int::try_from(policy.max_value_bytes).unwrap_or(HOST_LENGTH_LIMIT);
     let db = set_length_limit(conn, limit.clamp(1, HOST_LENGTH_LIMIT)).await?;
     let guard = guards().lock().ok().and_then(|m| m.get(&db).copied());
@@ -359,27 +362,137 @@ mod tests {
     fn the_authorizer_allows_only_the_grants() {
         let p = policy();
         let main = Some("main");
-        assert!(decide(&p, ffi::SQLITE_READ, Some("customers"), Some("id"), main, None).is_ok());
-        assert!(decide(&p, ffi::SQLITE_READ, Some("invoices"), Some("id"), main, None).is_ok());
+        assert!(
+            decide(
+                &p,
+                ffi::SQLITE_READ,
+                Some("customers"),
+                Some("id"),
+                main,
+                None
+            )
+            .is_ok()
+        );
+        assert!(
+            decide(
+                &p,
+                ffi::SQLITE_READ,
+                Some("invoices"),
+                Some("id"),
+                main,
+                None
+            )
+            .is_ok()
+        );
         assert!(decide(&p, ffi::SQLITE_INSERT, Some("invoices"), None, main, None).is_ok());
-        assert!(decide(&p, ffi::SQLITE_UPDATE, Some("customers"), Some("n"), main, None).is_err());
+        assert!(
+            decide(
+                &p,
+                ffi::SQLITE_UPDATE,
+                Some("customers"),
+                Some("n"),
+                main,
+                None
+            )
+            .is_err()
+        );
         assert!(decide(&p, ffi::SQLITE_READ, Some("inbox"), Some("id"), main, None).is_err());
         assert!(decide(&p, ffi::SQLITE_DELETE, Some("outbox"), None, main, None).is_err());
-        assert!(decide(&p, ffi::SQLITE_READ, Some("sqlite_master"), None, main, None).is_err());
-        assert!(decide(&p, ffi::SQLITE_READ, Some("customers"), None, Some("temp"), None).is_err());
+        assert!(
+            decide(
+                &p,
+                ffi::SQLITE_READ,
+                Some("sqlite_master"),
+                None,
+                main,
+                None
+            )
+            .is_err()
+        );
+        assert!(
+            decide(
+                &p,
+                ffi::SQLITE_READ,
+                Some("customers"),
+                None,
+                Some("temp"),
+                None
+            )
+            .is_err()
+        );
         assert!(decide(&p, ffi::SQLITE_FUNCTION, None, Some("lower"), None, None).is_ok());
         assert!(decide(&p, ffi::SQLITE_FUNCTION, None, Some("zeroblob"), None, None).is_err());
-        assert!(decide(&p, ffi::SQLITE_FUNCTION, None, Some("load_extension"), None, None).is_err());
-        assert!(decide(&p, ffi::SQLITE_PRAGMA, Some("writable_schema"), None, None, None).is_err());
+        assert!(
+            decide(
+                &p,
+                ffi::SQLITE_FUNCTION,
+                None,
+                Some("load_extension"),
+                None,
+                None
+            )
+            .is_err()
+        );
+        assert!(
+            decide(
+                &p,
+                ffi::SQLITE_PRAGMA,
+                Some("writable_schema"),
+                None,
+                None,
+                None
+            )
+            .is_err()
+        );
         assert!(decide(&p, ffi::SQLITE_ATTACH, Some("/tmp/x"), None, None, None).is_err());
         assert!(decide(&p, ffi::SQLITE_RECURSIVE, None, None, None, None).is_err());
-        assert!(decide(&p, ffi::SQLITE_TRANSACTION, Some("COMMIT"), None, None, None).is_err());
-        assert!(decide(&p, ffi::SQLITE_CREATE_TEMP_TABLE, Some("inbox"), None, None, None).is_err());
+        assert!(
+            decide(
+                &p,
+                ffi::SQLITE_TRANSACTION,
+                Some("COMMIT"),
+                None,
+                None,
+                None
+            )
+            .is_err()
+        );
+        assert!(
+            decide(
+                &p,
+                ffi::SQLITE_CREATE_TEMP_TABLE,
+                Some("inbox"),
+                None,
+                None,
+                None
+            )
+            .is_err()
+        );
         // Through a granted view: the operator's responsibility, but never
         // the host's tables.
         let mut v = policy();
         v.grants.read.push("invoice_totals".into());
-        assert!(decide(&v, ffi::SQLITE_READ, Some("ledger"), None, main, Some("invoice_totals")).is_ok());
-        assert!(decide(&v, ffi::SQLITE_READ, Some("inbox"), None, main, Some("invoice_totals")).is_err());
+        assert!(
+            decide(
+                &v,
+                ffi::SQLITE_READ,
+                Some("ledger"),
+                None,
+                main,
+                Some("invoice_totals")
+            )
+            .is_ok()
+        );
+        assert!(
+            decide(
+                &v,
+                ffi::SQLITE_READ,
+                Some("inbox"),
+                None,
+                main,
+                Some("invoice_totals")
+            )
+            .is_err()
+        );
     }
 }

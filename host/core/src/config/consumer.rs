@@ -87,13 +87,17 @@ impl ConsumerSection {
                 if !is_plain_identifier(t) {
                     return bad(
                         key,
-                        format!("`{t}` is not a plain table name (lower-case letters, digits, _; unqualified)"),
+                        format!(
+                            "`{t}` is not a plain table name (lower-case letters, digits, _; unqualified)"
+                        ),
                     );
                 }
                 if is_host_table(t) {
                     return bad(
                         key,
-                        format!("`{t}` is outboxd's own table or a catalog (or a name reserved for them); plugin SQL may never reach it: remove it"),
+                        format!(
+                            "`{t}` is outboxd's own table or a catalog (or a name reserved for them); plugin SQL may never reach it: remove it"
+                        ),
                     );
                 }
             }

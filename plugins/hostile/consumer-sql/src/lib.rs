@@ -5,16 +5,27 @@
 //!
 //! The guard's attacks: `commit`, `ddl`, `set_role`, `multi`, and
 //! `set_config` (a role change hidden in a subscript, which Postgres runs).
-//! The database's: `read_outbox` and `write_outbox` (outside the plugin's
-//! role), `slow` (past the statement timeout). The host's: `rows` (past the
-//! row budget).
+//! The capability gate's: `read_outbox` and `write_outbox` (the host's
+//! tables; outside the plugin's role too). The database's: `slow` (past
+//! the statement timeout). The host's: `rows` (past the row budget).
 
 use outboxd_guest::{Consumer, Delivery, Result, Transaction, config};
 
 struct Escape;
 
-/// 1 000 rows on Postgres and SQLite alike; the slow attack counts to 10⁹.
-const COUNT_TO: &str = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < ";
+/// 10^`tens` rows on Postgres and SQLite alike, without recursion or
+/// functions (which the gate refuses): a cross join of ten-row unions.
+fn rows(tens: usize) -> String {
+    let ten = (0..10)
+        .map(|i| format!("SELECT {i} AS x"))
+        .collect::<Vec<_>>()
+        .join(" UNION ALL ");
+    let from = (0..tens)
+        .map(|i| format!("({ten}) t{i}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!("SELECT t0.x FROM {from}")
+}
 
 impl Consumer for Escape {
     fn handle(tx: &Transaction<'_>, message: Delivery) -> Result<()> {
@@ -26,11 +37,10 @@ impl Consumer for Escape {
         let attack = config::get("attack");
         match attack.as_deref() {
             Some("rows") => {
-                let _ignored = tx.query(&format!("{COUNT_TO}1000) SELECT x FROM c"), &[]);
+                let _ignored = tx.query(&rows(3), &[]);
             }
             Some("slow") => {
-                let _ignored =
-                    tx.query(&format!("{COUNT_TO}1000000000) SELECT count(*) FROM c"), &[]);
+                let _ignored = tx.query(&format!("SELECT count(*) FROM ({}) c", rows(9)), &[]);
             }
             other => {
                 let sql = match other {
