@@ -119,7 +119,10 @@ pub async fn migrate(db: &Db) -> Result<MigrationReport, StoreError> {
         Db::Postgres(pool) => {
             let mut conn = pool.acquire().await?;
             // One runner at a time across every host sharing the database.
-            conn.execute("SELECT pg_advisory_lock(7262817391)").await?;
+            sqlx::query("SELECT pg_advisory_lock($1)")
+                .bind(super::locks::MIGRATION_LOCK_KEY)
+                .execute(&mut *conn)
+                .await?;
             let result = async {
                 conn.execute(CREATE_TABLE).await?;
                 let current = current_version(&mut *conn).await?;
@@ -133,7 +136,9 @@ pub async fn migrate(db: &Db) -> Result<MigrationReport, StoreError> {
                 Ok::<_, StoreError>(())
             }
             .await;
-            conn.execute("SELECT pg_advisory_unlock(7262817391)")
+            sqlx::query("SELECT pg_advisory_unlock($1)")
+                .bind(super::locks::MIGRATION_LOCK_KEY)
+                .execute(&mut *conn)
                 .await?;
             result?;
         }
