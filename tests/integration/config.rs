@@ -226,6 +226,23 @@ fn kafka_partitions_are_checked() {
     }
 }
 
+/// A SQLite relay renews its lease every third of it while a batch is in
+/// flight; a lease too short to renew is refused, and only on SQLite.
+#[test]
+fn a_sqlite_relay_lease_too_short_to_renew_is_named() {
+    let short = "[relay]\nlease_ms = 900\npublish_timeout_ms = 500\n";
+    let (key, msg) = key_error(Config::from_toml("t.toml", short, env(&[])));
+    assert_eq!(key, "relay.lease_ms");
+    assert!(
+        msg.contains("at least 1000") && msg.contains("renew"),
+        "{msg}"
+    );
+    let on_postgres = format!("[database]\nurl = \"postgres://app@db/orders\"\n{short}");
+    Config::from_toml("t.toml", &on_postgres, env(&[])).expect("Postgres has no relay lease");
+    Config::from_toml("t.toml", "[relay]\nlease_ms = 1000\npublish_timeout_ms = 500\n", env(&[]))
+        .expect("a second is enough");
+}
+
 /// The example config at the root holds every section, and the code
 /// accepts it as it is.
 #[test]

@@ -186,7 +186,10 @@ pub struct RelaySection {
     /// and consumers scale separately).
     #[serde(default = "default_workers")]
     pub workers: usize,
-    /// SQLite only: how long a claim is leased before another task may take it.
+    /// SQLite only: how long a claim outlives the relay task that took it.
+    /// A batch in flight renews its lease every third of this, so plugin
+    /// chains and a publish may take longer; a crashed task's rows are
+    /// claimable again this long after its last renewal.
     #[serde(default = "default_lease_ms")]
     pub lease_ms: u64,
     #[serde(default)]

@@ -56,6 +56,7 @@ impl Config {
                 ),
             );
         }
+        self.check_sqlite_relay_lease()?;
         let b = self.relay.backoff;
         if !(b.base_seconds > 0.0 && b.max_seconds >= b.base_seconds) {
             return bad(
@@ -290,6 +291,30 @@ impl Config {
             }
         }
         Ok(())
+    }
+}
+
+/// The shortest `relay.lease_ms` a SQLite relay can keep renewing.
+const MIN_SQLITE_LEASE_MS: u64 = 1_000;
+
+impl Config {
+    /// SQLite: a batch in flight renews its lease every `lease_ms / 3`, and
+    /// a renewal is a write, so it may queue behind other writers for the
+    /// database's one write lock; a lease shorter than a second could
+    /// expire while its renewal waits, and the batch would be claimed twice.
+    fn check_sqlite_relay_lease(&self) -> Result<(), ConfigError> {
+        if DbKind::from_url(&self.database.url).ok() != Some(DbKind::Sqlite)
+            || self.relay.lease_ms >= MIN_SQLITE_LEASE_MS
+        {
+            return Ok(());
+        }
+        Err(ConfigError::Key {
+            key: "relay.lease_ms".into(),
+            message: format!(
+                "{} is too short to renew: a SQLite relay renews its claim every lease_ms / 3 while a batch is in flight, and a renewal may wait for the write lock; use at least {MIN_SQLITE_LEASE_MS} (default 30000)",
+                self.relay.lease_ms
+            ),
+        })
     }
 }
 
