@@ -5,6 +5,7 @@ mod support;
 
 mod admin;
 mod admin_metrics;
+mod advisory_locks;
 
 mod backoff;
 mod batches;

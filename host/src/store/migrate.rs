@@ -56,6 +56,11 @@ const POSTGRES: &[Migration] = &[
         name: "consumer_offsets",
         sql: include_str!("../../../migrations/postgres/0008_consumer_offsets.sql"),
     },
+    Migration {
+        version: 10,
+        name: "advisory_keyspaces",
+        sql: include_str!("../../../migrations/postgres/0010_advisory_keyspaces.sql"),
+    },
 ];
 
 const SQLITE: &[Migration] = &[
@@ -98,6 +103,11 @@ const SQLITE: &[Migration] = &[
         version: 8,
         name: "consumer_offsets",
         sql: include_str!("../../../migrations/sqlite/0008_consumer_offsets.sql"),
+    },
+    Migration {
+        version: 10,
+        name: "advisory_keyspaces",
+        sql: include_str!("../../../migrations/sqlite/0010_advisory_keyspaces.sql"),
     },
 ];
 
