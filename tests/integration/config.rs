@@ -239,8 +239,12 @@ fn a_sqlite_relay_lease_too_short_to_renew_is_named() {
     );
     let on_postgres = format!("[database]\nurl = \"postgres://app@db/orders\"\n{short}");
     Config::from_toml("t.toml", &on_postgres, env(&[])).expect("Postgres has no relay lease");
-    Config::from_toml("t.toml", "[relay]\nlease_ms = 1000\npublish_timeout_ms = 500\n", env(&[]))
-        .expect("a second is enough");
+    Config::from_toml(
+        "t.toml",
+        "[relay]\nlease_ms = 1000\npublish_timeout_ms = 500\n",
+        env(&[]),
+    )
+    .expect("a second is enough");
 }
 
 /// The example config at the root holds every section, and the code

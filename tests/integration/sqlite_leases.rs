@@ -117,8 +117,10 @@ async fn a_batch_in_flight_longer_than_its_lease_is_not_claimed_by_another_relay
     }
     assert_eq!(held.sent.lock().expect("lock").len(), 2);
     assert_eq!(
-        t.count("SELECT count(*) FROM outbox WHERE published_at IS NULL OR lease_owner IS NOT NULL")
-            .await,
+        t.count(
+            "SELECT count(*) FROM outbox WHERE published_at IS NULL OR lease_owner IS NOT NULL"
+        )
+        .await,
         0,
         "every event is published once and no lease is left"
     );
