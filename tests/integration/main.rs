@@ -10,6 +10,7 @@ mod advisory_locks;
 mod backoff;
 mod batches;
 mod config;
+mod consumer_partitions;
 mod consumer_plugin_policy;
 mod consumer_plugins;
 mod consumer_swap;

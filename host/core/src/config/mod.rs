@@ -10,6 +10,7 @@ mod consumer;
 mod env;
 mod ops;
 mod plugins;
+mod pool;
 mod validate;
 
 pub use consumer::{ConsumerSection, TxnPolicy};
@@ -17,6 +18,7 @@ pub use env::is_secret;
 use env::{apply_env, syntax_message};
 pub use ops::{ReconcileRule, RetentionConfig};
 pub use plugins::{Limits, PluginSource, PluginSpec};
+pub use pool::PoolBudget;
 
 use crate::backoff::Backoff;
 use crate::route::Route;
