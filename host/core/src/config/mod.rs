@@ -444,6 +444,15 @@ impl Config {
         Ok(config)
     }
 
+    /// The config with `database.url` replaced (the `--database-url` flag),
+    /// validated again: several checks depend on the kind of database (the
+    /// SQLite relay lease, the Postgres LISTEN connections of the pool).
+    pub fn with_database_url(mut self, url: &str) -> Result<Self, ConfigError> {
+        self.database.url = url.to_string();
+        self.validate()?;
+        Ok(self)
+    }
+
     /// The config with secrets masked, for logs and `--help` output.
     pub fn redacted_kafka(&self) -> Vec<(String, String)> {
         self.transport
