@@ -349,12 +349,10 @@ impl Config {
         if b.listeners > 0 {
             holders.push(format!("Postgres LISTEN connections {}", b.listeners));
         }
-        if b.consumers > 0 {
-            holders.push(format!(
-                "consumers[0..{}] at least 1 each ({})",
-                b.consumers - 1,
-                b.consumers
-            ));
+        match b.consumers {
+            0 => {}
+            1 => holders.push("consumers[0] at least 1".into()),
+            n => holders.push(format!("consumers[0..{}] at least 1 each ({n})", n - 1)),
         }
         holders.push(format!(
             "{} for retention, reconciliation and the admin API",
