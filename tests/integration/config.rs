@@ -226,6 +226,69 @@ fn kafka_partitions_are_checked() {
     }
 }
 
+/// A SQLite relay renews its lease every third of it while a batch is in
+/// flight; a lease too short to renew is refused, and only on SQLite.
+#[test]
+fn a_sqlite_relay_lease_too_short_to_renew_is_named() {
+    let short = "[relay]\nlease_ms = 900\npublish_timeout_ms = 500\n";
+    let (key, msg) = key_error(Config::from_toml("t.toml", short, env(&[])));
+    assert_eq!(key, "relay.lease_ms");
+    assert!(
+        msg.contains("at least 1000") && msg.contains("renew"),
+        "{msg}"
+    );
+    let on_postgres = format!("[database]\nurl = \"postgres://app@db/orders\"\n{short}");
+    Config::from_toml("t.toml", &on_postgres, env(&[])).expect("Postgres has no relay lease");
+    Config::from_toml(
+        "t.toml",
+        "[relay]\nlease_ms = 1000\npublish_timeout_ms = 500\n",
+        env(&[]),
+    )
+    .expect("a second is enough");
+}
+
+/// `database.max_connections` must cover what the process holds at once:
+/// the relay workers' claims (two each when pipelined), the embedded
+/// transport's writer, Postgres LISTEN connections, a connection per
+/// consumer, and a spare.
+#[test]
+fn a_pool_smaller_than_what_the_process_holds_is_named() {
+    let pg = "[database]\nurl = \"postgres://app@db/orders\"\n";
+    let consumer =
+        "[[consumers]]\nname = \"billing\"\ntopics = [\"orders\"]\nhandler = \"builtin:billing\"\n";
+    let tight =
+        format!("{pg}max_connections = 8\n[relay]\nworkers = 2\npipeline = true\n{consumer}");
+    let (key, msg) = key_error(Config::from_toml("t.toml", &tight, env(&[])));
+    assert_eq!(key, "database.max_connections");
+    // 4 claims + 1 writer + 2 LISTEN (relay, consumer) + 1 consumer + 1 spare.
+    for part in [
+        "at least 9",
+        "relay.workers = 2",
+        "relay.pipeline",
+        "consumers[0] at least 1",
+        "LISTEN",
+    ] {
+        assert!(msg.contains(part), "`{part}` missing: {msg}");
+    }
+    let enough = tight.replace("max_connections = 8", "max_connections = 9");
+    let c = Config::from_toml("t.toml", &enough, env(&[])).expect("9 connections are enough");
+    assert_eq!(c.consumer_parallel_partitions(), 1);
+    let roomy = tight.replace("max_connections = 8", "max_connections = 20");
+    let c = Config::from_toml("t.toml", &roomy, env(&[])).expect("20 connections");
+    assert_eq!(
+        c.consumer_parallel_partitions(),
+        12,
+        "the consumer gets what is left"
+    );
+    // SQLite has no LISTEN connections.
+    let sqlite = format!(
+        "[database]\nmax_connections = 6\n[relay]\nworkers = 2\npipeline = true\n{consumer}"
+    );
+    let (key, msg) = key_error(Config::from_toml("t.toml", &sqlite, env(&[])));
+    assert_eq!(key, "database.max_connections");
+    assert!(msg.contains("at least 7"), "{msg}");
+}
+
 /// The example config at the root holds every section, and the code
 /// accepts it as it is.
 #[test]

@@ -5,10 +5,12 @@ mod support;
 
 mod admin;
 mod admin_metrics;
+mod advisory_locks;
 
 mod backoff;
 mod batches;
 mod config;
+mod consumer_partitions;
 mod consumer_plugin_policy;
 mod consumer_plugins;
 mod consumer_swap;

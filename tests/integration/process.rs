@@ -261,3 +261,31 @@ async fn bad_config_is_refused_with_the_key_and_the_fix() {
         "{err}"
     );
 }
+
+/// `--database-url` comes after the file and the environment, and the
+/// checks that depend on the kind of database run again with it: this file
+/// is valid on SQLite, but on Postgres its pool cannot hold the relays'
+/// LISTEN connection as well.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_is_checked_again_for_the_database_the_flag_names() {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("tight.toml");
+    std::fs::write(&path, "[database]\nmax_connections = 4\n").expect("write");
+    let out = Command::new(env!("CARGO_BIN_EXE_outboxd"))
+        .args([
+            "--config",
+            path.to_str().expect("utf8"),
+            "--database-url",
+            "postgres://nobody@127.0.0.1:1/none",
+            "stats",
+        ])
+        .output()
+        .await
+        .expect("run");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("database.max_connections") && err.contains("at least 5"),
+        "{err}"
+    );
+}

@@ -74,7 +74,7 @@ fn help_of_every_command_shows_no_secret() {
 
 #[test]
 fn connection_errors_show_the_url_without_its_password() {
-    // The flag is another way in, and skips config validation.
+    // The flag is another way in; the config is validated again with it.
     let mysql = "mysql://user:s3cr3tpw@127.0.0.1:1/db";
     let runs: Vec<Vec<&str>> = vec![
         vec!["stats"],

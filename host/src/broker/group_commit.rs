@@ -161,7 +161,7 @@ async fn write_pg(pool: &PgPool, rows: &[GroupRow]) -> Result<(), PublishError> 
     partitions.sort_unstable();
     partitions.dedup();
     for (topic, partition) in partitions {
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, $2))")
+        sqlx::query(crate::store::locks::PARTITION_LOCK)
             .bind(topic)
             .bind(i64::from(partition))
             .execute(&mut *tx)

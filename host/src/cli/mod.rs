@@ -145,7 +145,7 @@ pub fn main() -> ExitCode {
 fn load_config(cli: &Cli) -> anyhow::Result<Config> {
     let mut config = Config::load(cli.config.as_deref(), std::env::vars())?;
     if let Some(url) = &cli.database_url {
-        config.database.url = url.clone();
+        config = config.with_database_url(url)?;
     }
     if cli.log_json {
         config.log.format = LogFormat::Json;

@@ -1,5 +1,6 @@
 //! The consumer loop: fetch, handle each partition's messages in order
-//! (partitions in parallel), commit offsets past handled messages only.
+//! (partitions in parallel, up to a bound), commit offsets past handled
+//! messages only.
 //!
 //! What happens to a failing message (attempts counted, dead-lettered
 //! after a permanent failure or `max_attempts`) is in `runner/failures.rs`.
@@ -9,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use futures_util::future::join_all;
+use futures_util::{StreamExt, stream};
 use tokio::sync::watch;
 
 use super::dead_letter::DeadLetterTopic;
@@ -40,6 +41,11 @@ pub struct ConsumerConfig {
     /// Handle up to this many messages of a partition in one transaction,
     /// each in its own savepoint (1 = one transaction per message).
     pub batch_in_transaction: usize,
+    /// At most this many partitions are handled side by side, each holding
+    /// one transaction, so a consumer never takes more of the pool than
+    /// its share (`outboxd run` sets it from `database.max_connections`;
+    /// see `Config::consumer_parallel_partitions`). Unbounded by default.
+    pub max_parallel_partitions: usize,
 }
 
 impl Default for ConsumerConfig {
@@ -52,6 +58,7 @@ impl Default for ConsumerConfig {
             max_attempts: 5,
             handler_id: "builtin".into(),
             batch_in_transaction: 1,
+            max_parallel_partitions: usize::MAX,
         }
     }
 }
@@ -164,14 +171,17 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
                 .push(d);
         }
         // Partitions are handled side by side where the database runs
-        // writers in parallel; on SQLite, with one writer at a time, side by
-        // side only makes their transactions queue for the lock.
-        let results = if self.db.writes_in_parallel() {
-            join_all(
+        // writers in parallel, up to the bound (the results keep partition
+        // order); on SQLite, with one writer at a time, side by side only
+        // makes their transactions queue for the lock.
+        let results: Vec<_> = if self.db.writes_in_parallel() {
+            stream::iter(
                 by_partition
                     .into_values()
                     .map(|msgs| self.handle_partition(msgs)),
             )
+            .buffered(self.config.max_parallel_partitions.max(1))
+            .collect()
             .await
         } else {
             let mut results = Vec::with_capacity(by_partition.len());

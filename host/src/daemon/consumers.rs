@@ -37,6 +37,13 @@ pub(super) async fn spawn_consumers(
     shutdown: &watch::Receiver<bool>,
 ) -> Result<(), DaemonError> {
     let mut consumer_engine = None;
+    if db.writes_in_parallel() && !config.consumers.is_empty() {
+        tracing::info!(
+            partitions = config.consumer_parallel_partitions(),
+            max_connections = config.database.max_connections,
+            "each consumer handles up to this many partitions at once (its share of database.max_connections)"
+        );
+    }
     for (i, c) in config.consumers.iter().enumerate() {
         // The database's wall around plugin SQL: refuse to start a plugin
         // consumer whose role could reach more than its tables.
@@ -62,6 +69,7 @@ pub(super) async fn spawn_consumers(
             handler_id: handler.id(),
             batch_in_transaction: c.batch_in_transaction,
             max_attempts: c.max_attempts,
+            max_parallel_partitions: config.consumer_parallel_partitions(),
             ..ConsumerConfig::default()
         };
         let consumer_metrics = handles.metrics.consumer(&c.name);

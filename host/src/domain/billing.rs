@@ -36,7 +36,9 @@ pub async fn create_schema(db: &Db) -> Result<(), sqlx::Error> {
     match db {
         Db::Postgres(p) => {
             let mut tx = p.begin().await?;
-            tx.execute("SELECT pg_advisory_xact_lock(7262817392)")
+            sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                .bind(crate::store::locks::BILLING_SCHEMA_LOCK_KEY)
+                .execute(&mut *tx)
                 .await?;
             tx.execute(PG_SCHEMA).await?;
             tx.commit().await

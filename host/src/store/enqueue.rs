@@ -120,7 +120,7 @@ impl OutboxDatabase for Postgres {
     ) -> Result<Enqueued, EnqueueError> {
         // The per-aggregate lock is taken before the identity value is drawn,
         // so within one aggregate seq order is commit order.
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+        sqlx::query(super::locks::AGGREGATE_LOCK)
             .bind(&event.aggregate_id)
             .execute(&mut *conn)
             .await?;

@@ -61,6 +61,11 @@ const POSTGRES: &[Migration] = &[
         name: "plugin_sql",
         sql: include_str!("../../../migrations/postgres/0009_plugin_sql.sql"),
     },
+    Migration {
+        version: 10,
+        name: "advisory_keyspaces",
+        sql: include_str!("../../../migrations/postgres/0010_advisory_keyspaces.sql"),
+    },
 ];
 
 const SQLITE: &[Migration] = &[
@@ -109,6 +114,11 @@ const SQLITE: &[Migration] = &[
         name: "plugin_sql",
         sql: include_str!("../../../migrations/sqlite/0009_plugin_sql.sql"),
     },
+    Migration {
+        version: 10,
+        name: "advisory_keyspaces",
+        sql: include_str!("../../../migrations/sqlite/0010_advisory_keyspaces.sql"),
+    },
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -129,7 +139,10 @@ pub async fn migrate(db: &Db) -> Result<MigrationReport, StoreError> {
         Db::Postgres(pool) => {
             let mut conn = pool.acquire().await?;
             // One runner at a time across every host sharing the database.
-            conn.execute("SELECT pg_advisory_lock(7262817391)").await?;
+            sqlx::query("SELECT pg_advisory_lock($1)")
+                .bind(super::locks::MIGRATION_LOCK_KEY)
+                .execute(&mut *conn)
+                .await?;
             let result = async {
                 conn.execute(CREATE_TABLE).await?;
                 let current = current_version(&mut *conn).await?;
@@ -143,7 +156,9 @@ pub async fn migrate(db: &Db) -> Result<MigrationReport, StoreError> {
                 Ok::<_, StoreError>(())
             }
             .await;
-            conn.execute("SELECT pg_advisory_unlock(7262817391)")
+            sqlx::query("SELECT pg_advisory_unlock($1)")
+                .bind(super::locks::MIGRATION_LOCK_KEY)
+                .execute(&mut *conn)
                 .await?;
             result?;
         }

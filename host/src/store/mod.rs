@@ -9,6 +9,7 @@ pub mod any;
 mod db;
 mod enqueue;
 mod fingerprint;
+pub mod locks;
 mod migrate;
 pub mod offsets;
 pub mod plugin_roles;

@@ -1,6 +1,7 @@
 //! The SQLite store, the embedded default. SQLite has no row locks, so a
-//! relay task leases the rows it claims in one atomic UPDATE; a crashed
-//! relay's lease expires and the rows are claimed again (at least once).
+//! relay task leases the rows it claims in one atomic UPDATE and renews the
+//! lease while the batch is in flight; a crashed relay stops renewing, its
+//! lease expires and the rows are claimed again (at least once).
 
 use chrono::{DateTime, Utc};
 use sqlx::Row;
@@ -17,8 +18,11 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
-    /// `lease` must exceed the relay's publish timeout, or a slow batch could
-    /// be claimed twice (still at least once, never reordered).
+    /// `lease` is how long a claim outlives the relay that took it: a batch
+    /// renews its lease every third of it for as long as it is held (see
+    /// [`SqliteBatch`]), so a batch may be in flight for longer than `lease`
+    /// (plugin chains plus the publish), while the rows of a relay that
+    /// crashed are claimable again `lease` after its last renewal.
     pub fn new(pool: SqlitePool, lease: std::time::Duration) -> Self {
         Self {
             pool,
@@ -96,11 +100,79 @@ UPDATE outbox
    AND outbox.published_at IS NULL
    AND outbox.lease_owner = $3";
 
+/// Pushes the lease of the rows this owner still holds out to `$1`.
+/// Rows another relay claimed after an expiry (their `lease_owner` changed),
+/// and rows already marked, are left alone.
+const RENEW: &str = "
+UPDATE outbox SET lease_until = $1
+ WHERE seq IN (SELECT value FROM json_each($2))
+   AND lease_owner = $3
+   AND published_at IS NULL";
+
+/// A claimed batch. While it lives, a task renews its lease every third of
+/// the lease, so a batch whose plugin chains and publish take longer than
+/// the lease is not claimed (and published) a second time by another relay;
+/// the task stops when the batch is completed or dropped, so a relay that
+/// crashed or gave the batch up loses the rows one lease later.
 pub struct SqliteBatch {
     pool: SqlitePool,
     events: Vec<OutboxEvent>,
     /// The lease this claim took.
     owner: String,
+    /// Aborts the renewal task when the batch goes away.
+    _renewal: Option<Renewal>,
+}
+
+/// The renewal task of one batch, aborted on drop.
+struct Renewal(tokio::task::JoinHandle<()>);
+
+impl Drop for Renewal {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl Renewal {
+    /// Renews the lease of `seqs`, claimed by `owner` at `claimed_at`, every
+    /// third of `lease`, until it is dropped or the rows are no longer held.
+    /// The new expiry is the claim time plus the time since (the relay's
+    /// clock decided the first one), plus `lease`.
+    fn start(
+        pool: SqlitePool,
+        owner: String,
+        seqs: Vec<i64>,
+        claimed_at: DateTime<Utc>,
+        lease: chrono::Duration,
+    ) -> Self {
+        let started = std::time::Instant::now();
+        let every = (lease / 3)
+            .to_std()
+            .unwrap_or(std::time::Duration::from_secs(10))
+            .max(std::time::Duration::from_millis(10));
+        let seqs = serde_json::to_string(&seqs).unwrap_or_default();
+        Self(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let elapsed = chrono::Duration::from_std(started.elapsed()).unwrap_or(lease);
+                let until = micros(claimed_at + elapsed + lease);
+                match sqlx::query(RENEW)
+                    .bind(until)
+                    .bind(&seqs)
+                    .bind(&owner)
+                    .execute(&pool)
+                    .await
+                {
+                    Ok(r) if r.rows_affected() == 0 => return,
+                    Ok(_) => {}
+                    // The next tick tries again; the lease still has two
+                    // thirds to run.
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot renew a relay lease; retrying")
+                    }
+                }
+            }
+        }))
+    }
 }
 
 impl ClaimedBatch for SqliteBatch {
@@ -176,10 +248,20 @@ impl OutboxStore for SqliteStore {
         let mut events = rows.iter().map(decode_row).collect::<Result<Vec<_>, _>>()?;
         // RETURNING gives no order guarantee.
         events.sort_by_key(|e| e.seq);
+        let renewal = (!events.is_empty()).then(|| {
+            Renewal::start(
+                self.pool.clone(),
+                owner.clone(),
+                events.iter().map(|e| e.seq).collect(),
+                now,
+                self.lease,
+            )
+        });
         Ok(SqliteBatch {
             pool: self.pool.clone(),
             events,
             owner,
+            _renewal: renewal,
         })
     }
 

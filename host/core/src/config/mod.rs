@@ -10,6 +10,7 @@ mod consumer;
 mod env;
 mod ops;
 mod plugins;
+mod pool;
 mod validate;
 
 pub use consumer::{ConsumerSection, TableGrants, TxnPolicy};
@@ -17,6 +18,7 @@ pub use env::is_secret;
 use env::{apply_env, syntax_message};
 pub use ops::{ReconcileRule, RetentionConfig};
 pub use plugins::{Limits, PluginSource, PluginSpec};
+pub use pool::PoolBudget;
 
 use crate::backoff::Backoff;
 use crate::route::Route;
@@ -186,7 +188,10 @@ pub struct RelaySection {
     /// and consumers scale separately).
     #[serde(default = "default_workers")]
     pub workers: usize,
-    /// SQLite only: how long a claim is leased before another task may take it.
+    /// SQLite only: how long a claim outlives the relay task that took it.
+    /// A batch in flight renews its lease every third of this, so plugin
+    /// chains and a publish may take longer; a crashed task's rows are
+    /// claimable again this long after its last renewal.
     #[serde(default = "default_lease_ms")]
     pub lease_ms: u64,
     #[serde(default)]
@@ -437,6 +442,15 @@ impl Config {
             })?;
         config.validate()?;
         Ok(config)
+    }
+
+    /// The config with `database.url` replaced (the `--database-url` flag),
+    /// validated again: several checks depend on the kind of database (the
+    /// SQLite relay lease, the Postgres LISTEN connections of the pool).
+    pub fn with_database_url(mut self, url: &str) -> Result<Self, ConfigError> {
+        self.database.url = url.to_string();
+        self.validate()?;
+        Ok(self)
     }
 
     /// The config with secrets masked, for logs and `--help` output.

@@ -56,6 +56,8 @@ impl Config {
                 ),
             );
         }
+        self.check_sqlite_relay_lease()?;
+        self.check_pool_size()?;
         let b = self.relay.backoff;
         if !(b.base_seconds > 0.0 && b.max_seconds >= b.base_seconds) {
             return bad(
@@ -291,6 +293,80 @@ impl Config {
             }
         }
         Ok(())
+    }
+}
+
+/// The shortest `relay.lease_ms` a SQLite relay can keep renewing.
+const MIN_SQLITE_LEASE_MS: u64 = 1_000;
+
+impl Config {
+    /// SQLite: a batch in flight renews its lease every `lease_ms / 3`, and
+    /// a renewal is a write, so it may queue behind other writers for the
+    /// database's one write lock; a lease shorter than a second could
+    /// expire while its renewal waits, and the batch would be claimed twice.
+    fn check_sqlite_relay_lease(&self) -> Result<(), ConfigError> {
+        if DbKind::from_url(&self.database.url).ok() != Some(DbKind::Sqlite)
+            || self.relay.lease_ms >= MIN_SQLITE_LEASE_MS
+        {
+            return Ok(());
+        }
+        Err(ConfigError::Key {
+            key: "relay.lease_ms".into(),
+            message: format!(
+                "{} is too short to renew: a SQLite relay renews its claim every lease_ms / 3 while a batch is in flight, and a renewal may wait for the write lock; use at least {MIN_SQLITE_LEASE_MS} (default 30000)",
+                self.relay.lease_ms
+            ),
+        })
+    }
+}
+
+impl Config {
+    /// `database.max_connections` must cover what the process holds at
+    /// once ([`super::PoolBudget`]), or a worker holding a connection waits
+    /// for one that the others hold (a Postgres claim waiting for the
+    /// embedded transport's writer, say) until its timeout.
+    fn check_pool_size(&self) -> Result<(), ConfigError> {
+        let b = self.pool_budget();
+        let have = self.database.max_connections;
+        if have >= b.minimum() {
+            return Ok(());
+        }
+        let mut holders = Vec::new();
+        if b.relay > 0 {
+            holders.push(format!(
+                "relay.workers = {}{} hold {}",
+                self.relay.workers,
+                if self.relay.pipeline {
+                    " with relay.pipeline = true (two batches each)"
+                } else {
+                    ""
+                },
+                b.relay
+            ));
+        }
+        if b.group_writer > 0 {
+            holders.push("the embedded transport's group-commit writer 1".into());
+        }
+        if b.listeners > 0 {
+            holders.push(format!("Postgres LISTEN connections {}", b.listeners));
+        }
+        match b.consumers {
+            0 => {}
+            1 => holders.push("consumers[0] at least 1".into()),
+            n => holders.push(format!("consumers[0..{}] at least 1 each ({n})", n - 1)),
+        }
+        holders.push(format!(
+            "{} for retention, reconciliation and the admin API",
+            b.spare
+        ));
+        Err(ConfigError::Key {
+            key: "database.max_connections".into(),
+            message: format!(
+                "{have} is less than this process holds at once: {}; set database.max_connections to at least {}, or lower relay.workers, set relay.pipeline = false, or run fewer [[consumers]] in this process",
+                holders.join(", "),
+                b.minimum()
+            ),
+        })
     }
 }
 
