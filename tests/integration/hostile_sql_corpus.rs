@@ -38,9 +38,9 @@ fn a(class: &'static str, sql: &str, query: bool) -> Attack {
 }
 
 /// A literal of `bytes` doubled `levels` times through nested subqueries:
-/// no function and no recursion. At 13 levels the gate's expansion bound
-/// lets it through, and only the value-size bound stops it (60 000 B ×
-/// 2^13 = 491 MB); far deeper, the gate refuses it as a planner bomb.
+/// no function and no recursion, but the planners inline each level, so
+/// the gate refuses it as a planner bomb (its expansion bound weighs the
+/// literal's copies too).
 pub(crate) fn doubling_bomb(levels: usize, bytes: usize) -> String {
     let mut sql = format!("SELECT '{}' AS c0", "x".repeat(bytes));
     for i in 1..=levels {
@@ -195,6 +195,7 @@ fn corpus() -> Vec<Attack> {
             "SELECT count(*) FROM customers a, customers b, customers c, customers d, customers e, customers f",
             true,
         ),
+        a("byte and time bombs", "SELECT b || b || b FROM blobs", true),
         Attack {
             class: "byte and time bombs",
             sql: doubling_bomb(13, 60_000),
@@ -275,9 +276,11 @@ fn corpus() -> Vec<Attack> {
 }
 
 /// What a refusal or a cut-off says in the dead letter: the host's own
-/// words (`statement refused`, `budget exceeded`), or the database's
-/// statement timeout, permission or size error.
+/// words (`statement refused`, `budget exceeded`, the wall deadline), or
+/// the database's statement timeout, permission or size error.
 const STOPPED: &[&str] = &[
+    // The wall deadline (the statement is cancelled on the server too).
+    "timed out after",
     "statement refused",
     "budget exceeded",
     "57014",
@@ -294,6 +297,17 @@ pub(crate) async fn seed_tables(t: &TestDb) {
         .await;
     t.exec("INSERT INTO secrets (id, secret) VALUES (1, 'the crown jewels')")
         .await;
+    // One 100 MB value, granted to the plugin: a statement that passes the
+    // gate can still build 300 MB from it (`b || b || b`).
+    t.exec("CREATE TABLE blobs (id integer PRIMARY KEY, b text NOT NULL)")
+        .await;
+    if t.is_postgres() {
+        t.exec("INSERT INTO blobs (id, b) SELECT 1, repeat('x', 100000000)")
+            .await;
+    } else {
+        t.exec("INSERT INTO blobs (id, b) VALUES (1, zeroblob(100000000))")
+            .await;
+    }
     for i in 0..60 {
         t.exec(&format!(
             "INSERT INTO customers (id, name) VALUES ('c{i}', 'customer {i}')"
@@ -353,7 +367,7 @@ async fn every_attack_is_stopped_and_the_next_messages_run_exactly_once(t: TestD
     seed_tables(&t).await;
     let mut section = ConsumerSection::new("attacked", vec!["attack.msg".into()], "plugin:attack");
     section.tables = TableGrants {
-        read: vec!["customers".into()],
+        read: vec!["customers".into(), "blobs".into()],
         write: vec!["invoices".into()],
     };
     let role = match t.provision_plugin_role(&mut section).await {
@@ -365,7 +379,7 @@ async fn every_attack_is_stopped_and_the_next_messages_run_exactly_once(t: TestD
         plugin_path("hostile-consumer-attack").display()
     );
     let consumers = format!(
-        r#"[{{name = "attacked", topics = ["attack.msg"], handler = "plugin:attack", max_attempts = 1, statement_timeout_ms = 1000, tables = {{read = ["customers"], write = ["invoices"]}}{role}}}]"#
+        r#"[{{name = "attacked", topics = ["attack.msg"], handler = "plugin:attack", max_attempts = 1, statement_timeout_ms = 1000, tables = {{read = ["customers", "blobs"], write = ["invoices"]}}{role}}}]"#
     );
     let mut child = outboxd(&t)
         .arg("run")
@@ -447,8 +461,12 @@ async fn every_attack_is_stopped_and_the_next_messages_run_exactly_once(t: TestD
     )
     .await;
     assert_eq!(t.count("SELECT count(*) FROM outbox").await, events);
+    // At least once: a SQLite writer held by a plugin statement (up to its
+    // deadline) can outlast a relay's lease, and the batch is published
+    // again; the inbox made each innocent message's effect happen once.
     assert_eq!(
-        t.count("SELECT count(*) FROM transport_messages").await,
+        t.count("SELECT count(DISTINCT message_id) FROM transport_messages")
+            .await,
         events
     );
     assert_eq!(t.count("SELECT count(*) FROM secrets").await, 1);

@@ -450,23 +450,45 @@ fn factor_weight(f: &TableFactor, ctes: Weights<'_>) -> u64 {
     }
 }
 
-/// Expression nodes in `node`, a column reference weighing `column`.
+/// Expression nodes in `node` outside the queries nested in it (those are
+/// weighed on their own), a column reference weighing `column`.
 fn nodes<V: Visit>(node: &V, column: u64) -> u64 {
-    struct Count(u64, u64);
+    struct Count {
+        nodes: u64,
+        column: u64,
+        nested: usize,
+    }
     impl Visitor for Count {
         type Break = ();
+        fn pre_visit_query(&mut self, _: &Query) -> ControlFlow<()> {
+            self.nested += 1;
+            ControlFlow::Continue(())
+        }
+        fn post_visit_query(&mut self, _: &Query) -> ControlFlow<()> {
+            self.nested -= 1;
+            ControlFlow::Continue(())
+        }
         fn pre_visit_expr(&mut self, e: &Expr) -> ControlFlow<()> {
-            let n = match e {
-                Expr::Identifier(_) | Expr::CompoundIdentifier(_) => self.1,
-                _ => 1,
-            };
-            self.0 = self.0.saturating_add(n);
+            if self.nested == 0 {
+                // A literal is copied with every node that holds it, so it
+                // weighs its length too.
+                let n = match e {
+                    Expr::Identifier(_) | Expr::CompoundIdentifier(_) => self.column,
+                    Expr::Value(v) => 1 + v.to_string().len() as u64 / 16,
+                    _ => 1,
+                };
+                self.nodes = self.nodes.saturating_add(n);
+            }
             ControlFlow::Continue(())
         }
     }
-    let mut c = Count(0, column);
+    let mut c = Count {
+        nodes: 0,
+        column,
+        nested: 0,
+    };
     let _ = node.visit(&mut c);
-    c.0.max(1)
+    c.nodes.max(1)
 }
 
 struct Gate<'a> {
@@ -893,8 +915,13 @@ mod tests {
             }
             sql
         };
-        for r in on_both(&nested(10)) {
+        for r in on_both(&nested(13)) {
             assert!(r.is_ok(), "{r:?}");
+        }
+        // Thirteen levels over a 60 kB literal: 8192 copies of it to plan.
+        let big = nested(13).replace("'x'", &format!("'{}'", "x".repeat(60_000)));
+        for r in on_both(&big) {
+            assert!(matches!(r, Err(GateError::TooComplex(_))), "{r:?}");
         }
         // Planned, these double at every level: 2^25 nodes made a Postgres
         // backend allocate 23 GB before the kernel killed it.
