@@ -423,9 +423,7 @@ async fn every_attack_is_stopped_and_the_next_messages_run_exactly_once(t: TestD
         .await;
         let reason = text(
             &t,
-            &format!(
-                "SELECT error FROM consumer_dead_letters WHERE consumer = 'attacked' ORDER BY id DESC LIMIT 1"
-            ),
+            "SELECT error FROM consumer_dead_letters WHERE consumer = 'attacked' ORDER BY id DESC LIMIT 1",
         )
         .await;
         assert!(
