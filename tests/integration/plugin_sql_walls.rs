@@ -400,9 +400,14 @@ async fn the_wall_deadline_cancels_the_statement_on_the_server() {
     spec.limits.timeout_ms = 300;
     let plugin = outboxd::plugin::ConsumerPlugin::load(crate::plugins::engine(), &spec)
         .expect("load the plugin");
+    // The role is what `outboxd run` requires on Postgres; setting it also
+    // reads the backend's pid, which the cancel needs.
+    let mut c = attacked();
+    let role = t.provision_plugin_role(&mut c).await.expect("role");
     let policy = TxnPolicy {
         consumer: "attacked".into(),
         tables: grants(),
+        db_role: Some(role),
         statement_timeout_ms: 500,
         ..TxnPolicy::default()
     };

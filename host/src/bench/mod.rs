@@ -26,6 +26,7 @@ mod pipeline;
 mod relay;
 mod relay_report;
 mod relay_sink;
+mod sql_gate;
 mod sqlite_wake;
 
 pub use claim::{ClaimBenchArgs, ClaimBenchReport, claim};
@@ -35,6 +36,7 @@ pub use drain_report::DrainReport;
 pub use latency::{LatencyBenchArgs, LatencyRow, latency};
 pub use memory::{MemoryBenchArgs, MemoryRow, memory};
 pub use relay::{RelayBenchArgs, relay};
+pub use sql_gate::{SqlGateBenchArgs, sql_gate};
 pub use sqlite_wake::{SqliteWakeArgs, sqlite_wake};
 
 #[derive(Debug, thiserror::Error)]

@@ -22,6 +22,9 @@ pub(super) enum BenchCommand {
     /// How soon a SQLite commit wakes relays and consumers, in this process
     /// and from another, and what an idle watcher costs.
     SqliteWake(crate::bench::SqliteWakeArgs),
+    /// What the lexical guard and the capability gate cost per consumer
+    /// plugin statement.
+    SqlGate(crate::bench::SqlGateBenchArgs),
 }
 
 pub(super) async fn bench_command(cmd: &BenchCommand) -> anyhow::Result<ExitCode> {
@@ -55,6 +58,7 @@ pub(super) async fn bench_command(cmd: &BenchCommand) -> anyhow::Result<ExitCode
             crate::bench::drain(args).await?;
         }
         BenchCommand::SqliteWake(args) => crate::bench::sqlite_wake(args).await?,
+        BenchCommand::SqlGate(args) => crate::bench::sql_gate(args).await?,
     }
     Ok(ExitCode::SUCCESS)
 }

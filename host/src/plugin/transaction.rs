@@ -308,20 +308,19 @@ impl<'a> TxnServer<'a> {
         if self.role_set.is_some() {
             return Ok(());
         }
-        let pid: i32 = match &self.policy.db_role {
-            // The role name is checked at startup to be a plain identifier.
-            Some(role) => {
-                sqlx::query_scalar("SELECT pg_backend_pid() FROM set_config('role', $1, true)")
-                    .bind(role)
-                    .fetch_one(&mut **t)
-                    .await
-                    .map_err(database)?
-            }
-            None => sqlx::query_scalar("SELECT pg_backend_pid()")
+        // Without a role (a library caller's policy; `outboxd run` refuses
+        // a consumer plugin on Postgres without one) there is nothing to
+        // set, and no pid is read: the wall deadline then abandons the
+        // statement without cancelling it on the server.
+        let Some(role) = &self.policy.db_role else {
+            return Ok(());
+        };
+        let pid: i32 =
+            sqlx::query_scalar("SELECT pg_backend_pid() FROM set_config('role', $1, true)")
+                .bind(role)
                 .fetch_one(&mut **t)
                 .await
-                .map_err(database)?,
-        };
+                .map_err(database)?;
         self.role_set = Some(pid);
         Ok(())
     }
@@ -381,7 +380,7 @@ impl<'a> TxnServer<'a> {
                 } else {
                     sql
                 };
-                let q = bind_pg(sqlx::query(text).persistent(false), params)?;
+                let q = bind_pg(sqlx::query(text), params)?;
                 q.execute(&mut **t)
                     .await
                     .map(|r| r.rows_affected())
@@ -434,7 +433,7 @@ impl<'a> TxnServer<'a> {
                 } else {
                     sql
                 };
-                let q = bind_pg(sqlx::query(text).persistent(false), params)?;
+                let q = bind_pg(sqlx::query(text), params)?;
                 let mut stream = q.fetch(&mut **t);
                 while let Some(row) = stream.try_next().await.map_err(database)? {
                     if out.rows.len() as u64 >= left {
