@@ -41,6 +41,7 @@ bench drain --url "$url" --capacity-events 1000 --warmup-seconds 1 --outage-seco
 wake_dir=$(mktemp -d)
 bench sqlite-wake --db "$wake_dir/wake.db" --commits 20 --idle-seconds 1
 rm -rf "$wake_dir"
+bench sql-gate --iterations 200
 # The criterion micro-benchmarks of one plugin call, in criterion's test
 # mode (each benchmark runs once; `cargo bench` measures them).
 cargo test -q -p outboxd --bench plugin_calls
