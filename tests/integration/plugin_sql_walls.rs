@@ -491,7 +491,7 @@ async fn emit_runs_as_the_host_after_the_plugins_statements() {
 }
 
 /// Whatever a plugin statement left on the session (a setting, a temporary
-/// table) is gone before the connection goes back to the pool: here the
+/// table, a session advisory lock) is gone before the connection goes back to the pool: here the
 /// host itself leaves them, as a gap in every other layer would, on a pool
 /// of one connection so the next transaction gets the same session.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -506,7 +506,8 @@ async fn the_session_is_reset_before_the_connection_goes_back() {
     if let InboxTx::Postgres(inner) = &mut tx {
         sqlx::raw_sql(
             "SELECT set_config('default_transaction_read_only', 'on', false);
-             CREATE TEMP TABLE inbox (consumer text, message_id text)",
+             CREATE TEMP TABLE inbox (consumer text, message_id text);
+             SELECT pg_advisory_lock(4242)",
         )
         .execute(&mut **inner)
         .await
@@ -528,6 +529,13 @@ async fn the_session_is_reset_before_the_connection_goes_back() {
         .await
         .expect("temps");
     assert_eq!(temps, 0);
+    let locks: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = 4242",
+    )
+    .fetch_one(&mut *next)
+    .await
+    .expect("locks");
+    assert_eq!(locks, 0, "a session advisory lock outlived the transaction");
     sqlx::query("INSERT INTO inbox (consumer, message_id) VALUES ('c', gen_random_uuid())")
         .execute(&mut *next)
         .await

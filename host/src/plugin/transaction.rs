@@ -173,12 +173,18 @@ pub(crate) async fn begin_session(tx: &mut InboxTx, policy: &TxnPolicy) -> Resul
 /// Runs before a transaction in which plugin SQL ran commits: whatever the
 /// plugin managed to leave on the session (a temporary object, a setting)
 /// goes, so the pooled connection the relay or another consumer gets next
-/// is the host's. `DISCARD TEMP` and `RESET ALL` keep the driver's prepared
-/// statements (`DISCARD ALL` would drop them behind sqlx's back).
+/// is the host's: temporary objects, settings, and session advisory locks
+/// (the one session state a rollback would not undo either). `DISCARD
+/// TEMP` and `RESET ALL` keep the driver's prepared statements (`DISCARD
+/// ALL` would drop them behind sqlx's back).
 pub(crate) async fn end_session(tx: &mut InboxTx) -> Result<(), sqlx::Error> {
     match tx {
         InboxTx::Postgres(t) => {
-            sqlx::Executor::execute(&mut **t, sqlx::raw_sql("DISCARD TEMP; RESET ALL")).await?;
+            sqlx::Executor::execute(
+                &mut **t,
+                sqlx::raw_sql("DISCARD TEMP; RESET ALL; SELECT pg_advisory_unlock_all()"),
+            )
+            .await?;
         }
         InboxTx::Sqlite(t) => crate::store::sqlite_plugin_guard::reset(t).await?,
     }
