@@ -8,17 +8,16 @@
 //! left, nothing forged.
 
 use std::process::Stdio;
-use std::time::{Duration, Instant};
 
 use outboxd::config::{ConsumerSection, TableGrants};
 use outboxd::domain::billing;
 use outboxd::event::NewEvent;
-use outboxd::store::{Db, enqueue};
+use outboxd::store::Db;
 use serde_json::{Value, json};
 
 use crate::on_both;
 use crate::plugins::plugin_path;
-use crate::process::outboxd;
+use crate::process::{outboxd, wait_until};
 use crate::support::TestDb;
 
 /// One attack: its class, the statement, and whether it is sent with
@@ -317,19 +316,8 @@ pub(crate) async fn seed_tables(t: &TestDb) {
 }
 
 async fn send(t: &TestDb, aggregate: String, payload: Value) {
-    let ev = NewEvent::new(aggregate, "attack.msg", payload);
-    match &t.db {
-        Db::Postgres(p) => {
-            let mut tx = p.begin().await.expect("begin");
-            enqueue(&mut tx, ev).await.expect("enqueue");
-            tx.commit().await.expect("commit");
-        }
-        Db::Sqlite(p) => {
-            let mut tx = p.begin().await.expect("begin");
-            enqueue(&mut tx, ev).await.expect("enqueue");
-            tx.commit().await.expect("commit");
-        }
-    }
+    t.enqueue(NewEvent::new(aggregate, "attack.msg", payload))
+        .await;
 }
 
 async fn text(t: &TestDb, sql: &str) -> String {
@@ -345,21 +333,6 @@ async fn text(t: &TestDb, sql: &str) -> String {
             .await
             .expect(sql)
             .get::<String, _>(0),
-    }
-}
-
-async fn wait_for(t: &TestDb, what: &str, sql: &str, want: i64) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let got = t.count(sql).await;
-        if got == want {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: timed out waiting for `{sql}` = {want} (last {got})"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -407,16 +380,14 @@ async fn every_attack_is_stopped_and_the_next_messages_run_exactly_once(t: TestD
             )
             .await;
         }
-        wait_for(
+        wait_until(
             &t,
-            &what,
             "SELECT count(*) FROM consumer_dead_letters WHERE consumer = 'attacked'",
             k as i64 + 1,
         )
         .await;
-        wait_for(
+        wait_until(
             &t,
-            &what,
             &format!("SELECT count(*) FROM invoices WHERE order_id LIKE '{k}-%'"),
             20,
         )
@@ -451,9 +422,8 @@ async fn every_attack_is_stopped_and_the_next_messages_run_exactly_once(t: TestD
     );
     // The relay kept publishing every event once, and nothing was forged.
     let events = innocents + attacks.len() as i64;
-    wait_for(
+    wait_until(
         &t,
-        "relay",
         "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL",
         events,
     )

@@ -108,6 +108,26 @@ impl TestDb {
         Some(role)
     }
 
+    /// Commits one event to the outbox, as a producer would.
+    pub async fn enqueue(&self, event: outboxd::event::NewEvent) {
+        match &self.db {
+            Db::Postgres(p) => {
+                let mut tx = p.begin().await.expect("begin");
+                outboxd::store::enqueue(&mut tx, event)
+                    .await
+                    .expect("enqueue");
+                tx.commit().await.expect("commit");
+            }
+            Db::Sqlite(p) => {
+                let mut tx = p.begin().await.expect("begin");
+                outboxd::store::enqueue(&mut tx, event)
+                    .await
+                    .expect("enqueue");
+                tx.commit().await.expect("commit");
+            }
+        }
+    }
+
     /// Runs a query returning one integer.
     pub async fn count(&self, sql: &str) -> i64 {
         match &self.db {
