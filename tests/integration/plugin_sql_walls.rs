@@ -49,7 +49,11 @@ const BEYOND_THE_GRANTS: &[&str] = &[
 async fn the_postgres_role_alone_holds_the_plugin_to_its_grants() {
     let t = TestDb::postgres().await;
     seed_tables(&t).await;
+    // A `serial` column: its sequence is granted with the table.
+    t.exec("CREATE TABLE notes (id serial PRIMARY KEY, note text NOT NULL)")
+        .await;
     let mut c = attacked();
+    c.tables.write.push("notes".into());
     let role = t.provision_plugin_role(&mut c).await.expect("a role");
     let Db::Postgres(pool) = &t.db else {
         unreachable!()
@@ -83,6 +87,7 @@ async fn the_postgres_role_alone_holds_the_plugin_to_its_grants() {
             .expect("rollback to");
     }
     for sql in [
+        "INSERT INTO notes (note) VALUES ('a serial id')",
         "SELECT count(*) FROM customers",
         "INSERT INTO invoices (order_id, customer_id, amount_cents, message_id, issued_at) VALUES ('o', 'c', 1, 'm', 0)",
         "UPDATE invoices SET amount_cents = 2",

@@ -225,10 +225,13 @@ workers = 0
 name = \"ledger\"
 topics = [\"{TOPIC}\"]
 handler = \"plugin:ledger\"
+tables = {{ write = [\"ledger\"] }}
+db_role = \"{role}\"
 batch_in_transaction = 10
 max_attempts = 20
 kafka_partitions = {partitions}
-"
+",
+            role = plugin_role(url)
         )
     };
     let relay_path = dir.join("relay.toml");
@@ -238,6 +241,34 @@ kafka_partitions = {partitions}
         std::fs::write(path, consumer(i + 1))?;
     }
     Ok((relay_path, consumers))
+}
+
+/// The ledger plugin's Postgres role: roles belong to the cluster, so it is
+/// named after the soak's database.
+pub fn plugin_role(url: &str) -> String {
+    let database = url.rsplit('/').next().unwrap_or("outboxd_chaos");
+    format!("{database}_ledger")
+}
+
+/// `outboxd plugin-roles`, as an operator would before the first start:
+/// the consumer plugin's role, holding exactly its tables.
+pub async fn plugin_roles(outboxd: &Path, config: &Path) -> anyhow::Result<()> {
+    let out = Command::new(outboxd)
+        .arg("--config")
+        .arg(config)
+        .arg("plugin-roles")
+        .env("OUTBOXD_LOG", "warn")
+        .output()
+        .await
+        .context("outboxd plugin-roles")?;
+    if !out.status.success() {
+        bail!(
+            "outboxd plugin-roles failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
 }
 
 /// `outboxd plugin deploy FILE --name NAME [--activate]`, as an operator would.

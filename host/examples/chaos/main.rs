@@ -119,6 +119,7 @@ async fn main() -> anyhow::Result<()> {
 
     let (relay_cfg, [consumer_cfg, consumer2_cfg]) =
         cluster::write_configs(&dir_path, &url, &args.bootstrap)?;
+    cluster::plugin_roles(&args.outboxd, &consumer_cfg).await?;
     let wasm = |f: &str| args.plugins.join(f);
     for (cfg, file, plugin) in [
         (&relay_cfg, "redact-pii.wasm", "shape"),

@@ -88,6 +88,12 @@ pub fn provisioning_sql(site: &Site, c: &ConsumerSection, role: &str) -> Vec<Str
             q(&site.schema),
             q(t)
         ));
+        // A `serial` column's sequence (identity columns need nothing).
+        sql.push(format!(
+            "DO $$ DECLARE s text; BEGIN FOR s IN SELECT pg_get_serial_sequence(a.attrelid::regclass::text, a.attname) FROM pg_attribute a WHERE a.attrelid = '{}.{}'::regclass AND a.attnum > 0 AND NOT a.attisdropped AND pg_get_serial_sequence(a.attrelid::regclass::text, a.attname) IS NOT NULL LOOP EXECUTE format('GRANT USAGE ON SEQUENCE %s TO %I', s, '{role}'); END LOOP; END $$",
+            q(&site.schema).replace('\'', "''"),
+            q(t).replace('\'', "''")
+        ));
     }
     if !site.host_is_superuser {
         // The host switches to the role with SET LOCAL ROLE.
@@ -194,12 +200,18 @@ async fn problems(
         out.push(format!("it has CREATE on schema `{s}`"));
     }
     // Every relation outside the catalogs the role has any privilege on.
-    let held: Vec<(String, String, bool, bool, bool, bool)> = sqlx::query_as(
+    // A sequence is reported with the table that owns it (a `serial`
+    // column's): USAGE on it is part of writing that table.
+    let held: Vec<(String, String, bool, bool, bool, bool, Option<String>)> = sqlx::query_as(
         "SELECT n.nspname, c.relname,
                 has_table_privilege($1, c.oid, 'SELECT'),
                 has_table_privilege($1, c.oid, 'INSERT, UPDATE, DELETE'),
                 has_table_privilege($1, c.oid, 'TRUNCATE, REFERENCES, TRIGGER'),
-                n.nspname = current_schema()
+                n.nspname = current_schema(),
+                (SELECT t.relname FROM pg_depend d JOIN pg_class t ON t.oid = d.refobjid
+                  WHERE c.relkind = 'S' AND d.classid = 'pg_class'::regclass
+                    AND d.objid = c.oid AND d.refclassid = 'pg_class'::regclass
+                    AND d.deptype IN ('a', 'i') LIMIT 1)
            FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
           WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f', 'S')
             AND n.nspname NOT IN ('pg_catalog', 'information_schema')
@@ -210,8 +222,15 @@ async fn problems(
     .bind(role)
     .fetch_all(pool)
     .await?;
-    for (schema, table, select, write, other, in_host_schema) in held {
+    for (schema, table, select, write, other, in_host_schema, owner) in held {
         let name = format!("{schema}.{table}");
+        if in_host_schema
+            && owner
+                .as_deref()
+                .is_some_and(|t| c.tables.may_write(t) && !is_host_table(t))
+        {
+            continue;
+        }
         if is_host_table(&table) {
             out.push(format!("it has privileges on outboxd's table `{name}`"));
             continue;
