@@ -117,7 +117,15 @@ fn handle(c: &mut Criterion) {
     let engine = PluginEngine::new(EngineConfig::default()).expect("engine");
     let spec = PluginSpec::new("billing", dist("billing"));
     let plugin = ConsumerPlugin::load(&engine, &spec).expect("load billing");
-    let policy = TxnPolicy::default();
+    // The billing plugin writes `invoices`, and nothing else.
+    let policy = TxnPolicy {
+        consumer: "billing".into(),
+        tables: outboxd::config::TableGrants {
+            read: vec![],
+            write: vec!["invoices".into()],
+        },
+        ..TxnPolicy::default()
+    };
     let mut group = c.benchmark_group("handle/billing");
     for bytes in SIZES {
         // The same effect by the built-in handler, for the plugin's overhead.
