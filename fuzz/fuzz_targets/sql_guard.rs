@@ -22,25 +22,6 @@ use outboxd_core::db_url::DbKind;
 use outboxd_core::sql_gate;
 use outboxd_core::sql_guard::{MAX_STATEMENT_BYTES, check_statement};
 
-/// outboxd's own tables, by their exact names.
-const HOST_TABLES: &[&str] = &[
-    "outbox",
-    "inbox",
-    "transport_messages",
-    "transport_cursors",
-    "plugins",
-    "plugin_activations",
-    "plugin_shadow_stats",
-    "consumer_dead_letters",
-    "consumer_offsets",
-    "outboxd_migrations",
-    "pg_shadow",
-    "pg_authid",
-    "pg_settings",
-    "sqlite_master",
-    "sqlite_schema",
-];
-
 /// Words after which both databases read a table name.
 const TABLE_POSITION: &[&str] = &["from", "join", "into", "update", "table"];
 
@@ -58,7 +39,7 @@ fn assert_no_host_table(sql: &str, dialect: &str, tokens: &[Tok]) {
             _ => continue,
         };
         assert!(
-            !HOST_TABLES.contains(&name.as_str()),
+            !sql_gate::HOST_NAMES.contains(&name.as_str()),
             "the gate let {dialect} reach `{name}`: {sql:?}"
         );
     }

@@ -195,6 +195,35 @@ pub fn is_host_table(name: &str) -> bool {
         .any(|p| n.starts_with(p))
 }
 
+/// outboxd's own tables and the catalogs a plugin might aim at, by their
+/// exact names: refused as tables (with every name [`is_host_table`]
+/// reserves) and also as columns and aliases, so no statement that names
+/// one can reach it by a door the parse did not see.
+pub const HOST_NAMES: &[&str] = &[
+    "outbox",
+    "inbox",
+    "transport_messages",
+    "transport_cursors",
+    "plugins",
+    "plugin_activations",
+    "plugin_shadow_stats",
+    "consumer_dead_letters",
+    "consumer_offsets",
+    "outboxd_migrations",
+    "pg_shadow",
+    "pg_authid",
+    "pg_settings",
+    "pg_roles",
+    "pg_user",
+    "sqlite_master",
+    "sqlite_schema",
+    "sqlite_temp_master",
+];
+
+fn is_host_name(ident: &Ident) -> bool {
+    HOST_NAMES.contains(&ident.value.to_ascii_lowercase().as_str())
+}
+
 pub fn is_allowed_function(name: &str) -> bool {
     ALLOWED_FUNCTIONS.contains(&name)
 }
@@ -517,6 +546,9 @@ impl Gate<'_> {
                 return Err(GateError::Construct("WITH RECURSIVE"));
             }
             for cte in &with.cte_tables {
+                if is_host_name(&cte.alias.name) {
+                    return Err(GateError::HostTable(cte.alias.name.value.clone()));
+                }
                 let name = normalize(&cte.alias.name)?;
                 if cte.from.is_some() {
                     return Err(GateError::Construct("a CTE with FROM"));
@@ -631,6 +663,9 @@ impl Visitor for Gate<'_> {
         {
             return refuse("this query syntax");
         }
+        if let Some(name) = host_alias(&q.body) {
+            return ControlFlow::Break(GateError::HostTable(name));
+        }
         match body_problem(&q.body) {
             Some(what) => refuse(what),
             None => ControlFlow::Continue(()),
@@ -653,6 +688,15 @@ impl Visitor for Gate<'_> {
     }
 
     fn pre_visit_table_factor(&mut self, factor: &TableFactor) -> ControlFlow<GateError> {
+        let alias = match factor {
+            TableFactor::Table { alias, .. } | TableFactor::Derived { alias, .. } => alias.as_ref(),
+            _ => None,
+        };
+        if let Some(a) = alias
+            && is_host_name(&a.name)
+        {
+            return ControlFlow::Break(GateError::HostTable(a.name.value.clone()));
+        }
         match factor {
             TableFactor::Table {
                 args, with_hints, ..
@@ -670,6 +714,14 @@ impl Visitor for Gate<'_> {
     }
 
     fn pre_visit_expr(&mut self, expr: &Expr) -> ControlFlow<GateError> {
+        let named = match expr {
+            Expr::Identifier(i) => std::slice::from_ref(i),
+            Expr::CompoundIdentifier(parts) => parts.as_slice(),
+            _ => &[],
+        };
+        if let Some(i) = named.iter().find(|i| is_host_name(i)) {
+            return ControlFlow::Break(GateError::HostTable(i.value.clone()));
+        }
         let Expr::Function(f) = expr else {
             return ControlFlow::Continue(());
         };
@@ -695,6 +747,21 @@ fn body_problem(body: &SetExpr) -> Option<&'static str> {
             Some("a data-modifying statement inside a query (a writable CTE)")
         }
         SetExpr::Table(_) => Some("`TABLE name`"),
+    }
+}
+
+/// A select-list alias that is one of [`HOST_NAMES`].
+fn host_alias(body: &SetExpr) -> Option<String> {
+    use sqlparser::ast::SelectItem;
+    match body {
+        SetExpr::Select(s) => s.projection.iter().find_map(|item| match item {
+            SelectItem::ExprWithAlias { alias, .. } if is_host_name(alias) => {
+                Some(alias.value.clone())
+            }
+            _ => None,
+        }),
+        SetExpr::SetOperation { left, right, .. } => host_alias(left).or_else(|| host_alias(right)),
+        _ => None,
     }
 }
 
@@ -787,6 +854,13 @@ mod tests {
             "SELECT * FROM sqlite_master",
             "SELECT * FROM customers WHERE id IN (SELECT message_id FROM inbox)",
             "WITH i AS (SELECT * FROM inbox) SELECT * FROM i",
+            // Named as a column or an alias, never as a table (found by
+            // the fuzz target: `SELECT DELETE .FROM inbox`).
+            "SELECT DELETE .FROM inbox",
+            "SELECT 1 AS inbox",
+            "SELECT name FROM customers AS outbox",
+            "SELECT inbox.x FROM customers",
+            "WITH inbox AS (SELECT 1 AS x) SELECT x FROM inbox",
         ] {
             for db in [DbKind::Postgres, DbKind::Sqlite] {
                 let r = check(sql, db, &everything, "billing");
