@@ -2,7 +2,7 @@
 //! (its password masked).
 
 /// The database kinds outboxd runs on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DbKind {
     Postgres,
     Sqlite,

@@ -290,15 +290,27 @@ impl<'a> TxnServer<'a> {
         }
     }
 
-    /// The lexical guard, then the capability gate.
+    /// The lexical guard, then the capability gate; a statement text this
+    /// policy already accepted on this database is not parsed again.
     fn admit(&self, sql: &str) -> Result<Checked, DbError> {
-        check_statement(sql).map_err(|e| DbError::Refused(e.to_string()))?;
         let kind = match self.tx {
             InboxTx::Postgres(_) => DbKind::Postgres,
             InboxTx::Sqlite(_) => DbKind::Sqlite,
         };
-        sql_gate::check(sql, kind, &self.policy.tables, &self.policy.consumer)
-            .map_err(|e| DbError::Refused(e.to_string()))
+        let key = admitted_key(kind, self.policy, sql);
+        if let Some(checked) = ADMITTED.lock().ok().and_then(|m| m.get(&key).copied()) {
+            return Ok(checked);
+        }
+        check_statement(sql).map_err(|e| DbError::Refused(e.to_string()))?;
+        let checked = sql_gate::check(sql, kind, &self.policy.tables, &self.policy.consumer)
+            .map_err(|e| DbError::Refused(e.to_string()))?;
+        if let Ok(mut m) = ADMITTED.lock() {
+            if m.len() >= ADMITTED_MAX {
+                m.clear();
+            }
+            m.insert(key, checked);
+        }
+        Ok(checked)
     }
 
     /// On Postgres, the plugin's statements run under its role:
@@ -506,6 +518,27 @@ impl<'a> TxnServer<'a> {
             Err(e) => Err(DbError::Refused(format!("emit: {e}"))),
         }
     }
+}
+
+/// Statements the guard and the gate accepted, by (database, policy, text):
+/// plugins send the same few texts with different parameters, and parsing
+/// one costs tens of microseconds. Only acceptances are kept (a refusal is
+/// checked again each time), the policy's consumer and grants are part of
+/// the key exactly, and the map is emptied when full, so a plugin sending
+/// endless distinct texts only makes itself slower.
+type AdmittedKey = (DbKind, String, String);
+static ADMITTED: std::sync::LazyLock<
+    std::sync::Mutex<std::collections::HashMap<AdmittedKey, Checked>>,
+> = std::sync::LazyLock::new(Default::default);
+const ADMITTED_MAX: usize = 4096;
+
+fn admitted_key(kind: DbKind, policy: &TxnPolicy, sql: &str) -> AdmittedKey {
+    let t = &policy.tables;
+    (
+        kind,
+        format!("{}\0{:?}\0{:?}", policy.consumer, t.read, t.write),
+        sql.to_string(),
+    )
 }
 
 /// Roughly what a row's values weigh in the host's memory.

@@ -142,6 +142,11 @@ pub async fn check(pool: &PgPool, index: usize, c: &ConsumerSection) -> Result<(
     ))
 }
 
+/// A relation the role holds a privilege on: schema, name, SELECT, a
+/// write, TRUNCATE/REFERENCES/TRIGGER, in the host's schema, and the table
+/// owning it when it is a sequence.
+type HeldRelation = (String, String, bool, bool, bool, bool, Option<String>);
+
 /// Everything wrong with `role` for `c`, in words.
 async fn problems(
     pool: &PgPool,
@@ -202,7 +207,7 @@ async fn problems(
     // Every relation outside the catalogs the role has any privilege on.
     // A sequence is reported with the table that owns it (a `serial`
     // column's): USAGE on it is part of writing that table.
-    let held: Vec<(String, String, bool, bool, bool, bool, Option<String>)> = sqlx::query_as(
+    let held: Vec<HeldRelation> = sqlx::query_as(
         "SELECT n.nspname, c.relname,
                 has_table_privilege($1, c.oid, 'SELECT'),
                 has_table_privilege($1, c.oid, 'INSERT, UPDATE, DELETE'),
