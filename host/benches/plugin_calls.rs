@@ -1,4 +1,4 @@
-//! Criterion micro-benchmarks of one plugin call (issue 9): a `transform`
+//! Criterion micro-benchmarks of one plugin call (what a call costs, apart from the database): a `transform`
 //! of the Rust cloudevents plugin and a `handle` of the Rust billing plugin
 //! (one INSERT through the borrowed transaction, SQLite in a temporary
 //! file; the built-in `BillingHandler` doing the same beside it), each at payloads of 256 B, 4 KiB and 64 KiB, on a reused

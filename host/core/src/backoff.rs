@@ -1,4 +1,4 @@
-//! Per-event backoff: `min(base * 2^attempts, cap)`, seed 000's schedule
+//! Per-event backoff: `min(base * 2^attempts, cap)`, so a failing broker is retried quickly at first and never hammered
 //! (1 s, 2 s, 4 s ... up to 5 minutes) by default.
 
 use std::time::Duration;

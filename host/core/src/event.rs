@@ -17,7 +17,7 @@ impl std::fmt::Display for EventId {
     }
 }
 
-/// An optional operation key (seed 001): repeating the key with the same
+/// An optional operation key (a client retry must not create a second event): repeating the key with the same
 /// payload returns the first event instead of writing a second one.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OperationKey {

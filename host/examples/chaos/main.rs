@@ -1,4 +1,4 @@
-//! The chaos soak (issue 8): producers commit events continuously over
+//! The chaos soak (the faults deploys and outages bring, all at once): producers commit events continuously over
 //! 10,000 aggregates while two relay processes and two consumer processes
 //! are SIGKILLed and restarted, the broker is killed and restarted, Postgres
 //! connections are terminated and a transformer and a consumer plugin are

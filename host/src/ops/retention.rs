@@ -1,5 +1,5 @@
 //! Retention: both tables grow without bound otherwise. Deletes run in
-//! small batches in a loop (seed 000), so no statement holds locks for long.
+//! small batches in a loop, so no statement holds locks for long.
 //! Dead rows are never deleted automatically.
 
 use chrono::{DateTime, Utc};

@@ -11,7 +11,7 @@ pub mod transformer {
     });
 }
 
-/// The `consumer` world (issue 5). The transaction calls are async on the
+/// The `consumer` world. The transaction calls are async on the
 /// host (they run SQL); the guest still sees blocking calls.
 pub mod consumer {
     wasmtime::component::bindgen!({

@@ -29,7 +29,7 @@ pub use outboxd_core::message::message_for_event;
 pub use rollout::{Refreshed, Rollout};
 pub use route::{Route, Router};
 
-/// `last_error` is cut to this many characters (seed 000).
+/// `last_error` is cut to this many characters (an error must not bloat the row).
 pub const MAX_ERROR_CHARS: usize = 500;
 
 #[derive(Debug, Clone)]

@@ -12,7 +12,7 @@ use crate::store::OutboxStore;
 
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
-    /// Sleep after an idle step (seed 000: 500 ms).
+    /// Sleep after an idle step (500 ms by default: idle polling stays cheap).
     pub poll_interval: Duration,
     /// Longest pause after repeated store errors.
     pub max_error_backoff: Duration,

@@ -10,7 +10,7 @@ pub struct RetentionConfig {
     #[serde(default = "d7")]
     pub published_days: f64,
     /// Replace the payload of published rows with `null` after this many
-    /// days (privacy, seed 001); must not exceed `published_days`.
+    /// days (inbox ids tie messages to customers: keep them no longer than dedup needs); must not exceed `published_days`.
     #[serde(default)]
     pub purge_payload_days: Option<f64>,
     /// Inbox rows must outlive every possible redelivery.
