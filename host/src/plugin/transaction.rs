@@ -222,7 +222,16 @@ pub(crate) struct TxnServer<'a> {
 /// time, and one value may be 1 GB). `outboxd_row_fits` raises with a
 /// clear message (migration 0009). The LIMIT bounds the rows the server
 /// sends to one more than the budget left.
-fn pg_wrapped(sql: &str, max_bytes: u64, rows_left: u64) -> String {
+/// A statement that returns no rows is sent as it is.
+fn pg_text(
+    sql: &str,
+    checked: Checked,
+    max_bytes: u64,
+    rows_left: u64,
+) -> std::borrow::Cow<'_, str> {
+    if !checked.returns_rows {
+        return sql.into();
+    }
     let sql = sql.trim_end().trim_end_matches(';');
     format!(
         "WITH outboxd_rows AS ({sql}\n) SELECT outboxd_rows.* FROM outboxd_rows \
@@ -230,6 +239,19 @@ fn pg_wrapped(sql: &str, max_bytes: u64, rows_left: u64) -> String {
          LIMIT {}",
         rows_left.saturating_add(1)
     )
+    .into()
+}
+
+/// The SQLite wall for one statement: the authorizer with the consumer's
+/// grants, the deadline and the value-length limit.
+fn sqlite_policy(policy: &TxnPolicy) -> crate::store::sqlite_plugin_guard::PluginPolicy {
+    crate::store::sqlite_plugin_guard::PluginPolicy {
+        consumer: policy.consumer.clone(),
+        grants: policy.tables.clone(),
+        deadline: std::time::Instant::now()
+            + std::time::Duration::from_millis(policy.statement_timeout_ms),
+        max_value_bytes: policy.max_result_bytes,
+    }
 }
 
 impl<'a> TxnServer<'a> {
@@ -365,18 +387,6 @@ impl<'a> TxnServer<'a> {
             .map_err(|e| format!("cannot reset the plugin's role: {}", describe(&e)))
     }
 
-    /// The SQLite wall for one statement: the authorizer with the
-    /// consumer's grants, the deadline and the value-length limit.
-    fn sqlite_policy(&self) -> crate::store::sqlite_plugin_guard::PluginPolicy {
-        crate::store::sqlite_plugin_guard::PluginPolicy {
-            consumer: self.policy.consumer.clone(),
-            grants: self.policy.tables.clone(),
-            deadline: std::time::Instant::now()
-                + std::time::Duration::from_millis(self.policy.statement_timeout_ms),
-            max_value_bytes: self.policy.max_result_bytes,
-        }
-    }
-
     fn rows_left(&self) -> u64 {
         self.policy.max_rows.saturating_sub(self.rows)
     }
@@ -387,18 +397,12 @@ impl<'a> TxnServer<'a> {
         checked: Checked,
         params: Vec<Value>,
     ) -> Result<u64, DbError> {
-        let sqlite_policy = self.sqlite_policy();
+        let policy = self.policy;
         let (max_bytes, rows_left) = (self.policy.max_result_bytes, self.rows_left());
         match &mut *self.tx {
             InboxTx::Postgres(t) => {
-                let wrapped;
-                let text = if checked.returns_rows {
-                    wrapped = pg_wrapped(sql, max_bytes, rows_left);
-                    wrapped.as_str()
-                } else {
-                    sql
-                };
-                let q = bind_pg(sqlx::query(text), params)?;
+                let text = pg_text(sql, checked, max_bytes, rows_left);
+                let q = bind_pg(sqlx::query(&text), params)?;
                 q.execute(&mut **t)
                     .await
                     .map(|r| r.rows_affected())
@@ -406,7 +410,9 @@ impl<'a> TxnServer<'a> {
             }
             InboxTx::Sqlite(t) => {
                 let q = bind_sqlite(sqlx::query(sql).persistent(false), params)?;
-                let active = guard::begin(t, sqlite_policy).await.map_err(database)?;
+                let active = guard::begin(t, sqlite_policy(policy))
+                    .await
+                    .map_err(database)?;
                 let result = q.execute(&mut **t).await.map(|r| r.rows_affected());
                 let refused = active.end(t).await.map_err(database)?;
                 result.map_err(|e| sqlite_error(e, refused))
@@ -441,17 +447,11 @@ impl<'a> TxnServer<'a> {
             rows: Vec::new(),
         };
         let mut bytes = 0u64;
-        let sqlite_policy = self.sqlite_policy();
+        let policy = self.policy;
         match &mut *self.tx {
             InboxTx::Postgres(t) => {
-                let wrapped;
-                let text = if checked.returns_rows {
-                    wrapped = pg_wrapped(sql, max_bytes, left);
-                    wrapped.as_str()
-                } else {
-                    sql
-                };
-                let q = bind_pg(sqlx::query(text), params)?;
+                let text = pg_text(sql, checked, max_bytes, left);
+                let q = bind_pg(sqlx::query(&text), params)?;
                 let mut stream = q.fetch(&mut **t);
                 while let Some(row) = stream.try_next().await.map_err(database)? {
                     if out.rows.len() as u64 >= left {
@@ -470,7 +470,9 @@ impl<'a> TxnServer<'a> {
             }
             InboxTx::Sqlite(t) => {
                 let q = bind_sqlite(sqlx::query(sql).persistent(false), params)?;
-                let active = guard::begin(t, sqlite_policy).await.map_err(database)?;
+                let active = guard::begin(t, sqlite_policy(policy))
+                    .await
+                    .map_err(database)?;
                 let result: Result<(), Result<DbError, sqlx::Error>> = async {
                     let mut stream = q.fetch(&mut **t);
                     while let Some(row) = stream.try_next().await.map_err(Err)? {
