@@ -66,7 +66,7 @@ fn delivery(payload: &str, id: uuid::Uuid) -> Delivery {
 }
 
 async fn schema(t: &TestDb) {
-    t.exec("CREATE TABLE batch_effects (payload TEXT NOT NULL)")
+    t.exec_app("CREATE TABLE batch_effects (payload TEXT NOT NULL)")
         .await;
 }
 

@@ -290,15 +290,15 @@ const STOPPED: &[&str] = &[
 
 pub(crate) async fn seed_tables(t: &TestDb) {
     billing::create_schema(&t.db).await.expect("billing schema");
-    t.exec("CREATE TABLE customers (id text PRIMARY KEY, name text NOT NULL)")
+    t.exec_app("CREATE TABLE customers (id text PRIMARY KEY, name text NOT NULL)")
         .await;
-    t.exec("CREATE TABLE secrets (id integer PRIMARY KEY, secret text NOT NULL)")
+    t.exec_app("CREATE TABLE secrets (id integer PRIMARY KEY, secret text NOT NULL)")
         .await;
     t.exec("INSERT INTO secrets (id, secret) VALUES (1, 'the crown jewels')")
         .await;
     // One 100 MB value, granted to the plugin: a statement that passes the
     // gate can still build 300 MB from it (`b || b || b`).
-    t.exec("CREATE TABLE blobs (id integer PRIMARY KEY, b text NOT NULL)")
+    t.exec_app("CREATE TABLE blobs (id integer PRIMARY KEY, b text NOT NULL)")
         .await;
     if t.is_postgres() {
         t.exec("INSERT INTO blobs (id, b) SELECT 1, repeat('x', 100000000)")

@@ -22,6 +22,7 @@ mod doors;
 mod doors_kafka;
 mod doors_pg_full;
 mod embedded;
+mod host_schema;
 mod hostile;
 mod hostile_consumers;
 mod hostile_sql_corpus;

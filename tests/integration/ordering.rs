@@ -66,7 +66,7 @@ async fn four_pipelined_relays_keep_commit_order_over_1000_aggregates(t: TestDb)
 on_both!(four_pipelined_relays_keep_commit_order_over_1000_aggregates);
 
 async fn keep_commit_order(t: TestDb, pipeline: bool) {
-    t.exec("CREATE TABLE counters (id text PRIMARY KEY, n bigint NOT NULL DEFAULT 0)")
+    t.exec_app("CREATE TABLE counters (id text PRIMARY KEY, n bigint NOT NULL DEFAULT 0)")
         .await;
     let values: Vec<String> = (0..AGGREGATES).map(|a| format!("('agg-{a:04}')")).collect();
     t.exec(&format!(

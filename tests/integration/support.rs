@@ -27,6 +27,13 @@ pub struct TestDb {
 impl TestDb {
     /// A new, empty, migrated Postgres database named `outboxd_t_<uuid>`.
     pub async fn postgres() -> TestDb {
+        let t = Self::postgres_unmigrated().await;
+        migrate(&t.db).await.expect("migrate the test database");
+        t
+    }
+
+    /// A new, empty Postgres database with no migration applied.
+    pub async fn postgres_unmigrated() -> TestDb {
         let admin = pg_admin_url();
         let name = format!("outboxd_t_{}", uuid::Uuid::new_v4().simple());
         let admin_pool = sqlx::PgPool::connect(&admin).await.unwrap_or_else(|e| {
@@ -47,7 +54,6 @@ impl TestDb {
         let db = Db::connect(&url, 16)
             .await
             .expect("connect to the test database");
-        migrate(&db).await.expect("migrate the test database");
         TestDb {
             db,
             url,
@@ -150,6 +156,16 @@ impl TestDb {
             Db::Postgres(p) => sqlx::raw_sql(sql).execute(p).await.map(|_| ()).expect(sql),
             Db::Sqlite(p) => sqlx::raw_sql(sql).execute(p).await.map(|_| ()).expect(sql),
         }
+    }
+
+    /// Runs DDL of the application's own tables, so that on Postgres they
+    /// land in the application's schema (`public`), where plugin roles are
+    /// granted them, not in outboxd's, which the host's connections search
+    /// first.
+    pub async fn exec_app(&self, sql: &str) {
+        outboxd::store::execute_in_app_schema(&self.db, sql, None)
+            .await
+            .expect(sql);
     }
 
     /// Skips every backoff: all pending events become due now.

@@ -106,12 +106,14 @@ async fn main() -> anyhow::Result<()> {
     // The driver's own connections are named, so the faults spare them.
     let pool = PgPoolOptions::new()
         .max_connections(8)
-        .connect(&format!("{url}?application_name=chaos-driver"))
+        .connect_with(outboxd::store::host_pg_options(&format!(
+            "{url}?application_name=chaos-driver"
+        ))?)
         .await?;
     let db = Db::Postgres(pool.clone());
     migrate(&db).await?;
     outboxd::domain::orders::create_schema(&db).await?;
-    pool.execute(producers::BUSINESS_SCHEMA).await?;
+    outboxd::store::execute_in_app_schema(&db, producers::BUSINESS_SCHEMA, None).await?;
     let props = [("bootstrap.servers".to_string(), args.bootstrap.clone())].into();
     outboxd::broker::kafka::ensure_topics(&props, &[cluster::TOPIC.to_string()], 4)
         .await

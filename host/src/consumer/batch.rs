@@ -80,7 +80,7 @@ enum AllOrFailure {
 
 async fn begin_batch<H: Handler>(db: &Db, handler: &H) -> Result<InboxTx, sqlx::Error> {
     let mut tx = match db {
-        Db::Postgres(p) => InboxTx::Postgres(p.begin().await?),
+        Db::Postgres(p) => InboxTx::Postgres(p.begin().await?.into()),
         Db::Sqlite(p) => InboxTx::Sqlite(p.begin().await?),
     };
     handler.begin(&mut tx).await?;
@@ -170,6 +170,7 @@ async fn mark_all(
     labels: &[Option<String>],
 ) -> Result<HashSet<uuid::Uuid>, sqlx::Error> {
     let mut fresh = HashSet::with_capacity(ids.len());
+    tx.as_host().await?;
     match tx {
         InboxTx::Postgres(t) => {
             let inserted: Vec<uuid::Uuid> = sqlx::query_scalar(

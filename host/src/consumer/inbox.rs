@@ -20,8 +20,80 @@ pub use super::batch::{attempt_batch, process_batch};
 /// The transaction a handler runs in. It is borrowed for the call only; the
 /// host alone commits or rolls it back.
 pub enum InboxTx {
-    Postgres(Transaction<'static, Postgres>),
+    Postgres(PgInboxTx),
     Sqlite(Transaction<'static, Sqlite>),
+}
+
+impl InboxTx {
+    /// Gives the host its own role back if a consumer plugin's role is set
+    /// on the transaction (Postgres). The host's statements on the
+    /// transaction (the inbox marks, savepoints, the commit) do this
+    /// themselves; a library caller that runs its own statements after a
+    /// plugin call does it first.
+    pub async fn as_host(&mut self) -> Result<(), sqlx::Error> {
+        match self {
+            InboxTx::Postgres(t) => t.as_host().await,
+            InboxTx::Sqlite(_) => Ok(()),
+        }
+    }
+}
+
+/// A Postgres transaction of the inbox, and whether a consumer plugin's role
+/// is set on it. Within one transaction the role stays set from a plugin's
+/// first statement until the host's next statement of its own, so the
+/// messages of a batch, which run back to back after their inbox marks,
+/// switch roles once, not twice per message. Derefs to the connection, as a
+/// `Transaction` does.
+pub struct PgInboxTx {
+    tx: Transaction<'static, Postgres>,
+    /// Set while the plugin's role is (`SET LOCAL ROLE`): the backend's pid,
+    /// for a cancel from another connection.
+    pub(crate) plugin_role: Option<i32>,
+}
+
+impl From<Transaction<'static, Postgres>> for PgInboxTx {
+    fn from(tx: Transaction<'static, Postgres>) -> Self {
+        Self {
+            tx,
+            plugin_role: None,
+        }
+    }
+}
+
+impl std::ops::Deref for PgInboxTx {
+    type Target = sqlx::PgConnection;
+    fn deref(&self) -> &sqlx::PgConnection {
+        &self.tx
+    }
+}
+
+impl std::ops::DerefMut for PgInboxTx {
+    fn deref_mut(&mut self) -> &mut sqlx::PgConnection {
+        &mut self.tx
+    }
+}
+
+impl PgInboxTx {
+    pub async fn commit(self) -> Result<(), sqlx::Error> {
+        self.tx.commit().await
+    }
+
+    pub async fn rollback(self) -> Result<(), sqlx::Error> {
+        self.tx.rollback().await
+    }
+
+    /// The transaction itself, for [`crate::enqueue`].
+    pub fn transaction(&mut self) -> &mut Transaction<'static, Postgres> {
+        &mut self.tx
+    }
+
+    /// `RESET ROLE` when a plugin's role is set.
+    pub async fn as_host(&mut self) -> Result<(), sqlx::Error> {
+        if self.plugin_role.take().is_some() {
+            sqlx::query("RESET ROLE").execute(&mut *self.tx).await?;
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -156,7 +228,7 @@ pub async fn attempt<H: Handler>(
         Err(e) => return failed(HandlerError::Permanent(e)),
     };
     let begun = match db {
-        Db::Postgres(p) => p.begin().await.map(InboxTx::Postgres),
+        Db::Postgres(p) => p.begin().await.map(|t| InboxTx::Postgres(t.into())),
         Db::Sqlite(p) => p.begin().await.map(InboxTx::Sqlite),
     };
     let mut tx = match begun {
@@ -207,6 +279,9 @@ pub(super) async fn mark_and_handle<H: Handler>(
 ) -> (Option<String>, Result<Processed, HandlerError>) {
     let pinned = handler.pin();
     let sql = INSERT_MARK;
+    if let Err(e) = tx.as_host().await {
+        return (None, Err(e.into()));
+    }
     let inserted = match tx {
         InboxTx::Postgres(t) => sqlx::query(sql)
             .bind(consumer)
@@ -239,7 +314,18 @@ pub(super) async fn rollback(tx: InboxTx) -> Result<(), sqlx::Error> {
     }
 }
 
+/// Runs one of the host's statements on `tx` (a savepoint, say), as the
+/// host. A savepoint is always taken as the host, so a rollback to one
+/// (which must also work in an aborted transaction, where `RESET ROLE`
+/// would fail) gives the host its role back by itself.
 pub(crate) async fn exec(tx: &mut InboxTx, sql: &str) -> Result<(), sqlx::Error> {
+    if sql.starts_with("ROLLBACK TO") {
+        if let InboxTx::Postgres(t) = tx {
+            t.plugin_role = None;
+        }
+    } else {
+        tx.as_host().await?;
+    }
     match tx {
         InboxTx::Postgres(t) => sqlx::query(sql).execute(&mut **t).await.map(|_| ()),
         InboxTx::Sqlite(t) => sqlx::query(sql).execute(&mut **t).await.map(|_| ()),

@@ -15,6 +15,8 @@ pub mod runner;
 pub use outboxd_core::sql_guard;
 
 pub use configured::ConsumerHandler;
-pub use inbox::{Attempt, Handler, HandlerError, InboxTx, Pinned, Processed, attempt, process};
+pub use inbox::{
+    Attempt, Handler, HandlerError, InboxTx, PgInboxTx, Pinned, Processed, attempt, process,
+};
 pub use plugin_handler::{ActiveConsumer, ConsumerVersions, PluginHandler};
 pub use runner::{Consumer, ConsumerConfig, ConsumerStats};

@@ -244,7 +244,9 @@ impl Handler for PluginHandler {
             None => None,
         };
         let start = Instant::now();
-        let result = plugin.handle(tx, &message, &self.policy).await;
+        let result = plugin
+            .handle_cancellable(tx, &message, &self.policy, self.cancel.as_ref())
+            .await;
         if let Some((candidate, shadow_took, stats)) = shadow {
             stats.record(
                 &message.id,

@@ -3,7 +3,6 @@
 //! effect would be visible; the inbox is what prevents it.
 
 use serde::Deserialize;
-use sqlx::Executor;
 
 use crate::broker::Delivery;
 use crate::consumer::{Handler, HandlerError, InboxTx};
@@ -33,18 +32,14 @@ CREATE TABLE IF NOT EXISTS invoices (
 /// `CREATE TABLE IF NOT EXISTS` can both miss the table and one then fails
 /// on the catalog's unique index, so creators take an advisory lock first.
 pub async fn create_schema(db: &Db) -> Result<(), sqlx::Error> {
-    match db {
-        Db::Postgres(p) => {
-            let mut tx = p.begin().await?;
-            sqlx::query("SELECT pg_advisory_xact_lock($1)")
-                .bind(crate::store::locks::BILLING_SCHEMA_LOCK_KEY)
-                .execute(&mut *tx)
-                .await?;
-            tx.execute(PG_SCHEMA).await?;
-            tx.commit().await
-        }
-        Db::Sqlite(p) => p.execute(SQLITE_SCHEMA).await.map(|_| ()),
-    }
+    let (sql, lock) = match db {
+        Db::Postgres(_) => (
+            PG_SCHEMA,
+            Some(crate::store::locks::BILLING_SCHEMA_LOCK_KEY),
+        ),
+        Db::Sqlite(_) => (SQLITE_SCHEMA, None),
+    };
+    crate::store::execute_in_app_schema(db, sql, lock).await
 }
 
 #[derive(Debug, Deserialize)]

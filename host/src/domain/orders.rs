@@ -31,10 +31,11 @@ CREATE TABLE IF NOT EXISTS orders (
 /// Creates the example `orders` table (it belongs to the example service,
 /// not to outboxd's migrations).
 pub async fn create_schema(db: &Db) -> Result<(), sqlx::Error> {
-    match db {
-        Db::Postgres(p) => p.execute(PG_SCHEMA).await.map(|_| ()),
-        Db::Sqlite(p) => p.execute(SQLITE_SCHEMA).await.map(|_| ()),
-    }
+    let sql = match db {
+        Db::Postgres(_) => PG_SCHEMA,
+        Db::Sqlite(_) => SQLITE_SCHEMA,
+    };
+    crate::store::execute_in_app_schema(db, sql, None).await
 }
 
 /// Adds a pending order.

@@ -251,7 +251,7 @@ impl ConsumerPlugin {
                 Some(failure) => Err(PluginError::Transaction(format!(
                     "{failure}; the plugin returned ok after the error, the message is rolled back"
                 ))),
-                None => server.finish().await.map_err(PluginError::Transaction),
+                None => Ok(()),
             },
             Ok(Err(WitError::Retryable(message))) => Err(PluginError::Guest {
                 retryable: true,

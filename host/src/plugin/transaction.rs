@@ -180,9 +180,14 @@ pub(crate) async fn begin_session(tx: &mut InboxTx, policy: &TxnPolicy) -> Resul
 pub(crate) async fn end_session(tx: &mut InboxTx) -> Result<(), sqlx::Error> {
     match tx {
         InboxTx::Postgres(t) => {
+            // RESET ALL leaves the role alone: it is reset first, and the
+            // rest runs as the host.
+            t.plugin_role = None;
             sqlx::Executor::execute(
                 &mut **t,
-                sqlx::raw_sql("DISCARD TEMP; RESET ALL; SELECT pg_advisory_unlock_all()"),
+                sqlx::raw_sql(
+                    "RESET ROLE; DISCARD TEMP; RESET ALL; SELECT pg_advisory_unlock_all()",
+                ),
             )
             .await?;
         }
@@ -205,9 +210,6 @@ pub(crate) struct TxnServer<'a> {
     statements: u32,
     rows: u64,
     bytes: u64,
-    /// Postgres: the plugin's role is set (and this is the backend's pid,
-    /// for a cancel from another connection).
-    role_set: Option<i32>,
     /// Any plugin statement reached the database.
     pub(crate) touched: bool,
     /// The first error the guest was given. A message whose plugin saw an
@@ -262,7 +264,6 @@ impl<'a> TxnServer<'a> {
             statements: 0,
             rows: 0,
             bytes: 0,
-            role_set: None,
             touched: false,
             failure: None,
         }
@@ -270,7 +271,10 @@ impl<'a> TxnServer<'a> {
 
     /// The Postgres backend running the plugin's statements, once one ran.
     pub(crate) fn backend_pid(&self) -> Option<i32> {
-        self.role_set
+        match &*self.tx {
+            InboxTx::Postgres(t) => t.plugin_role,
+            InboxTx::Sqlite(_) => None,
+        }
     }
 
     /// Runs one request and leaves its answer in `link`.
@@ -337,15 +341,18 @@ impl<'a> TxnServer<'a> {
 
     /// On Postgres, the plugin's statements run under its role:
     /// `set_config('role', …, true)` (`SET LOCAL ROLE`) before its first
-    /// statement, in the same round trip as reading the backend's pid.
-    /// Undone by [`TxnServer::finish`], by `emit`, or by the message's
-    /// savepoint rollback.
+    /// statement, in the same round trip as reading the backend's pid. It
+    /// stays set on the transaction (`PgInboxTx::plugin_role`) until the
+    /// host's next statement of its own (`emit`, an inbox mark, a
+    /// savepoint, the commit), each of which gives the host its role back
+    /// first: so the messages of a batch switch roles once, not per
+    /// message.
     async fn run_as_plugin(&mut self) -> Result<(), DbError> {
         self.touched = true;
         let InboxTx::Postgres(t) = &mut *self.tx else {
             return Ok(());
         };
-        if self.role_set.is_some() {
+        if t.plugin_role.is_some() {
             return Ok(());
         }
         // Without a role (a library caller's policy; `outboxd run` refuses
@@ -361,30 +368,13 @@ impl<'a> TxnServer<'a> {
                 .fetch_one(&mut **t)
                 .await
                 .map_err(database)?;
-        self.role_set = Some(pid);
+        t.plugin_role = Some(pid);
         Ok(())
     }
 
-    /// Gives the host its own role back (before `emit`, and before the next
-    /// inbox mark of a batch).
+    /// Gives the host its own role back (before `emit`).
     async fn run_as_host(&mut self) -> Result<(), DbError> {
-        if let (InboxTx::Postgres(t), Some(_), Some(_)) =
-            (&mut *self.tx, self.role_set, &self.policy.db_role)
-        {
-            sqlx::Executor::execute(&mut **t, "RESET ROLE")
-                .await
-                .map_err(database)?;
-        }
-        self.role_set = None;
-        Ok(())
-    }
-
-    /// Gives the host its own role back before it writes the next inbox
-    /// mark of a batch. Only called when the plugin succeeded.
-    pub(crate) async fn finish(mut self) -> Result<(), String> {
-        self.run_as_host()
-            .await
-            .map_err(|e| format!("cannot reset the plugin's role: {}", describe(&e)))
+        self.tx.as_host().await.map_err(database)
     }
 
     fn rows_left(&self) -> u64 {
@@ -511,7 +501,7 @@ impl<'a> TxnServer<'a> {
         let mut new = crate::event::NewEvent::new(event.aggregate_id, event.event_type, payload);
         new.headers = event.headers.into_iter().collect();
         let enqueued = match &mut *self.tx {
-            InboxTx::Postgres(t) => crate::store::enqueue(t, new).await,
+            InboxTx::Postgres(t) => crate::store::enqueue(t.transaction(), new).await,
             InboxTx::Sqlite(t) => crate::store::enqueue(t, new).await,
         };
         match enqueued {

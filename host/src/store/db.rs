@@ -3,6 +3,7 @@
 use std::str::FromStr;
 use std::time::Duration;
 
+use sqlx::Executor;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
@@ -49,7 +50,7 @@ impl Db {
     ) -> Result<Self, StoreError> {
         match DbKind::from_url(url)? {
             DbKind::Postgres => {
-                let opts = pg_temp_last(quiet_statements(PgConnectOptions::from_str(url)?));
+                let opts = host_pg_options(url)?;
                 let pool = PgPoolOptions::new()
                     .max_connections(max_connections)
                     .acquire_timeout(Duration::from_secs(10))
@@ -139,21 +140,76 @@ impl Db {
     }
 }
 
-/// The host's statements name its tables unqualified, and Postgres
-/// searches a session's temporary schema first unless `search_path` lists
-/// it: so the host's connections list it last, and a temporary table
-/// (which plugin SQL cannot create, see store/plugin_roles.rs) could never
-/// shadow `inbox` or `outbox` for them. A URL that sets its own
-/// `search_path` keeps it.
-fn pg_temp_last(opts: PgConnectOptions) -> PgConnectOptions {
-    if opts
+/// The schema holding outboxd's own tables (Postgres; migration 0011). A
+/// consumer plugin's role has no USAGE on it.
+pub const HOST_SCHEMA: &str = "outboxd";
+
+/// The search path of the host's connections: outboxd's schema first, so
+/// its unqualified statements always resolve to its own tables, then the
+/// application's schemas (the URL's `search_path`, else Postgres's default
+/// `"$user", public`), and the session's temporary schema last, where a
+/// temporary table (which plugin SQL cannot create, see
+/// store/plugin_roles.rs) could never shadow `inbox` or `outbox`.
+///
+/// Under a plugin's role (`SET LOCAL ROLE`) Postgres skips the schemas the
+/// role has no USAGE on, so the same path resolves plugin SQL to the
+/// application's schema only.
+fn host_search_path(opts: PgConnectOptions) -> PgConnectOptions {
+    let app = opts
         .get_options()
-        .is_some_and(|o| o.contains("search_path"))
-    {
-        return opts;
-    }
-    opts.options([("search_path", "\"$user\",public,pg_temp")])
+        .and_then(|o| {
+            let at = o.find("search_path=")? + "search_path=".len();
+            let rest = &o[at..];
+            Some(rest[..rest.find(' ').unwrap_or(rest.len())].to_string())
+        })
+        .unwrap_or_else(|| "\"$user\",public".to_string());
+    opts.options([(
+        "search_path",
+        format!("{HOST_SCHEMA},{app},pg_temp").as_str(),
+    )])
 }
+
+/// The connect options of the host's Postgres connections for `url`, for
+/// a pool made outside [`Db::connect`].
+pub fn host_pg_options(url: &str) -> Result<PgConnectOptions, StoreError> {
+    Ok(host_search_path(quiet_statements(
+        PgConnectOptions::from_str(url)?,
+    )))
+}
+
+/// Runs `sql` (DDL of the application's own tables: the demo's, the
+/// examples', the benchmarks') so that what it creates lands in the
+/// application's schema, not in outboxd's, which comes first on the host's
+/// connections. On Postgres it runs in one transaction, after
+/// `lock_key`'s advisory lock when given (two concurrent `CREATE TABLE IF
+/// NOT EXISTS` can both miss the table, and one then fails on the catalog's
+/// unique index).
+pub async fn execute_in_app_schema(
+    db: &Db,
+    sql: &str,
+    lock_key: Option<i64>,
+) -> Result<(), sqlx::Error> {
+    match db {
+        Db::Postgres(p) => {
+            let mut tx = p.begin().await?;
+            if let Some(key) = lock_key {
+                sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                    .bind(key)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            sqlx::query(APP_SEARCH_PATH).execute(&mut *tx).await?;
+            tx.execute(sql).await?;
+            tx.commit().await
+        }
+        Db::Sqlite(p) => p.execute(sql).await.map(|_| ()),
+    }
+}
+
+/// Drops outboxd's schema from the front of the search path, for the rest
+/// of the transaction.
+const APP_SEARCH_PATH: &str = "SELECT set_config('search_path', \
+     regexp_replace(current_setting('search_path'), '^outboxd,\\s*', ''), true)";
 
 /// Runs `$body` once with `$pool` bound to whichever pool `$db` holds: one
 /// query text for both databases, where the Rust types differ.

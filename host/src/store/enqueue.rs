@@ -107,7 +107,9 @@ fn headers_json(event: &NewEvent) -> serde_json::Value {
     )
 }
 
-const PG_INSERT: &str = "INSERT INTO outbox
+// On the application's own connection, whose search path need not name
+// outboxd's schema (migration 0011): qualified.
+const PG_INSERT: &str = "INSERT INTO outboxd.outbox
     (id, aggregate_id, event_type, payload, headers, idempotency_tenant, idempotency_key, payload_fingerprint)
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
     ON CONFLICT (idempotency_tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -155,7 +157,7 @@ impl OutboxDatabase for Postgres {
         key: &str,
     ) -> Result<Option<(EventId, String)>, EnqueueError> {
         let row = sqlx::query(
-            "SELECT id, coalesce(payload_fingerprint, '') FROM outbox
+            "SELECT id, coalesce(payload_fingerprint, '') FROM outboxd.outbox
               WHERE idempotency_tenant = $1 AND idempotency_key = $2",
         )
         .bind(tenant)

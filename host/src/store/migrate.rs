@@ -66,6 +66,11 @@ const POSTGRES: &[Migration] = &[
         name: "advisory_keyspaces",
         sql: include_str!("../../../migrations/postgres/0010_advisory_keyspaces.sql"),
     },
+    Migration {
+        version: 11,
+        name: "host_schema",
+        sql: include_str!("../../../migrations/postgres/0011_host_schema.sql"),
+    },
 ];
 
 const SQLITE: &[Migration] = &[
@@ -119,6 +124,11 @@ const SQLITE: &[Migration] = &[
         name: "advisory_keyspaces",
         sql: include_str!("../../../migrations/sqlite/0010_advisory_keyspaces.sql"),
     },
+    Migration {
+        version: 11,
+        name: "host_schema",
+        sql: include_str!("../../../migrations/sqlite/0011_host_schema.sql"),
+    },
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -134,6 +144,12 @@ const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS outboxd_migrations (
 
 /// Applies every migration the database does not have yet.
 pub async fn migrate(db: &Db) -> Result<MigrationReport, StoreError> {
+    migrate_to(db, i64::MAX).await
+}
+
+/// Applies the migrations the database does not have yet, up to and
+/// including `target`: an earlier release's schema, for upgrade tests.
+pub async fn migrate_to(db: &Db, target: i64) -> Result<MigrationReport, StoreError> {
     let mut applied = Vec::new();
     match db {
         Db::Postgres(pool) => {
@@ -147,7 +163,10 @@ pub async fn migrate(db: &Db) -> Result<MigrationReport, StoreError> {
                 conn.execute(CREATE_TABLE).await?;
                 let current = current_version(&mut *conn).await?;
                 check_not_newer(current, POSTGRES)?;
-                for m in POSTGRES.iter().filter(|m| m.version > current) {
+                for m in POSTGRES
+                    .iter()
+                    .filter(|m| m.version > current && m.version <= target)
+                {
                     let mut tx = sqlx::Connection::begin(&mut *conn).await?;
                     run_one(&mut tx, m).await?;
                     tx.commit().await?;
@@ -167,7 +186,10 @@ pub async fn migrate(db: &Db) -> Result<MigrationReport, StoreError> {
             conn.execute(CREATE_TABLE).await?;
             let current = current_version(&mut *conn).await?;
             check_not_newer(current, SQLITE)?;
-            for m in SQLITE.iter().filter(|m| m.version > current) {
+            for m in SQLITE
+                .iter()
+                .filter(|m| m.version > current && m.version <= target)
+            {
                 let mut tx = sqlx::Connection::begin(&mut *conn).await?;
                 // Re-check inside the write transaction: another process may
                 // have applied it meanwhile.

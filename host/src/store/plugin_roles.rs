@@ -2,7 +2,8 @@
 //! plugin SQL. A consumer plugin's statements run under its
 //! `consumers[].db_role` (`SET LOCAL ROLE`), which must hold exactly the
 //! grants of `consumers[].tables`: no TEMP (granted to PUBLIC by default),
-//! no CREATE, no privilege on outboxd's tables, functions or sequences, and
+//! no CREATE, no USAGE on outboxd's schema (`outboxd`), no privilege on
+//! outboxd's tables, functions or sequences, and
 //! nothing on any other table.
 //!
 //! [`check`] runs before a consumer starts and refuses it with the SQL that
@@ -11,6 +12,7 @@
 
 use sqlx::PgPool;
 
+use super::HOST_SCHEMA;
 use crate::config::ConsumerSection;
 use outboxd_core::sql_gate::is_host_table;
 
@@ -20,7 +22,8 @@ fn q(name: &str) -> String {
 }
 
 /// Where the role's SQL applies: the database, the host's login and the
-/// schema holding outboxd's tables.
+/// application's schema, which holds the tables plugins are granted (the
+/// first schema of the host's search path after outboxd's own).
 #[derive(Debug, Clone)]
 pub struct Site {
     pub database: String,
@@ -32,9 +35,12 @@ pub struct Site {
 pub async fn site(pool: &PgPool) -> Result<Site, sqlx::Error> {
     let (database, host_user, schema, host_is_superuser): (String, String, String, bool) =
         sqlx::query_as(
-            "SELECT current_database(), current_user, current_schema(),
+            "SELECT current_database(), current_user,
+                    coalesce((SELECT s FROM unnest(current_schemas(false)) WITH ORDINALITY AS u(s, i)
+                               WHERE s <> $1 ORDER BY i LIMIT 1), 'public'),
                     (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)",
         )
+        .bind(HOST_SCHEMA)
         .fetch_one(pool)
         .await?;
     Ok(Site {
@@ -71,6 +77,9 @@ pub fn provisioning_sql(site: &Site, c: &ConsumerSection, role: &str) -> Vec<Str
             "REVOKE EXECUTE ON FUNCTION {}.outbox_notify() FROM PUBLIC",
             q(&site.schema)
         ),
+        // outboxd's own schema: not even name resolution reaches it.
+        format!("REVOKE ALL ON SCHEMA {} FROM PUBLIC", q(HOST_SCHEMA)),
+        format!("REVOKE ALL ON SCHEMA {} FROM {r}", q(HOST_SCHEMA)),
         format!("GRANT USAGE ON SCHEMA {} TO {r}", q(&site.schema)),
     ];
     for t in &c.tables.read {
@@ -126,7 +135,9 @@ pub async fn check(pool: &PgPool, index: usize, c: &ConsumerSection) -> Result<(
             show(&provisioning_sql(&site, c, role))
         )
     };
-    let problems = problems(pool, role, c).await.map_err(|e| e.to_string())?;
+    let problems = problems(pool, role, &site.schema, c)
+        .await
+        .map_err(|e| e.to_string())?;
     if problems.is_empty() {
         return Ok(());
     }
@@ -151,6 +162,7 @@ type HeldRelation = (String, String, bool, bool, bool, bool, Option<String>);
 async fn problems(
     pool: &PgPool,
     role: &str,
+    app_schema: &str,
     c: &ConsumerSection,
 ) -> Result<Vec<String>, sqlx::Error> {
     let mut out = Vec::new();
@@ -204,6 +216,16 @@ async fn problems(
     for s in schemas {
         out.push(format!("it has CREATE on schema `{s}`"));
     }
+    let host_schema_usage: bool = sqlx::query_scalar(
+        "SELECT coalesce((SELECT has_schema_privilege($1, oid, 'USAGE') FROM pg_namespace WHERE nspname = $2), false)",
+    )
+    .bind(role)
+    .bind(HOST_SCHEMA)
+    .fetch_one(pool)
+    .await?;
+    if host_schema_usage {
+        out.push(format!("it has USAGE on outboxd's schema `{HOST_SCHEMA}`"));
+    }
     // Every relation outside the catalogs the role has any privilege on.
     // A sequence is reported with the table that owns it (a `serial`
     // column's): USAGE on it is part of writing that table.
@@ -212,7 +234,7 @@ async fn problems(
                 has_table_privilege($1, c.oid, 'SELECT'),
                 has_table_privilege($1, c.oid, 'INSERT, UPDATE, DELETE'),
                 has_table_privilege($1, c.oid, 'TRUNCATE, REFERENCES, TRIGGER'),
-                n.nspname = current_schema(),
+                n.nspname = $2,
                 (SELECT t.relname FROM pg_depend d JOIN pg_class t ON t.oid = d.refobjid
                   WHERE c.relkind = 'S' AND d.classid = 'pg_class'::regclass
                     AND d.objid = c.oid AND d.refclassid = 'pg_class'::regclass
@@ -225,6 +247,7 @@ async fn problems(
                  OR has_table_privilege($1, c.oid, 'DELETE, TRUNCATE, TRIGGER'))",
     )
     .bind(role)
+    .bind(app_schema)
     .fetch_all(pool)
     .await?;
     for (schema, table, select, write, other, in_host_schema, owner) in held {
@@ -264,9 +287,10 @@ async fn problems(
     for t in c.tables.read.iter().chain(&c.tables.write) {
         let granted: Option<bool> = sqlx::query_scalar(
             "SELECT has_table_privilege($1, c.oid, 'SELECT')
-               FROM pg_class c WHERE c.oid = to_regclass(quote_ident(current_schema()) || '.' || quote_ident($2))",
+               FROM pg_class c WHERE c.oid = to_regclass(quote_ident($2) || '.' || quote_ident($3))",
         )
         .bind(role)
+        .bind(app_schema)
         .bind(t)
         .fetch_optional(pool)
         .await?
@@ -280,10 +304,11 @@ async fn problems(
     let functions: Vec<String> = sqlx::query_scalar(
         "SELECT p.oid::regprocedure::text FROM pg_proc p
            JOIN pg_namespace n ON n.oid = p.pronamespace
-          WHERE n.nspname = current_schema() AND p.proname LIKE 'outbox\\_%'
+          WHERE n.nspname = $2 AND p.proname LIKE 'outbox\\_%'
             AND has_function_privilege($1, p.oid, 'EXECUTE')",
     )
     .bind(role)
+    .bind(app_schema)
     .fetch_all(pool)
     .await?;
     for f in functions {
