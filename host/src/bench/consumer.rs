@@ -116,6 +116,36 @@ async fn run<H: Handler>(
     Ok(total as f64 / seconds)
 }
 
+/// The plugin's SQL runs under a role of its own, as `outboxd run` demands
+/// on Postgres, so the figures include switching to it: provisioned here
+/// when the login may create roles (else the plugin's SQL runs as the host,
+/// and the output says so).
+async fn plugin_role(
+    db: &Db,
+    tables: &crate::config::TableGrants,
+) -> Result<Option<String>, BenchError> {
+    let Db::Postgres(pool) = db else {
+        return Ok(None);
+    };
+    if !crate::store::plugin_roles::may_create_roles(pool).await? {
+        println!("  (this login may not create roles: the plugin's SQL runs as the host)");
+        return Ok(None);
+    }
+    let role = "outboxd_bench_billing".to_string();
+    let mut c = crate::config::ConsumerSection::new(
+        "billing",
+        vec!["order.confirmed".into()],
+        "plugin:billing",
+    );
+    c.tables = tables.clone();
+    c.db_role = Some(role.clone());
+    crate::store::plugin_roles::provision(pool, std::slice::from_ref(&c))
+        .await
+        .map_err(BenchError::Refused)?;
+    println!("  plugin SQL runs as role {role}");
+    Ok(Some(role))
+}
+
 pub async fn consumer(args: &ConsumerBenchArgs) -> Result<(), BenchError> {
     let db = Db::connect(&args.url, (args.partitions as u32).max(1) + 2).await?;
     if !matches!(db, Db::Postgres(_)) {
@@ -132,12 +162,15 @@ pub async fn consumer(args: &ConsumerBenchArgs) -> Result<(), BenchError> {
     let plugin =
         ConsumerPlugin::load(&engine, &spec).map_err(|e| BenchError::Refused(e.to_string()))?;
     let plugin_ref = Arc::new(plugin);
+    let tables = crate::config::TableGrants {
+        read: vec![],
+        write: vec!["invoices".into()],
+    };
+    let db_role = plugin_role(&db, &tables).await?;
     let policy = TxnPolicy {
         consumer: "billing".into(),
-        tables: crate::config::TableGrants {
-            read: vec![],
-            write: vec!["invoices".into()],
-        },
+        tables,
+        db_role,
         ..TxnPolicy::default()
     };
     let plugin = Arc::new(PluginHandler::new(plugin_ref.clone(), policy));
