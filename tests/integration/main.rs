@@ -43,6 +43,7 @@ mod plugin_chains;
 mod plugin_limits;
 mod plugin_sql_walls;
 mod plugins;
+mod relay_failure_reasons;
 mod process;
 mod process_consumers;
 mod secrets;

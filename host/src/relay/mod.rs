@@ -106,7 +106,59 @@ enum EventResult {
     Failed {
         error: String,
         permanent: bool,
+        cause: FailureCause,
     },
+}
+
+/// What made an event fail, for the `relay_failures` metric's label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FailureCause {
+    /// The broker refused the message or failed.
+    Broker,
+    /// The broker did not acknowledge within `relay.publish_timeout_ms`.
+    BrokerTimeout,
+    /// A plugin of the event's chain failed, or its task stopped.
+    Plugin,
+}
+
+impl EventResult {
+    /// The failure of publishing one message.
+    fn send_failed(e: SendError, error: String) -> Self {
+        let (permanent, cause) = match &e {
+            SendError::Broker(p) => (p.is_permanent(), FailureCause::Broker),
+            SendError::Timeout(_) => (false, FailureCause::BrokerTimeout),
+        };
+        EventResult::Failed {
+            error,
+            permanent,
+            cause,
+        }
+    }
+}
+
+/// Why one publish failed.
+#[derive(Debug, thiserror::Error)]
+enum SendError {
+    #[error(transparent)]
+    Broker(PublishError),
+    #[error("no broker acknowledgement within {0:?} (relay.publish_timeout_ms)")]
+    Timeout(std::time::Duration),
+}
+
+impl SendError {
+    fn is_permanent(&self) -> bool {
+        matches!(self, SendError::Broker(e) if e.is_permanent())
+    }
+}
+
+/// The `relay_failures` label of a failure.
+fn failure_label(permanent: bool, cause: FailureCause) -> &'static str {
+    match (permanent, cause) {
+        (true, _) => "permanent",
+        (false, FailureCause::BrokerTimeout) => "timeout",
+        (false, FailureCause::Plugin) => "plugin",
+        (false, FailureCause::Broker) => "retryable",
+    }
 }
 
 impl<S: OutboxStore, P: Publisher> Relay<S, P> {
@@ -206,17 +258,11 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         };
         if let Some(m) = &self.metrics {
             for r in &results {
-                if let EventResult::Failed { error, permanent } = r {
-                    let reason = if *permanent {
-                        "permanent"
-                    } else if error.contains("no broker acknowledgement within") {
-                        "timeout"
-                    } else if error.starts_with("plugin ") {
-                        "plugin"
-                    } else {
-                        "retryable"
-                    };
-                    m.relay_failures.inc(reason);
+                if let EventResult::Failed {
+                    permanent, cause, ..
+                } = r
+                {
+                    m.relay_failures.inc(failure_label(*permanent, *cause));
                 }
             }
         }
@@ -236,7 +282,9 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                     outcome.transformed.push((ev.seq, label));
                     report.filtered += 1;
                 }
-                EventResult::Failed { error, permanent } => {
+                EventResult::Failed {
+                    error, permanent, ..
+                } => {
                     let attempts = ev.attempts + 1;
                     let dead = permanent || attempts >= self.config.max_attempts;
                     let error = truncate(&error, MAX_ERROR_CHARS);
@@ -286,20 +334,17 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         }
         match self.publish(self.message_for(ev)).await {
             Ok(()) => EventResult::Published(None),
-            Err(e) => EventResult::Failed {
-                error: e.to_string(),
-                permanent: e.is_permanent(),
-            },
+            Err(e) => {
+                let error = e.to_string();
+                EventResult::send_failed(e, error)
+            }
         }
     }
 
-    async fn publish(&self, msg: OutgoingMessage) -> Result<(), PublishError> {
+    async fn publish(&self, msg: OutgoingMessage) -> Result<(), SendError> {
         match tokio::time::timeout(self.config.publish_timeout, self.publisher.publish(msg)).await {
-            Ok(result) => result,
-            Err(_) => Err(PublishError::Retryable(format!(
-                "no broker acknowledgement within {:?} (relay.publish_timeout_ms)",
-                self.config.publish_timeout
-            ))),
+            Ok(result) => result.map_err(SendError::Broker),
+            Err(_) => Err(SendError::Timeout(self.config.publish_timeout)),
         }
     }
 

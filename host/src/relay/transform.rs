@@ -8,7 +8,7 @@ use std::time::Instant;
 use futures_util::future::join_all;
 
 use super::chains::{RouteChain, Shadow};
-use super::{EventResult, Relay};
+use super::{EventResult, FailureCause, Relay};
 use crate::broker::Publisher;
 use crate::event::OutboxEvent;
 use crate::plugin::shadow;
@@ -143,12 +143,14 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                 return EventResult::Failed {
                     permanent: e.error.is_permanent(),
                     error: e.to_string(),
+                    cause: FailureCause::Plugin,
                 };
             }
             Err(stopped) => {
                 return EventResult::Failed {
                     permanent: false,
                     error: stopped,
+                    cause: FailureCause::Plugin,
                 };
             }
         };
@@ -170,10 +172,8 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                 // republished with the same ids).
                 let permanent = e.is_permanent();
                 if failure.is_none() || permanent {
-                    failure = Some(EventResult::Failed {
-                        error: format!("output {i} of {count} (after {}): {e}", chain.label()),
-                        permanent,
-                    });
+                    let error = format!("output {i} of {count} (after {}): {e}", chain.label());
+                    failure = Some(EventResult::send_failed(e, error));
                 }
             }
         }

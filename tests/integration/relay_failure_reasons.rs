@@ -1,0 +1,56 @@
+//! The relay counts each failed publish under its cause (the
+//! `outboxd_relay_publish_failures_total{reason}` label): a broker's
+//! retryable or permanent refusal, and no acknowledgement in time.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use outboxd::broker::{OutgoingMessage, PublishError, Publisher};
+use outboxd::clock::SystemClock;
+use outboxd::event::NewEvent;
+use outboxd::metrics::Metrics;
+use outboxd::relay::RelayConfig;
+use serde_json::json;
+
+use crate::on_both;
+use crate::support::{ScriptedPublisher, TestDb};
+
+/// A broker that never acknowledges.
+struct Silent;
+
+impl Publisher for Silent {
+    async fn publish(&self, _msg: OutgoingMessage) -> Result<(), PublishError> {
+        std::future::pending().await
+    }
+}
+
+async fn reasons(t: TestDb) {
+    let metrics = Arc::new(Metrics::default());
+    let failing = ScriptedPublisher::failing();
+    t.enqueue(NewEvent::new("a-1", "order.confirmed", json!({}))).await;
+    let relay = t.relay(failing.clone()).with_metrics(metrics.clone());
+    relay.step().await.expect("step");
+    assert_eq!(metrics.relay_failures.get("retryable"), 1);
+
+    failing
+        .permanent
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    t.make_all_due().await;
+    relay.step().await.expect("step");
+    assert_eq!(metrics.relay_failures.get("permanent"), 1);
+    assert_eq!(metrics.relay_failures.get("retryable"), 1);
+
+    t.enqueue(NewEvent::new("a-2", "order.confirmed", json!({}))).await;
+    let config = RelayConfig {
+        publish_timeout: Duration::from_millis(50),
+        ..RelayConfig::default()
+    };
+    let silent = t
+        .relay_with(Silent, config, Arc::new(SystemClock))
+        .with_metrics(metrics.clone());
+    silent.step().await.expect("step");
+    assert_eq!(metrics.relay_failures.get("timeout"), 1);
+    assert_eq!(metrics.relay_failures.get("retryable"), 1, "a timeout is not a refusal");
+    assert_eq!(metrics.relay_failures.get("plugin"), 0);
+}
+on_both!(reasons);
