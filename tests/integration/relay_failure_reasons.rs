@@ -27,7 +27,8 @@ impl Publisher for Silent {
 async fn reasons(t: TestDb) {
     let metrics = Arc::new(Metrics::default());
     let failing = ScriptedPublisher::failing();
-    t.enqueue(NewEvent::new("a-1", "order.confirmed", json!({}))).await;
+    t.enqueue(NewEvent::new("a-1", "order.confirmed", json!({})))
+        .await;
     let relay = t.relay(failing.clone()).with_metrics(metrics.clone());
     relay.step().await.expect("step");
     assert_eq!(metrics.relay_failures.get("retryable"), 1);
@@ -40,7 +41,8 @@ async fn reasons(t: TestDb) {
     assert_eq!(metrics.relay_failures.get("permanent"), 1);
     assert_eq!(metrics.relay_failures.get("retryable"), 1);
 
-    t.enqueue(NewEvent::new("a-2", "order.confirmed", json!({}))).await;
+    t.enqueue(NewEvent::new("a-2", "order.confirmed", json!({})))
+        .await;
     let config = RelayConfig {
         publish_timeout: Duration::from_millis(50),
         ..RelayConfig::default()
@@ -50,7 +52,11 @@ async fn reasons(t: TestDb) {
         .with_metrics(metrics.clone());
     silent.step().await.expect("step");
     assert_eq!(metrics.relay_failures.get("timeout"), 1);
-    assert_eq!(metrics.relay_failures.get("retryable"), 1, "a timeout is not a refusal");
+    assert_eq!(
+        metrics.relay_failures.get("retryable"),
+        1,
+        "a timeout is not a refusal"
+    );
     assert_eq!(metrics.relay_failures.get("plugin"), 0);
 }
 on_both!(reasons);

@@ -16,8 +16,18 @@ use uuid::Uuid;
 
 use super::group_commit::{GroupCommit, GroupRow};
 use super::{ConsumeError, Delivery, MessageSource, OutgoingMessage, PublishError, Publisher};
-use crate::store::Db;
 use crate::store::sqlite::micros;
+use crate::store::{Db, on_pool};
+
+/// The next messages of one partition after an offset.
+const FETCH_AFTER: &str =
+    "SELECT \"offset\", message_key, payload, headers::text FROM transport_messages
+    WHERE topic = $1 AND partition = $2 AND \"offset\" > $3
+    ORDER BY \"offset\" LIMIT $4";
+const FETCH_AFTER_SQLITE: &str =
+    "SELECT \"offset\", message_key, payload, headers FROM transport_messages
+    WHERE topic = $1 AND partition = $2 AND \"offset\" > $3
+    ORDER BY \"offset\" LIMIT $4";
 
 /// Headers as this transport stores them (a JSON array of `[name,
 /// hex(value)]` pairs), kept in `outboxd-core` for the fuzz targets.
@@ -261,52 +271,31 @@ impl EmbeddedConsumer {
                 break;
             }
             let limit = (max - out.len()) as i64;
-            let sql =
-                "SELECT \"offset\", message_key, payload, headers::text FROM transport_messages
-                        WHERE topic = $1 AND partition = $2 AND \"offset\" > $3
-                        ORDER BY \"offset\" LIMIT $4";
-            match &self.db {
-                Db::Postgres(pool) => {
-                    let rows = sqlx::query(sql)
-                        .bind(&topic)
-                        .bind(partition)
-                        .bind(after)
-                        .bind(limit)
-                        .fetch_all(pool)
-                        .await?;
-                    for r in rows {
-                        out.push(Delivery {
-                            attempt: 0,
-                            topic: topic.clone(),
-                            partition,
-                            offset: r.get(0),
-                            key: r.get(1),
-                            payload: r.get(2),
-                            headers: parse_headers(r.get::<&str, _>(3)),
-                        });
-                    }
+            // SQLite keeps headers as text already.
+            let sql = match &self.db {
+                Db::Postgres(_) => FETCH_AFTER,
+                Db::Sqlite(_) => FETCH_AFTER_SQLITE,
+            };
+            on_pool!(&self.db, |pool| {
+                let rows = sqlx::query(sql)
+                    .bind(&topic)
+                    .bind(partition)
+                    .bind(after)
+                    .bind(limit)
+                    .fetch_all(pool)
+                    .await?;
+                for r in rows {
+                    out.push(Delivery {
+                        attempt: 0,
+                        topic: topic.clone(),
+                        partition,
+                        offset: r.get(0),
+                        key: r.get(1),
+                        payload: r.get(2),
+                        headers: parse_headers(r.get::<&str, _>(3)),
+                    });
                 }
-                Db::Sqlite(pool) => {
-                    let rows = sqlx::query(&sql.replace("headers::text", "headers"))
-                        .bind(&topic)
-                        .bind(partition)
-                        .bind(after)
-                        .bind(limit)
-                        .fetch_all(pool)
-                        .await?;
-                    for r in rows {
-                        out.push(Delivery {
-                            attempt: 0,
-                            topic: topic.clone(),
-                            partition,
-                            offset: r.get(0),
-                            key: r.get(1),
-                            payload: r.get(2),
-                            headers: parse_headers(r.get::<&str, _>(3)),
-                        });
-                    }
-                }
-            }
+            });
         }
         Ok(out)
     }

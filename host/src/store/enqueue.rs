@@ -97,6 +97,34 @@ fn resolve_repeat(
     }
 }
 
+/// What an insert binds for the operation key: its fingerprint, tenant and
+/// key (an event without one has an empty tenant and no key).
+fn keys(event: &NewEvent) -> (Option<String>, &str, Option<&str>) {
+    let fp = event.operation_key.as_ref().map(|_| fingerprint(event));
+    match &event.operation_key {
+        Some(op) => (fp, op.tenant.as_str(), Some(op.key.as_str())),
+        None => (fp, "", None),
+    }
+}
+
+/// After the insert: the new event, or, when the operation key was taken,
+/// the first event's id if it is the same operation.
+async fn created_or_repeat<DB: OutboxDatabase>(
+    conn: &mut DB::Connection,
+    event: &NewEvent,
+    inserted: bool,
+    id: Uuid,
+    fp: Option<&str>,
+    tenant: &str,
+    key: Option<&str>,
+) -> Result<Enqueued, EnqueueError> {
+    if inserted {
+        return Ok(Enqueued::Created(EventId(id)));
+    }
+    let existing = DB::lookup_operation_in(conn, tenant, key.unwrap_or_default()).await?;
+    resolve_repeat(event, existing, fp.unwrap_or_default())
+}
+
 fn headers_json(event: &NewEvent) -> serde_json::Value {
     serde_json::Value::Object(
         event
@@ -126,11 +154,7 @@ impl OutboxDatabase for Postgres {
             .bind(&event.aggregate_id)
             .execute(&mut *conn)
             .await?;
-        let fp = event.operation_key.as_ref().map(|_| fingerprint(&event));
-        let (tenant, key) = match &event.operation_key {
-            Some(op) => (op.tenant.as_str(), Some(op.key.as_str())),
-            None => ("", None),
-        };
+        let (fp, tenant, key) = keys(&event);
         let id = Uuid::new_v4();
         let row = sqlx::query(PG_INSERT)
             .bind(id)
@@ -143,12 +167,7 @@ impl OutboxDatabase for Postgres {
             .bind(fp.as_deref())
             .fetch_optional(&mut *conn)
             .await?;
-        if row.is_some() {
-            return Ok(Enqueued::Created(EventId(id)));
-        }
-        let key = key.unwrap_or_default();
-        let existing = Self::lookup_operation_in(conn, tenant, key).await?;
-        resolve_repeat(&event, existing, fp.as_deref().unwrap_or_default())
+        created_or_repeat::<Self>(conn, &event, row.is_some(), id, fp.as_deref(), tenant, key).await
     }
 
     async fn lookup_operation_in(
@@ -181,11 +200,7 @@ impl OutboxDatabase for Sqlite {
     ) -> Result<Enqueued, EnqueueError> {
         // SQLite serialises writers for the whole transaction, so seq order
         // is commit order without a lock of our own.
-        let fp = event.operation_key.as_ref().map(|_| fingerprint(&event));
-        let (tenant, key) = match &event.operation_key {
-            Some(op) => (op.tenant.as_str(), Some(op.key.as_str())),
-            None => ("", None),
-        };
+        let (fp, tenant, key) = keys(&event);
         let id = Uuid::new_v4();
         let row = sqlx::query(SQLITE_INSERT)
             .bind(id.to_string())
@@ -198,12 +213,7 @@ impl OutboxDatabase for Sqlite {
             .bind(fp.as_deref())
             .fetch_optional(&mut *conn)
             .await?;
-        if row.is_some() {
-            return Ok(Enqueued::Created(EventId(id)));
-        }
-        let key = key.unwrap_or_default();
-        let existing = Self::lookup_operation_in(conn, tenant, key).await?;
-        resolve_repeat(&event, existing, fp.as_deref().unwrap_or_default())
+        created_or_repeat::<Self>(conn, &event, row.is_some(), id, fp.as_deref(), tenant, key).await
     }
 
     async fn lookup_operation_in(

@@ -15,121 +15,37 @@ struct Migration {
     sql: &'static str,
 }
 
-const POSTGRES: &[Migration] = &[
-    Migration {
-        version: 1,
-        name: "outbox",
-        sql: include_str!("../../../migrations/postgres/0001_outbox.sql"),
-    },
-    Migration {
-        version: 2,
-        name: "embedded_transport",
-        sql: include_str!("../../../migrations/postgres/0002_embedded_transport.sql"),
-    },
-    Migration {
-        version: 3,
-        name: "operations",
-        sql: include_str!("../../../migrations/postgres/0003_operations.sql"),
-    },
-    Migration {
-        version: 4,
-        name: "consumer_dead_letters",
-        sql: include_str!("../../../migrations/postgres/0004_consumer_dead_letters.sql"),
-    },
-    Migration {
-        version: 5,
-        name: "plugins",
-        sql: include_str!("../../../migrations/postgres/0005_plugins.sql"),
-    },
-    Migration {
-        version: 6,
-        name: "plugin_registry",
-        sql: include_str!("../../../migrations/postgres/0006_plugin_registry.sql"),
-    },
-    Migration {
-        version: 7,
-        name: "inbox_handled_by",
-        sql: include_str!("../../../migrations/postgres/0007_inbox_handled_by.sql"),
-    },
-    Migration {
-        version: 8,
-        name: "consumer_offsets",
-        sql: include_str!("../../../migrations/postgres/0008_consumer_offsets.sql"),
-    },
-    Migration {
-        version: 9,
-        name: "plugin_sql",
-        sql: include_str!("../../../migrations/postgres/0009_plugin_sql.sql"),
-    },
-    Migration {
-        version: 10,
-        name: "advisory_keyspaces",
-        sql: include_str!("../../../migrations/postgres/0010_advisory_keyspaces.sql"),
-    },
-    Migration {
-        version: 11,
-        name: "host_schema",
-        sql: include_str!("../../../migrations/postgres/0011_host_schema.sql"),
-    },
-];
+/// Both databases' migrations, embedded at build time: one version, name
+/// and file per step, the same list in each folder (the files of a step may
+/// differ, or do nothing on one database, but the versions stay in step).
+macro_rules! migrations {
+    ($($version:literal, $name:literal, $file:literal;)*) => {
+        const POSTGRES: &[Migration] = &[$(Migration {
+            version: $version,
+            name: $name,
+            sql: include_str!(concat!("../../../migrations/postgres/", $file)),
+        }),*];
+        const SQLITE: &[Migration] = &[$(Migration {
+            version: $version,
+            name: $name,
+            sql: include_str!(concat!("../../../migrations/sqlite/", $file)),
+        }),*];
+    };
+}
 
-const SQLITE: &[Migration] = &[
-    Migration {
-        version: 1,
-        name: "outbox",
-        sql: include_str!("../../../migrations/sqlite/0001_outbox.sql"),
-    },
-    Migration {
-        version: 2,
-        name: "embedded_transport",
-        sql: include_str!("../../../migrations/sqlite/0002_embedded_transport.sql"),
-    },
-    Migration {
-        version: 3,
-        name: "operations",
-        sql: include_str!("../../../migrations/sqlite/0003_operations.sql"),
-    },
-    Migration {
-        version: 4,
-        name: "consumer_dead_letters",
-        sql: include_str!("../../../migrations/sqlite/0004_consumer_dead_letters.sql"),
-    },
-    Migration {
-        version: 5,
-        name: "plugins",
-        sql: include_str!("../../../migrations/sqlite/0005_plugins.sql"),
-    },
-    Migration {
-        version: 6,
-        name: "plugin_registry",
-        sql: include_str!("../../../migrations/sqlite/0006_plugin_registry.sql"),
-    },
-    Migration {
-        version: 7,
-        name: "inbox_handled_by",
-        sql: include_str!("../../../migrations/sqlite/0007_inbox_handled_by.sql"),
-    },
-    Migration {
-        version: 8,
-        name: "consumer_offsets",
-        sql: include_str!("../../../migrations/sqlite/0008_consumer_offsets.sql"),
-    },
-    Migration {
-        version: 9,
-        name: "plugin_sql",
-        sql: include_str!("../../../migrations/sqlite/0009_plugin_sql.sql"),
-    },
-    Migration {
-        version: 10,
-        name: "advisory_keyspaces",
-        sql: include_str!("../../../migrations/sqlite/0010_advisory_keyspaces.sql"),
-    },
-    Migration {
-        version: 11,
-        name: "host_schema",
-        sql: include_str!("../../../migrations/sqlite/0011_host_schema.sql"),
-    },
-];
+migrations! {
+    1, "outbox", "0001_outbox.sql";
+    2, "embedded_transport", "0002_embedded_transport.sql";
+    3, "operations", "0003_operations.sql";
+    4, "consumer_dead_letters", "0004_consumer_dead_letters.sql";
+    5, "plugins", "0005_plugins.sql";
+    6, "plugin_registry", "0006_plugin_registry.sql";
+    7, "inbox_handled_by", "0007_inbox_handled_by.sql";
+    8, "consumer_offsets", "0008_consumer_offsets.sql";
+    9, "plugin_sql", "0009_plugin_sql.sql";
+    10, "advisory_keyspaces", "0010_advisory_keyspaces.sql";
+    11, "host_schema", "0011_host_schema.sql";
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MigrationReport {
