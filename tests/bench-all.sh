@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# The whole benchmark suite at full size (issue 9), one command:
+# The whole benchmark suite at full size, one command:
 #
 #   bash tests/bench-all.sh [OUT_DIR]        # default OUT_DIR: bench-results/
 #
 # Builds the release binary and the plugins, starts tansu (tests/tansu.sh)
 # and uses the Postgres on 127.0.0.1:5432 (or $OUTBOXD_TEST_DATABASE_URL),
-# then runs every scenario with the sizes the issue names: the relay grid
+# then runs every scenario at the sizes its targets are stated for: the relay grid
 # (100,000 events over 2,000 aggregates, batch 50/100/500 x workers 1/2/4,
-# without and with the cloudevents plugin, through tansu) with seed 000's
-# design in the same run, claim latency with 5 million published rows,
+# without and with the cloudevents plugin, through tansu) with a sequential
+# poll-and-mark relay in the same run, claim latency with 5 million published rows,
 # end-to-end latency at 100/1,000/5,000 events/s with NOTIFY and polling,
 # consumer throughput, peak RSS under a 100,000-event backlog, backlog and
 # drain after an outage, and the criterion micro-benchmarks. Tables go to

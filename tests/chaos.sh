@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The chaos soak (issue 8): two relay and two consumer processes, tansu with
+# The chaos soak, to show nothing is lost, duplicated or reordered when
+# processes and the broker die: two relay and two consumer processes, tansu with
 # durable storage, Postgres; faults for --seconds (default 100), then a
 # drain and the checks. Prints one line of figures; exits non-zero when
 # something was lost, duplicated or reordered.

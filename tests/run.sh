@@ -63,7 +63,7 @@ if command -v psql >/dev/null 2>&1; then
   psql "$OUTBOXD_TEST_DATABASE_URL" -Atqc \
     "SELECT rolname FROM pg_roles WHERE rolname LIKE 'outboxd\_t\_%'" 2>/dev/null |
     while read -r role; do psql "$OUTBOXD_TEST_DATABASE_URL" -qc "DROP ROLE IF EXISTS \"$role\"" >/dev/null 2>&1 || true; done
-  # Tablespaces a failed full-disk test left (doors_pg_full.rs), with their
+  # Tablespaces a failed full-disk test left (full_postgres_disk.rs), with their
   # tmpfs: dropped only after the databases above, and unmounted only after
   # the tablespace is gone (unmounting first would make Postgres PANIC).
   psql "$OUTBOXD_TEST_DATABASE_URL" -Atqc \

@@ -1,4 +1,5 @@
-//! Fault injection at the durable boundaries of seed 001's failure matrix.
+//! Fault injection at the durable boundaries, where a crash would lose or
+//! duplicate an event if the design were wrong (the crash-matrix tests).
 //!
 //! Production code calls [`Faults::check`] at each point. By default nothing
 //! is armed and the check is a branch on `None`. Tests arm one point either

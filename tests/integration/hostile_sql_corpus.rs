@@ -1,4 +1,5 @@
-//! The hostile SQL corpus (issue 18): one running `outboxd run` process,
+//! The hostile SQL corpus, so that every known way out of the consumer
+//! plugin's SQL sandbox stays shut: one running `outboxd run` process,
 //! one consumer plugin that runs whatever SQL its message carries, and
 //! every attack below on both databases. Each attack must be refused or
 //! cut off, with the reason in the dead letter; right after it, 20

@@ -1,5 +1,6 @@
-//! Idempotent operations (seed 001): repeat, conflict, and two racers on
-//! one key producing exactly one row.
+//! Idempotent operations, so a client may retry a request whose reply it
+//! lost: repeat, conflict, and two racers on one key producing exactly one
+//! row.
 
 use outboxd::event::{Enqueued, NewEvent};
 use outboxd::store::{Db, EnqueueError, enqueue};

@@ -203,7 +203,7 @@ pub fn plugin_policy() -> outboxd::plugin::TxnPolicy {
 }
 
 /// A broker stand-in that records what it acknowledges and fails on cue,
-/// like seed 000's `brokerQueFalha`.
+/// so a test can take the broker down and bring it back.
 #[derive(Default)]
 pub struct ScriptedPublisher {
     pub sent: Mutex<Vec<OutgoingMessage>>,

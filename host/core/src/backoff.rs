@@ -49,7 +49,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn seed_schedule_doubles_and_caps_at_five_minutes() {
+    fn default_schedule_doubles_and_caps_at_five_minutes() {
         let b = Backoff::default();
         let secs: Vec<u64> = (0..12).map(|a| b.delay(a).as_secs()).collect();
         assert_eq!(secs, vec![1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300, 300]);

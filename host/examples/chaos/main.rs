@@ -58,8 +58,8 @@ struct Args {
     tansu_script: PathBuf,
     #[arg(long, default_value = "plugins/dist")]
     plugins: PathBuf,
-    /// Broker kills (at least 3 for the soak; 0 isolates the other
-    /// faults when diagnosing).
+    /// Broker kills (at least 3, so recovery is exercised more than once;
+    /// 0 isolates the other faults when diagnosing).
     #[arg(long, default_value_t = 3)]
     broker_kills: u32,
     /// Keeps the database and the logs for a post-mortem.

@@ -1,5 +1,6 @@
-//! `outboxd bench drain`: seed 001's backlog arithmetic, measured at reduced
-//! scale. Seed 001: arrivals of 400/s against a consumer capacity of 500/s
+//! `outboxd bench drain`: the backlog arithmetic of a broker outage,
+//! measured at reduced scale. For example, arrivals of 400/s against a
+//! consumer capacity of 500/s
 //! and a ten-minute outage leave backlog = rate × T = 240,000 events, which
 //! drain in backlog / (capacity − rate) = 2,400 s.
 //!
@@ -166,7 +167,7 @@ fn split(backlog: u64, pending: i64) -> (i64, i64) {
 pub async fn drain(args: &DrainBenchArgs) -> Result<DrainReport, BenchError> {
     if !(args.load > 0.0 && args.load < 1.0) {
         return Err(BenchError::Refused(format!(
-            "--load {} cannot drain: arrivals must be below capacity; use 0 < load < 1 (seed 001: 0.8)",
+            "--load {} cannot drain: arrivals must be below capacity; use 0 < load < 1 (default 0.8)",
             args.load
         )));
     }

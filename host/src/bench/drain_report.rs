@@ -1,5 +1,6 @@
 //! What `outboxd bench drain` reports: the figures, as JSON and as the
-//! printed line that compares them with seed 001's formula.
+//! printed line that compares them with the formula (backlog = rate × T,
+//! drain = backlog / (capacity − rate)).
 
 use serde::Serialize;
 

@@ -3,14 +3,14 @@
 //! - `claim`: the claim query on a table with millions of published rows.
 //! - `consumer`: inbox throughput, per-message against savepoint batches,
 //!   native billing against the billing plugin.
-//! - `drain`: seed 001's outage arithmetic, measured: capacity, arrivals at
+//! - `drain`: the outage arithmetic, measured: capacity, arrivals at
 //!   a fraction of it, a broker outage, and the drain afterwards, against
 //!   backlog = rate × T and drain = backlog / (capacity − rate).
 //! - `latency`: commit-to-effect latency at fixed arrival rates, with
 //!   LISTEN/NOTIFY and with polling only.
 //! - `memory`: peak RSS of `outboxd run` draining backlogs of several sizes.
 //! - `relay`: relay throughput over a grid of batch sizes and workers, next
-//!   to seed 000's sequential design in the same harness, with a check that
+//!   to a sequential poll-and-mark relay in the same harness, with a check that
 //!   every event was published exactly once and in per-aggregate order.
 //! - `sqlite-wake`: how soon a SQLite commit wakes the relay and consumers
 //!   (in this process and from another), and the idle watcher's CPU.

@@ -1,5 +1,5 @@
 //! The relay benchmark's rows: one per grid point and variant, the line
-//! printed for each, and the closing ratios to seed 000's design.
+//! printed for each, and the closing ratios to the poll-and-mark baseline.
 
 use serde::Serialize;
 
@@ -67,11 +67,13 @@ pub(super) fn print_row(r: Option<&RelayBenchRow>) {
     }
 }
 
-/// The ratio of every row to the first (seed 000's design, same run), and
-/// of a transformer row to its plugin-free twin.
+/// The ratio of every row to the first (the poll-and-mark baseline, same
+/// run), and of a transformer row to its plugin-free twin.
 pub(super) fn print_ratios(rows: &[RelayBenchRow]) {
-    let seed_rate = rows[0].events_per_second;
-    println!("\nratio to seed 000's design (same run): ");
+    let baseline_rate = rows[0].events_per_second;
+    println!(
+        "\nratio to a sequential poll-and-mark relay (batch 50, each send awaited, one UPDATE per row; same run): "
+    );
     for r in &rows[1..] {
         let plain = rows[1..]
             .iter()
@@ -83,12 +85,12 @@ pub(super) fn print_ratios(rows: &[RelayBenchRow]) {
             })
             .map_or(r.events_per_second, |p| p.events_per_second);
         println!(
-            "  batch {:>4} workers {} pipeline {:<5} transformer {:<12}: {:>6.1}x seed{}",
+            "  batch {:>4} workers {} pipeline {:<5} transformer {:<12}: {:>6.1}x baseline{}",
             r.batch,
             r.workers,
             r.pipeline,
             r.transformer,
-            r.events_per_second / seed_rate,
+            r.events_per_second / baseline_rate,
             if r.transformer == "none" {
                 String::new()
             } else {

@@ -8,7 +8,8 @@ use clap::Subcommand;
 pub(super) enum BenchCommand {
     /// Claim-query latency with many published rows and a pending backlog.
     Claim(crate::bench::ClaimBenchArgs),
-    /// Relay throughput over batch sizes and workers, against seed 000's design.
+    /// Relay throughput over batch sizes and workers, against a sequential
+    /// poll-and-mark relay (each send awaited, one UPDATE per row).
     Relay(crate::bench::RelayBenchArgs),
     /// Consumer throughput: per message against batched, native against plugin.
     Consumer(crate::bench::ConsumerBenchArgs),
@@ -16,7 +17,7 @@ pub(super) enum BenchCommand {
     Latency(crate::bench::LatencyBenchArgs),
     /// Peak RSS of `outboxd run` draining backlogs of several sizes.
     Memory(crate::bench::MemoryBenchArgs),
-    /// Seed 001's outage arithmetic, measured: backlog and drain time after a
+    /// The outage arithmetic, measured: backlog and drain time after a
     /// broker outage, against backlog = rate × T, drain = backlog / (capacity − rate).
     Drain(crate::bench::DrainBenchArgs),
     /// How soon a SQLite commit wakes relays and consumers, in this process

@@ -1,5 +1,6 @@
-//! The example domain used by the demo and the tests: seed 000's order
-//! service (`confirm_order`) and the billing side's invoices.
+//! The example domain used by the demo and the tests: an order service
+//! (`confirm_order`, the producer) and the billing side's invoices (the
+//! consumer).
 
 pub mod billing;
 pub mod orders;

@@ -1,5 +1,7 @@
-//! `confirm_order`, seed 000's `confirmarPedido`: the order changes and its
-//! event is written in one transaction, or neither happens.
+//! `confirm_order`, the producer side of the example: the order changes and
+//! its event is written in one transaction, or neither happens, so no
+//! confirmed order lacks its event and no event announces an order that was
+//! rolled back.
 
 use serde_json::json;
 use sqlx::{Executor, Row, Transaction};
@@ -92,7 +94,7 @@ pub enum OrderError {
     Fault(#[from] InjectedFault),
 }
 
-/// The order service of the demo and the failure-matrix tests.
+/// The order service of the demo and the crash-matrix tests.
 #[derive(Debug, Clone)]
 pub struct OrderService {
     db: Db,

@@ -1,4 +1,5 @@
-//! Reconciliation, seed 000's safety net: a configured query finds business
+//! Reconciliation, the safety net for writes that bypass the outbox: a
+//! configured query finds business
 //! rows that should have an event but do not (a fix-up script that bypassed
 //! `confirm_order`, say), reports them, and can enqueue the missing events.
 

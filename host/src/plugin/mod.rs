@@ -1,5 +1,5 @@
-//! The Wasm plugin host: runs transformer components (and, with issue 5,
-//! consumer components) in a sandbox.
+//! The Wasm plugin host: runs transformer and consumer components in a
+//! sandbox.
 //!
 //! # Layout
 //!

@@ -147,7 +147,8 @@ pub trait OutboxStore: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<OutboxStats, StoreError>> + Send;
 }
 
-/// Seed 000's monitoring query, plus dead and blocked counts.
+/// What an operator watches: the pending backlog and the age of its oldest
+/// event, plus dead and blocked counts.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct OutboxStats {
     pub pending: i64,

@@ -1,5 +1,6 @@
-//! The Postgres store: seed 000's claim query with `FOR UPDATE SKIP LOCKED`,
-//! so any number of relays can share one database.
+//! The Postgres store: the claim query takes the oldest due, pending event
+//! of each aggregate with `FOR UPDATE SKIP LOCKED`, so any number of relays
+//! can share one database.
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgPool, PgRow};

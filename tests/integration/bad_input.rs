@@ -1,4 +1,5 @@
-//! Bad input at the database and broker doors: a read-only database, a
+//! Bad input and unusable services at the database and the broker: a
+//! read-only database, a
 //! full one, credentials the database refuses, and a broker that accepts
 //! TCP connections but never answers. Each gives an error that names the
 //! problem and the fix, and a defined outcome: refused or retried, with
@@ -131,7 +132,7 @@ on_both!(a_read_only_database_is_refused_with_the_fix_and_loses_nothing);
 
 /// SQLite's `max_page_count` caps the file per connection: a pool whose
 /// connections may not grow it stands in for a full disk. (A full Postgres
-/// disk, SQLSTATE 53100, is in `doors_pg_full.rs`.)
+/// disk, SQLSTATE 53100, is in `full_postgres_disk.rs`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_database_refuses_new_events_with_the_fix_and_keeps_the_old_ones() {
     let t = TestDb::sqlite().await;

@@ -16,7 +16,7 @@ use outboxd::relay::StepOutcome;
 use outboxd::store::{Db, EnqueueError};
 use serde_json::json;
 
-use crate::doors::enqueue_on;
+use crate::bad_input::enqueue_on;
 use crate::support::{ScriptedPublisher, TestDb, pg_admin_url};
 
 const FULL_FIX: &str = "the database is full: free disk space";

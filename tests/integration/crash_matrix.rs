@@ -1,6 +1,9 @@
-//! Seed 001's failure matrix, one test per row, with the fault armed at the
-//! exact boundary. Each test checks what is durable after the "crash" and
-//! that the retry or the next relay step converges without loss.
+//! The crash matrix: a crash at each durable boundary from the producer's
+//! transaction to the relay's mark (before the transaction, between insert
+//! and commit, between commit and reply, between publish and mark, after
+//! the mark), one test per boundary, with the fault armed at the exact
+//! point. Each test checks what is durable after the "crash" and that the
+//! retry or the next relay step converges without loss.
 
 use outboxd::consumer::{Processed, process};
 use outboxd::domain::billing::{self, BillingHandler};

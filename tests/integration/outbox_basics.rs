@@ -1,5 +1,7 @@
-//! Seed 000's tests, ported: an unchanged order leaves no event, and a
-//! broker that is down loses nothing while recovery publishes once.
+//! The outbox's basic promises: an unchanged order leaves no event, a
+//! broker that is down loses nothing while recovery publishes once, the
+//! inbox discards a duplicate delivery, and an event written with plain SQL
+//! is relayed (and, on Postgres, wakes listening relays).
 
 use outboxd::domain::orders::{self, ConfirmOrder, ConfirmOutcome, OrderService};
 use outboxd::relay::StepOutcome;
@@ -81,7 +83,7 @@ async fn broker_down_loses_nothing_and_recovery_publishes_once(t: TestDb) {
     assert_eq!(err, 1, "last_error records the broker's reason");
 
     broker.set_failing(false);
-    // Skip the backoff, as the seed's test does.
+    // Skip the backoff: this test is about what is published, not when.
     t.make_all_due().await;
     assert!(matches!(
         relay.step().await.expect("step"),

@@ -22,7 +22,7 @@ use rdkafka::mocking::MockCluster;
 use serde_json::json;
 use sqlx::Row;
 
-use crate::doors::{read_only, set_read_only};
+use crate::bad_input::{read_only, set_read_only};
 use crate::on_both;
 use crate::plugin_chains::put;
 use crate::support::TestDb;
