@@ -5,12 +5,7 @@
 //! each. [`process_batch`] and [`attempt_batch`] are re-exported from
 //! [`super::inbox`], where one message at a time lives.
 
-use std::collections::HashSet;
-
-use super::inbox::{
-    Attempt, Handler, HandlerError, INSERT_MARK, InboxTx, Pinned, Processed, exec, mark_and_handle,
-    rollback,
-};
+use super::inbox::{Attempt, Handler, HandlerError, InboxTx, Pinned, Processed, mark_and_handle};
 use crate::broker::Delivery;
 use crate::store::Db;
 
@@ -79,20 +74,14 @@ enum AllOrFailure {
 }
 
 async fn begin_batch<H: Handler>(db: &Db, handler: &H) -> Result<InboxTx, sqlx::Error> {
-    let mut tx = match db {
-        Db::Postgres(p) => InboxTx::Postgres(p.begin().await?.into()),
-        Db::Sqlite(p) => InboxTx::Sqlite(p.begin().await?),
-    };
+    let mut tx = InboxTx::begin(db).await?;
     handler.begin(&mut tx).await?;
     Ok(tx)
 }
 
 async fn commit<H: Handler>(mut tx: InboxTx, handler: &H) -> Result<(), sqlx::Error> {
     handler.before_commit(&mut tx).await?;
-    match tx {
-        InboxTx::Postgres(t) => t.commit().await,
-        InboxTx::Sqlite(t) => t.commit().await,
-    }
+    tx.commit().await
 }
 
 /// The message id of `d`, or the permanent failure of a message without one.
@@ -129,7 +118,7 @@ async fn attempt_all<H: Handler>(
     let pins: Vec<Pinned> = ids.iter().map(|_| handler.pin()).collect();
     let labels: Vec<Option<String>> = pins.iter().map(|p| p.label.clone()).collect();
     let mut tx = begin_batch(db, handler).await?;
-    let mut fresh = mark_all(&mut tx, consumer, &ids, &labels).await?;
+    let mut fresh = tx.mark_all(consumer, &ids, &labels).await?;
     let mut results = Vec::with_capacity(deliveries.len());
     for ((d, id), pinned) in deliveries.iter().zip(&ids).zip(&pins) {
         // The first of several deliveries of one id in the batch is the one
@@ -147,7 +136,7 @@ async fn attempt_all<H: Handler>(
             .map(|()| Processed::Handled);
         let handled_by = pinned.label.clone();
         if result.is_err() {
-            rollback(tx).await?;
+            tx.rollback().await?;
             return Ok(AllOrFailure::Failed {
                 index: results.len(),
                 failure: Attempt { result, handled_by },
@@ -158,50 +147,6 @@ async fn attempt_all<H: Handler>(
     results.extend(refused);
     commit(tx, handler).await?;
     Ok(AllOrFailure::All(results))
-}
-
-/// Writes the inbox marks of `ids` (with each one's handler label) and
-/// returns the ids that were new, so not duplicates. Postgres takes them in
-/// one statement; SQLite, which is in-process, one at a time.
-async fn mark_all(
-    tx: &mut InboxTx,
-    consumer: &str,
-    ids: &[uuid::Uuid],
-    labels: &[Option<String>],
-) -> Result<HashSet<uuid::Uuid>, sqlx::Error> {
-    let mut fresh = HashSet::with_capacity(ids.len());
-    tx.as_host().await?;
-    match tx {
-        InboxTx::Postgres(t) => {
-            let inserted: Vec<uuid::Uuid> = sqlx::query_scalar(
-                "INSERT INTO inbox (consumer, message_id, handled_by)
-                 SELECT $1, m.id, m.label FROM unnest($2::uuid[], $3::text[]) AS m(id, label)
-                 ON CONFLICT DO NOTHING
-                 RETURNING message_id",
-            )
-            .bind(consumer)
-            .bind(ids)
-            .bind(labels)
-            .fetch_all(&mut **t)
-            .await?;
-            fresh.extend(inserted);
-        }
-        InboxTx::Sqlite(t) => {
-            for (id, label) in ids.iter().zip(labels) {
-                let n = sqlx::query(INSERT_MARK)
-                    .bind(consumer)
-                    .bind(id.to_string())
-                    .bind(label)
-                    .execute(&mut **t)
-                    .await?
-                    .rows_affected();
-                if n > 0 {
-                    fresh.insert(*id);
-                }
-            }
-        }
-    }
-    Ok(fresh)
 }
 
 /// The batch with a savepoint around each message, so a failed message
@@ -222,13 +167,13 @@ async fn attempt_with_savepoints<H: Handler>(
                 break;
             }
         };
-        exec(&mut tx, "SAVEPOINT outboxd_msg").await?;
+        tx.execute("SAVEPOINT outboxd_msg").await?;
         let (handled_by, result) = mark_and_handle(&mut tx, consumer, message_id, d, handler).await;
         let failed = result.is_err();
         if failed {
-            exec(&mut tx, "ROLLBACK TO SAVEPOINT outboxd_msg").await?;
+            tx.execute("ROLLBACK TO SAVEPOINT outboxd_msg").await?;
         }
-        exec(&mut tx, "RELEASE SAVEPOINT outboxd_msg").await?;
+        tx.execute("RELEASE SAVEPOINT outboxd_msg").await?;
         results.push(Attempt { result, handled_by });
         if failed {
             break;

@@ -1,7 +1,7 @@
 //! One message through the inbox: begin, mark, handle, commit.
 //!
-//! Also the inbox's types ([`InboxTx`], [`Handler`], [`Pinned`],
-//! [`Attempt`], [`Processed`]); several messages in one transaction are in
+//! Also the inbox's types ([`Handler`], [`Pinned`], [`Attempt`],
+//! [`Processed`]; the transaction, [`InboxTx`], is the store's); several messages in one transaction are in
 //! `consumer/batch.rs`, re-exported here as [`process_batch`] and
 //! [`attempt_batch`].
 
@@ -9,92 +9,12 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
-use sqlx::{Postgres, Sqlite, Transaction};
-
 use super::plugin_handler::ConsumerVersions;
 use crate::broker::Delivery;
 use crate::store::Db;
+pub use crate::store::{InboxTx, PgInboxTx};
 
 pub use super::batch::{attempt_batch, process_batch};
-
-/// The transaction a handler runs in. It is borrowed for the call only; the
-/// host alone commits or rolls it back.
-pub enum InboxTx {
-    Postgres(PgInboxTx),
-    Sqlite(Transaction<'static, Sqlite>),
-}
-
-impl InboxTx {
-    /// Gives the host its own role back if a consumer plugin's role is set
-    /// on the transaction (Postgres). The host's statements on the
-    /// transaction (the inbox marks, savepoints, the commit) do this
-    /// themselves; a library caller that runs its own statements after a
-    /// plugin call does it first.
-    pub async fn as_host(&mut self) -> Result<(), sqlx::Error> {
-        match self {
-            InboxTx::Postgres(t) => t.as_host().await,
-            InboxTx::Sqlite(_) => Ok(()),
-        }
-    }
-}
-
-/// A Postgres transaction of the inbox, and whether a consumer plugin's role
-/// is set on it. Within one transaction the role stays set from a plugin's
-/// first statement until the host's next statement of its own, so the
-/// messages of a batch, which run back to back after their inbox marks,
-/// switch roles once, not twice per message. Derefs to the connection, as a
-/// `Transaction` does.
-pub struct PgInboxTx {
-    tx: Transaction<'static, Postgres>,
-    /// Set while the plugin's role is (`SET LOCAL ROLE`): the backend's pid,
-    /// for a cancel from another connection.
-    pub(crate) plugin_role: Option<i32>,
-}
-
-impl From<Transaction<'static, Postgres>> for PgInboxTx {
-    fn from(tx: Transaction<'static, Postgres>) -> Self {
-        Self {
-            tx,
-            plugin_role: None,
-        }
-    }
-}
-
-impl std::ops::Deref for PgInboxTx {
-    type Target = sqlx::PgConnection;
-    fn deref(&self) -> &sqlx::PgConnection {
-        &self.tx
-    }
-}
-
-impl std::ops::DerefMut for PgInboxTx {
-    fn deref_mut(&mut self) -> &mut sqlx::PgConnection {
-        &mut self.tx
-    }
-}
-
-impl PgInboxTx {
-    pub async fn commit(self) -> Result<(), sqlx::Error> {
-        self.tx.commit().await
-    }
-
-    pub async fn rollback(self) -> Result<(), sqlx::Error> {
-        self.tx.rollback().await
-    }
-
-    /// The transaction itself, for [`crate::enqueue`].
-    pub fn transaction(&mut self) -> &mut Transaction<'static, Postgres> {
-        &mut self.tx
-    }
-
-    /// `RESET ROLE` when a plugin's role is set.
-    pub async fn as_host(&mut self) -> Result<(), sqlx::Error> {
-        if self.plugin_role.take().is_some() {
-            sqlx::query("RESET ROLE").execute(&mut *self.tx).await?;
-        }
-        Ok(())
-    }
-}
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum HandlerError {
@@ -227,28 +147,21 @@ pub async fn attempt<H: Handler>(
         Ok(id) => id,
         Err(e) => return failed(HandlerError::Permanent(e)),
     };
-    let begun = match db {
-        Db::Postgres(p) => p.begin().await.map(|t| InboxTx::Postgres(t.into())),
-        Db::Sqlite(p) => p.begin().await.map(InboxTx::Sqlite),
-    };
-    let mut tx = match begun {
+    let mut tx = match InboxTx::begin(db).await {
         Ok(tx) => tx,
         Err(e) => return failed(e.into()),
     };
     if let Err(e) = handler.begin(&mut tx).await {
-        let _ = rollback(tx).await;
+        let _ = tx.rollback().await;
         return failed(e.into());
     }
     match mark_and_handle(&mut tx, consumer, message_id, delivery, handler).await {
         (handled_by, Ok(Processed::Handled)) => {
             if let Err(e) = handler.before_commit(&mut tx).await {
-                let _ = rollback(tx).await;
+                let _ = tx.rollback().await;
                 return failed(e.into());
             }
-            let committed = match tx {
-                InboxTx::Postgres(t) => t.commit().await,
-                InboxTx::Sqlite(t) => t.commit().await,
-            };
+            let committed = tx.commit().await;
             Attempt {
                 result: committed
                     .map(|()| Processed::Handled)
@@ -257,15 +170,13 @@ pub async fn attempt<H: Handler>(
             }
         }
         (handled_by, result) => {
-            if let Err(e) = rollback(tx).await {
+            if let Err(e) = tx.rollback().await {
                 return failed(e.into());
             }
             Attempt { result, handled_by }
         }
     }
 }
-
-pub(super) const INSERT_MARK: &str = "INSERT INTO inbox (consumer, message_id, handled_by) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING";
 
 /// Inside `tx`: pick the version, write the inbox mark naming it, run the
 /// handler on it. A duplicate is `Ok(Duplicate)`, and the caller rolls back
@@ -278,56 +189,11 @@ pub(super) async fn mark_and_handle<H: Handler>(
     handler: &H,
 ) -> (Option<String>, Result<Processed, HandlerError>) {
     let pinned = handler.pin();
-    let sql = INSERT_MARK;
-    if let Err(e) = tx.as_host().await {
-        return (None, Err(e.into()));
-    }
-    let inserted = match tx {
-        InboxTx::Postgres(t) => sqlx::query(sql)
-            .bind(consumer)
-            .bind(message_id)
-            .bind(&pinned.label)
-            .execute(&mut **t)
-            .await
-            .map(|r| r.rows_affected()),
-        InboxTx::Sqlite(t) => sqlx::query(sql)
-            .bind(consumer)
-            .bind(message_id.to_string())
-            .bind(&pinned.label)
-            .execute(&mut **t)
-            .await
-            .map(|r| r.rows_affected()),
-    };
-    match inserted {
-        Ok(0) => return (None, Ok(Processed::Duplicate)),
-        Ok(_) => {}
+    match tx.mark(consumer, message_id, pinned.label.as_deref()).await {
+        Ok(false) => return (None, Ok(Processed::Duplicate)),
+        Ok(true) => {}
         Err(e) => return (None, Err(e.into())),
     }
     let result = handler.handle_pinned(&pinned, tx, delivery).await;
     (pinned.label, result.map(|()| Processed::Handled))
-}
-
-pub(super) async fn rollback(tx: InboxTx) -> Result<(), sqlx::Error> {
-    match tx {
-        InboxTx::Postgres(t) => t.rollback().await,
-        InboxTx::Sqlite(t) => t.rollback().await,
-    }
-}
-
-/// Runs one of the host's statements on `tx` (a savepoint, say), as the
-/// host. A savepoint is always taken as the host, so a rollback to one
-/// (which must also work in an aborted transaction, where `RESET ROLE`
-/// would fail) gives the host its role back by itself.
-pub(crate) async fn exec(tx: &mut InboxTx, sql: &str) -> Result<(), sqlx::Error> {
-    if sql.starts_with("ROLLBACK TO") {
-        if let InboxTx::Postgres(t) = tx {
-            t.plugin_role = None;
-        }
-    } else {
-        tx.as_host().await?;
-    }
-    match tx {
-        InboxTx::Postgres(t) => sqlx::query(sql).execute(&mut **t).await.map(|_| ()),
-        InboxTx::Sqlite(t) => sqlx::query(sql).execute(&mut **t).await.map(|_| ()),
-    }
 }

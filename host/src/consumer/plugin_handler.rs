@@ -13,7 +13,7 @@
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use super::inbox::{Handler, HandlerError, InboxTx, Pinned, exec};
+use super::inbox::{Handler, HandlerError, InboxTx, Pinned};
 use crate::broker::Delivery;
 use crate::plugin::bindings::transformer::outbox::plugin::types::Message;
 use crate::plugin::shadow::{Comparison, ShadowStats};
@@ -149,14 +149,14 @@ impl PluginHandler {
         message: &Message,
         candidate: &ConsumerPlugin,
     ) -> Result<(Result<(), PluginError>, Duration), HandlerError> {
-        exec(tx, "SAVEPOINT outboxd_shadow").await?;
+        tx.execute("SAVEPOINT outboxd_shadow").await?;
         let start = Instant::now();
         let result = candidate
             .handle_cancellable(tx, message, &self.policy, self.cancel.as_ref())
             .await;
         let took = start.elapsed();
-        exec(tx, "ROLLBACK TO SAVEPOINT outboxd_shadow").await?;
-        exec(tx, "RELEASE SAVEPOINT outboxd_shadow").await?;
+        tx.execute("ROLLBACK TO SAVEPOINT outboxd_shadow").await?;
+        tx.execute("RELEASE SAVEPOINT outboxd_shadow").await?;
         Ok((result, took))
     }
 }

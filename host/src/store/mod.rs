@@ -19,6 +19,7 @@ pub mod sqlite;
 mod sqlite_busy;
 pub mod sqlite_plugin_guard;
 pub mod sqlite_watch;
+mod tx;
 
 use std::future::Future;
 
@@ -31,6 +32,7 @@ pub use db::{Db, DbKind, HOST_SCHEMA, execute_in_app_schema, host_pg_options, re
 pub use enqueue::{OutboxDatabase, enqueue, lookup_operation};
 pub use fingerprint::fingerprint;
 pub use migrate::{MigrationReport, migrate, migrate_to};
+pub use tx::{InboxTx, PgInboxTx};
 
 use crate::event::OutboxEvent;
 

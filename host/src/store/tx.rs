@@ -1,0 +1,200 @@
+//! The transaction the inbox and its handlers run in: begun and ended by
+//! the host, borrowed by a handler for one call. Everything that differs
+//! between the databases stays here: the host's statements on it (the
+//! inbox marks, savepoints, the commit), and whether a consumer plugin's
+//! role is set on it (Postgres).
+
+use std::collections::HashSet;
+
+use sqlx::{Postgres, Sqlite, Transaction};
+
+use super::Db;
+
+/// The transaction a handler runs in. It is borrowed for the call only; the
+/// host alone commits or rolls it back.
+pub enum InboxTx {
+    Postgres(PgInboxTx),
+    Sqlite(Transaction<'static, Sqlite>),
+}
+
+impl InboxTx {
+    /// Gives the host its own role back if a consumer plugin's role is set
+    /// on the transaction (Postgres). The host's statements on the
+    /// transaction (the inbox marks, savepoints, the commit) do this
+    /// themselves; a library caller that runs its own statements after a
+    /// plugin call does it first.
+    pub async fn as_host(&mut self) -> Result<(), sqlx::Error> {
+        match self {
+            InboxTx::Postgres(t) => t.as_host().await,
+            InboxTx::Sqlite(_) => Ok(()),
+        }
+    }
+}
+
+/// A Postgres transaction of the inbox, and whether a consumer plugin's role
+/// is set on it. Within one transaction the role stays set from a plugin's
+/// first statement until the host's next statement of its own, so the
+/// messages of a batch, which run back to back after their inbox marks,
+/// switch roles once, not twice per message. Derefs to the connection, as a
+/// `Transaction` does.
+pub struct PgInboxTx {
+    tx: Transaction<'static, Postgres>,
+    /// Set while the plugin's role is (`SET LOCAL ROLE`): the backend's pid,
+    /// for a cancel from another connection.
+    pub(crate) plugin_role: Option<i32>,
+}
+
+impl From<Transaction<'static, Postgres>> for PgInboxTx {
+    fn from(tx: Transaction<'static, Postgres>) -> Self {
+        Self {
+            tx,
+            plugin_role: None,
+        }
+    }
+}
+
+impl std::ops::Deref for PgInboxTx {
+    type Target = sqlx::PgConnection;
+    fn deref(&self) -> &sqlx::PgConnection {
+        &self.tx
+    }
+}
+
+impl std::ops::DerefMut for PgInboxTx {
+    fn deref_mut(&mut self) -> &mut sqlx::PgConnection {
+        &mut self.tx
+    }
+}
+
+impl PgInboxTx {
+    pub async fn commit(self) -> Result<(), sqlx::Error> {
+        self.tx.commit().await
+    }
+
+    pub async fn rollback(self) -> Result<(), sqlx::Error> {
+        self.tx.rollback().await
+    }
+
+    /// The transaction itself, for [`crate::enqueue`].
+    pub fn transaction(&mut self) -> &mut Transaction<'static, Postgres> {
+        &mut self.tx
+    }
+
+    /// `RESET ROLE` when a plugin's role is set.
+    pub async fn as_host(&mut self) -> Result<(), sqlx::Error> {
+        if self.plugin_role.take().is_some() {
+            sqlx::query("RESET ROLE").execute(&mut *self.tx).await?;
+        }
+        Ok(())
+    }
+}
+
+impl InboxTx {
+    /// Begins a transaction on `db`.
+    pub async fn begin(db: &Db) -> Result<Self, sqlx::Error> {
+        Ok(match db {
+            Db::Postgres(p) => InboxTx::Postgres(p.begin().await?.into()),
+            Db::Sqlite(p) => InboxTx::Sqlite(p.begin().await?),
+        })
+    }
+
+    pub async fn commit(self) -> Result<(), sqlx::Error> {
+        match self {
+            InboxTx::Postgres(t) => t.commit().await,
+            InboxTx::Sqlite(t) => t.commit().await,
+        }
+    }
+
+    pub async fn rollback(self) -> Result<(), sqlx::Error> {
+        match self {
+            InboxTx::Postgres(t) => t.rollback().await,
+            InboxTx::Sqlite(t) => t.rollback().await,
+        }
+    }
+
+    /// Runs one of the host's statements on the transaction (a savepoint,
+    /// say), as the host. A savepoint is always taken as the host, so a
+    /// rollback to one (which must also work in an aborted transaction,
+    /// where `RESET ROLE` would fail) gives the host its role back by
+    /// itself.
+    pub async fn execute(&mut self, sql: &str) -> Result<(), sqlx::Error> {
+        if sql.starts_with("ROLLBACK TO") {
+            if let InboxTx::Postgres(t) = self {
+                t.plugin_role = None;
+            }
+        } else {
+            self.as_host().await?;
+        }
+        match self {
+            InboxTx::Postgres(t) => sqlx::query(sql).execute(&mut **t).await.map(|_| ()),
+            InboxTx::Sqlite(t) => sqlx::query(sql).execute(&mut **t).await.map(|_| ()),
+        }
+    }
+
+    /// Writes `consumer`'s inbox mark for `message_id`, naming the handler
+    /// version; false when the mark was there already (a duplicate).
+    pub async fn mark(
+        &mut self,
+        consumer: &str,
+        message_id: uuid::Uuid,
+        handled_by: Option<&str>,
+    ) -> Result<bool, sqlx::Error> {
+        self.as_host().await?;
+        let inserted = match self {
+            InboxTx::Postgres(t) => sqlx::query(INSERT_MARK)
+                .bind(consumer)
+                .bind(message_id)
+                .bind(handled_by)
+                .execute(&mut **t)
+                .await?
+                .rows_affected(),
+            InboxTx::Sqlite(t) => sqlx::query(INSERT_MARK)
+                .bind(consumer)
+                .bind(message_id.to_string())
+                .bind(handled_by)
+                .execute(&mut **t)
+                .await?
+                .rows_affected(),
+        };
+        Ok(inserted > 0)
+    }
+
+    /// Writes the inbox marks of `ids` (with each one's handler label) and
+    /// returns the ids that were new, so not duplicates. Postgres takes them
+    /// in one statement; SQLite, which is in-process, one at a time.
+    pub async fn mark_all(
+        &mut self,
+        consumer: &str,
+        ids: &[uuid::Uuid],
+        labels: &[Option<String>],
+    ) -> Result<HashSet<uuid::Uuid>, sqlx::Error> {
+        self.as_host().await?;
+        let mut fresh = HashSet::with_capacity(ids.len());
+        match self {
+            InboxTx::Postgres(t) => {
+                let inserted: Vec<uuid::Uuid> = sqlx::query_scalar(
+                    "INSERT INTO inbox (consumer, message_id, handled_by)
+                     SELECT $1, m.id, m.label FROM unnest($2::uuid[], $3::text[]) AS m(id, label)
+                     ON CONFLICT DO NOTHING
+                     RETURNING message_id",
+                )
+                .bind(consumer)
+                .bind(ids)
+                .bind(labels)
+                .fetch_all(&mut **t)
+                .await?;
+                fresh.extend(inserted);
+            }
+            InboxTx::Sqlite(_) => {
+                for (id, label) in ids.iter().zip(labels) {
+                    if self.mark(consumer, *id, label.as_deref()).await? {
+                        fresh.insert(*id);
+                    }
+                }
+            }
+        }
+        Ok(fresh)
+    }
+}
+
+const INSERT_MARK: &str = "INSERT INTO inbox (consumer, message_id, handled_by) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING";
