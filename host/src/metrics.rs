@@ -136,7 +136,27 @@ pub struct Metrics {
     /// Rows removed by retention, by table.
     pub retention_deleted: LabelledCounter,
     /// Plugins loaded in this process, for their per-version metrics.
-    plugins: Mutex<Vec<std::sync::Arc<crate::plugin::TransformerPlugin>>>,
+    plugins: Mutex<Vec<std::sync::Arc<dyn PluginReport>>>,
+}
+
+/// What `/metrics` and the admin API show of one loaded plugin version.
+/// The plugin host implements it, so this module needs nothing of the host.
+pub trait PluginReport: Send + Sync + std::fmt::Debug {
+    fn name(&self) -> &str;
+    fn version(&self) -> &str;
+    fn counters(&self) -> PluginCounters;
+    fn latency(&self) -> &Histogram;
+}
+
+/// A point-in-time copy of one plugin version's counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PluginCounters {
+    pub calls: u64,
+    /// Failures by kind.
+    pub errors: Vec<(&'static str, u64)>,
+    pub total_time: std::time::Duration,
+    /// The most linear memory one instance held, in bytes.
+    pub memory_high_water: u64,
 }
 
 fn escape(label: &str) -> String {
@@ -155,7 +175,10 @@ impl Metrics {
         map.entry(name.to_string()).or_default().clone()
     }
 
-    pub fn register_plugins(&self, plugins: Vec<std::sync::Arc<crate::plugin::TransformerPlugin>>) {
+    pub fn register_plugins(
+        &self,
+        plugins: impl IntoIterator<Item = std::sync::Arc<dyn PluginReport>>,
+    ) {
         if let Ok(mut v) = self.plugins.lock() {
             for p in plugins {
                 if !v.iter().any(|q| std::sync::Arc::ptr_eq(q, &p)) {
@@ -165,7 +188,7 @@ impl Metrics {
         }
     }
 
-    pub fn plugins(&self) -> Vec<std::sync::Arc<crate::plugin::TransformerPlugin>> {
+    pub fn plugins(&self) -> Vec<std::sync::Arc<dyn PluginReport>> {
         self.plugins.lock().map(|v| v.clone()).unwrap_or_default()
     }
 
@@ -329,8 +352,8 @@ impl Metrics {
     }
 }
 
-fn render_plugins(out: &mut String, plugins: &[std::sync::Arc<crate::plugin::TransformerPlugin>]) {
-    let labels = |p: &crate::plugin::TransformerPlugin| {
+fn render_plugins(out: &mut String, plugins: &[std::sync::Arc<dyn PluginReport>]) {
+    let labels = |p: &std::sync::Arc<dyn PluginReport>| {
         format!(
             "plugin=\"{}\",version=\"{}\"",
             escape(p.name()),
@@ -346,7 +369,7 @@ fn render_plugins(out: &mut String, plugins: &[std::sync::Arc<crate::plugin::Tra
             out,
             "outboxd_plugin_calls_total{{{}}} {}",
             labels(p),
-            p.metrics().snapshot().calls
+            p.counters().calls
         );
     }
     let _ = writeln!(
@@ -354,7 +377,7 @@ fn render_plugins(out: &mut String, plugins: &[std::sync::Arc<crate::plugin::Tra
         "# HELP outboxd_plugin_errors_total Plugin failures by kind.\n# TYPE outboxd_plugin_errors_total counter"
     );
     for p in plugins {
-        for (kind, n) in p.metrics().snapshot().errors {
+        for (kind, n) in p.counters().errors {
             let _ = writeln!(
                 out,
                 "outboxd_plugin_errors_total{{{},kind=\"{kind}\"}} {n}",
@@ -367,8 +390,7 @@ fn render_plugins(out: &mut String, plugins: &[std::sync::Arc<crate::plugin::Tra
         "# HELP outboxd_plugin_call_seconds Plugin call latency.\n# TYPE outboxd_plugin_call_seconds histogram"
     );
     for p in plugins {
-        p.metrics()
-            .latency()
+        p.latency()
             .render(out, "outboxd_plugin_call_seconds", &labels(p));
     }
     let _ = writeln!(
@@ -380,7 +402,7 @@ fn render_plugins(out: &mut String, plugins: &[std::sync::Arc<crate::plugin::Tra
             out,
             "outboxd_plugin_memory_high_water_bytes{{{}}} {}",
             labels(p),
-            p.metrics().memory_high_water()
+            p.counters().memory_high_water
         );
     }
 }

@@ -222,7 +222,7 @@ async fn loaded_plugins(State(s): State<AdminState>) -> Response {
         .plugins()
         .iter()
         .map(|p| {
-            let m = p.metrics().snapshot();
+            let m = p.counters();
             json!({
                 "name": p.name(),
                 "version": p.version(),
@@ -230,7 +230,7 @@ async fn loaded_plugins(State(s): State<AdminState>) -> Response {
                 "calls": m.calls,
                 "errors": m.errors.iter().map(|(k, n)| (k.to_string(), *n)).collect::<std::collections::BTreeMap<_, _>>(),
                 "total_time_ms": m.total_time.as_secs_f64() * 1000.0,
-                "memory_high_water_bytes": p.metrics().memory_high_water(),
+                "memory_high_water_bytes": m.memory_high_water,
             })
         })
         .collect();

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 mod bench;
 mod dead;
 mod plugin;
+mod registry;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -404,7 +405,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             if config.database.migrate_on_start {
                 migrate(&db).await?;
             }
-            crate::plugin::registry_cli::run(&config, db, &cmd).await
+            crate::cli::registry::run(&config, db, &cmd).await
         }
         Command::Demo(_) | Command::Bench(_) | Command::Plugin(_) => unreachable!("handled above"),
         Command::Cleanup => {

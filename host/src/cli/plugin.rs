@@ -2,7 +2,7 @@
 //! database or a broker.
 //!
 //! [`PluginCommand`] also flattens in the registry subcommands (`deploy`,
-//! `list`, …), which need the database and run in `plugin::registry_cli`.
+//! `list`, …), which need the database and run in `cli::registry`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -45,7 +45,7 @@ pub(super) enum PluginCommand {
         json: bool,
     },
     #[command(flatten)]
-    Registry(crate::plugin::registry_cli::RegistryCommand),
+    Registry(crate::cli::registry::RegistryCommand),
 }
 
 pub(super) async fn plugin_command(cmd: &PluginCommand) -> anyhow::Result<ExitCode> {

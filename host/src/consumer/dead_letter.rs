@@ -36,7 +36,7 @@ pub async fn record(
 ) -> Result<(), sqlx::Error> {
     let message_id = d.message_id().ok();
     let headers = headers_json(&d.headers);
-    let error = crate::relay::truncate(error, 2000);
+    let error = crate::store::truncate(error, 2000);
     let sql = "INSERT INTO consumer_dead_letters
         (consumer, message_id, topic, partition, \"offset\", message_key, payload, headers, error, handler, attempts)
         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
@@ -90,7 +90,7 @@ pub fn dlq_message(
     headers.push(("dlq-consumer".into(), consumer.as_bytes().to_vec()));
     headers.push((
         "dlq-error".into(),
-        crate::relay::truncate(error, 2000).into_bytes(),
+        crate::store::truncate(error, 2000).into_bytes(),
     ));
     headers.push(("dlq-handler".into(), handler.as_bytes().to_vec()));
     headers.push(("dlq-attempts".into(), attempts.to_string().into_bytes()));

@@ -9,8 +9,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::plugin_handler::ConsumerVersions;
 use crate::broker::Delivery;
+use crate::plugin::slot::ConsumerVersions;
 use crate::store::Db;
 pub use crate::store::{InboxTx, PgInboxTx};
 

@@ -14,9 +14,10 @@ pub mod plugin_handler;
 pub mod runner;
 pub use outboxd_core::sql_guard;
 
+pub use crate::plugin::slot::{ActiveConsumer, ConsumerVersions};
 pub use configured::ConsumerHandler;
 pub use inbox::{
     Attempt, Handler, HandlerError, InboxTx, PgInboxTx, Pinned, Processed, attempt, process,
 };
-pub use plugin_handler::{ActiveConsumer, ConsumerVersions, PluginHandler};
+pub use plugin_handler::PluginHandler;
 pub use runner::{Consumer, ConsumerConfig, ConsumerStats};

@@ -10,81 +10,14 @@
 //! candidate is in shadow, the candidate first runs in a savepoint that is
 //! always rolled back).
 
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::inbox::{Handler, HandlerError, InboxTx, Pinned};
 use crate::broker::Delivery;
 use crate::plugin::bindings::transformer::outbox::plugin::types::Message;
-use crate::plugin::shadow::{Comparison, ShadowStats};
-use crate::plugin::{ConsumerPlugin, PluginError, TxnPolicy};
-
-/// What a consumer runs: its active version and, while a candidate is in
-/// shadow, that candidate with its counters.
-#[derive(Debug, Clone)]
-pub struct ConsumerVersions {
-    pub active: Option<Arc<ConsumerPlugin>>,
-    pub shadow: Option<(Arc<ConsumerPlugin>, Arc<ShadowStats>)>,
-}
-
-/// The version slot of one consumer plugin, shared by the consumer and the
-/// rollout. A swap replaces the whole value behind a lock held only for the
-/// swap; calls in flight keep the `Arc` they started with.
-#[derive(Debug, Clone)]
-pub struct ActiveConsumer {
-    name: String,
-    slot: Arc<RwLock<Arc<ConsumerVersions>>>,
-}
-
-impl ActiveConsumer {
-    /// A slot with no version yet: messages wait (retryable) until the
-    /// rollout fills it.
-    pub fn empty(name: impl Into<String>) -> Self {
-        Self {
-            name: name.into(),
-            slot: Arc::new(RwLock::new(Arc::new(ConsumerVersions {
-                active: None,
-                shadow: None,
-            }))),
-        }
-    }
-
-    /// A slot holding one version for good (a file plugin).
-    pub fn fixed(name: impl Into<String>, plugin: Arc<ConsumerPlugin>) -> Self {
-        let slot = Self::empty(name);
-        slot.replace(ConsumerVersions {
-            active: Some(plugin),
-            shadow: None,
-        });
-        slot
-    }
-
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// The current versions; hold them for one message.
-    pub fn snapshot(&self) -> Arc<ConsumerVersions> {
-        match self.slot.read() {
-            Ok(v) => v.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        }
-    }
-
-    /// Swaps in new versions for every later message.
-    pub fn replace(&self, versions: ConsumerVersions) {
-        let versions = Arc::new(versions);
-        match self.slot.write() {
-            Ok(mut v) => *v = versions,
-            Err(poisoned) => *poisoned.into_inner() = versions,
-        }
-    }
-
-    /// `name@version` of the active version, if there is one.
-    pub fn label(&self) -> Option<String> {
-        self.snapshot().active.as_ref().map(|p| p.label())
-    }
-}
+use crate::plugin::shadow::Comparison;
+use crate::plugin::{ActiveConsumer, ConsumerPlugin, PluginError, TxnPolicy};
 
 #[derive(Debug, Clone)]
 pub struct PluginHandler {

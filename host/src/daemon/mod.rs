@@ -100,7 +100,12 @@ pub async fn spawn_pipeline(
         Some(started) => started,
         None => (load_chains(config)?, Vec::new()),
     };
-    metrics.register_plugins(chains.plugins());
+    metrics.register_plugins(
+        chains
+            .plugins()
+            .into_iter()
+            .map(|p| p as Arc<dyn crate::metrics::PluginReport>),
+    );
     let mut broker_check: Option<crate::admin::BrokerCheck> = None;
     match config.transport.kind {
         TransportKind::Embedded => {

@@ -33,7 +33,7 @@ pub struct TopicPolicy {
 impl TopicPolicy {
     /// The topics `route`'s plugins may name; `index` is the route's
     /// position in the config, for error messages.
-    pub fn for_route(route: &crate::relay::Route, index: usize) -> Self {
+    pub fn for_route(route: &outboxd_core::route::Route, index: usize) -> Self {
         Self {
             route_key: format!("routes[{index}]"),
             route_topic: route.topic.clone(),

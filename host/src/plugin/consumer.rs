@@ -22,7 +22,7 @@ use super::metrics::PluginMetrics;
 use super::transaction::{ActiveTransaction, TxnPolicy, TxnServer, link, next_request};
 use super::transformer::{PluginSpec, classify};
 use super::{cache, validate};
-use crate::consumer::InboxTx;
+use crate::store::InboxTx;
 
 struct Slot {
     store: Store<HostState>,

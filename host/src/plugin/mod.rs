@@ -17,12 +17,16 @@
 //! - [`dev_dir`]: a directory whose files are deployed and activated (dev).
 //! - [`registry`]: plugin versions stored in the database (deploy, activate,
 //!   rollback, retire, shadow), shared by every host on that database.
+//! - [`chains`]: the chain each route runs (and its shadow), the table a
+//!   rollout swaps whole; [`slot`]: the same for one consumer plugin.
+//! - [`rollout`]: keeps the chains and the slots on the registry's versions.
 //! - [`shadow`]: compares a candidate's outputs with the active version's.
 //! - [`metrics`], [`error`], [`validate`].
 
 pub mod bindings;
 pub mod cache;
 pub mod chain;
+pub mod chains;
 pub mod consumer;
 mod deploy_check;
 pub mod dev_dir;
@@ -34,8 +38,9 @@ pub mod limits;
 pub mod log;
 pub mod metrics;
 pub mod registry;
-pub mod registry_cli;
+pub mod rollout;
 pub mod shadow;
+pub mod slot;
 pub mod sql_values;
 pub mod transaction;
 pub mod transformer;
@@ -45,11 +50,14 @@ pub use bindings::transformer::outbox::plugin::types::{
     Event as GuestEvent, OutgoingMessage as GuestMessage,
 };
 pub use chain::{Chain, ChainError, TopicPolicy};
+pub use chains::{ChainTable, Chains, RouteChain, Shadow, build_chains};
 pub use consumer::ConsumerPlugin;
 pub use engine::{EngineConfig, PluginEngine};
 pub use error::{ErrorKind, PluginError};
 pub use limits::Limits;
 pub use metrics::{MetricsSnapshot, PluginMetrics};
 pub use registry::{Deployed, PluginRecord, Registry, RegistryError};
+pub use rollout::{Refreshed, Rollout};
+pub use slot::{ActiveConsumer, ConsumerVersions};
 pub use transaction::TxnPolicy;
 pub use transformer::{PluginSource, PluginSpec, TransformerPlugin};

@@ -9,11 +9,11 @@ use wasmtime::component::Resource;
 use super::bindings::consumer::outbox::plugin::transaction::{self as wit, DbError, Rows, Value};
 use super::host::HostState;
 use super::sql_values::{bind_pg, bind_sqlite, pg_row, sqlite_row};
-use crate::consumer::InboxTx;
-use crate::consumer::sql_guard::check_statement;
+use crate::store::InboxTx;
 use crate::store::sqlite_plugin_guard as guard;
 use outboxd_core::db_url::DbKind;
 use outboxd_core::sql_gate::{self, Checked};
+use outboxd_core::sql_guard::check_statement;
 
 /// The resource the guest borrows. It carries nothing: the live link to
 /// the transaction is [`HostState::txn`], set only during a call.

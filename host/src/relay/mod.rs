@@ -5,8 +5,6 @@
 //! Events whose route names transformers go through that plugin chain first
 //! ([`transform`]); the others take the plain path, untouched.
 
-pub mod chains;
-pub mod rollout;
 pub mod transform;
 pub mod worker;
 
@@ -21,12 +19,13 @@ use crate::broker::{OutgoingMessage, PublishError, Publisher};
 use crate::clock::Clock;
 use crate::event::OutboxEvent;
 use crate::fault::{FaultPoint, Faults, InjectedFault};
+pub use crate::store::truncate;
 use crate::store::{BatchOutcome, ClaimedBatch, FailedEvent, OutboxStore, StoreError};
 
+pub use crate::plugin::chains::{ChainTable, Chains, RouteChain, Shadow, build_chains};
+pub use crate::plugin::rollout::{Refreshed, Rollout};
 pub use backoff::Backoff;
-pub use chains::{ChainTable, Chains, RouteChain, Shadow, build_chains};
 pub use outboxd_core::message::message_for_event;
-pub use rollout::{Refreshed, Rollout};
 pub use route::{Route, Router};
 
 /// `last_error` is cut to this many characters (an error must not bloat the row).
@@ -141,7 +140,11 @@ impl EventResult {
 enum SendError {
     #[error(transparent)]
     Broker(PublishError),
-    #[error("no broker acknowledgement within {0:?} (relay.publish_timeout_ms)")]
+    /// Worded as the broker's retryable errors are: the stored
+    /// `last_error` reads the same whichever way the publish failed.
+    #[error(
+        "retryable broker error: no broker acknowledgement within {0:?} (relay.publish_timeout_ms)"
+    )]
     Timeout(std::time::Duration),
 }
 
@@ -352,13 +355,5 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
     /// type, aggregate, creation time and every event header.
     pub fn message_for(&self, ev: &OutboxEvent) -> OutgoingMessage {
         message_for_event(&self.router, ev)
-    }
-}
-
-/// Cuts `s` to at most `max` characters, on a character boundary.
-pub fn truncate(s: &str, max: usize) -> String {
-    match s.char_indices().nth(max) {
-        Some((idx, _)) => s[..idx].to_string(),
-        None => s.to_string(),
     }
 }

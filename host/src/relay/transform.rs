@@ -7,10 +7,10 @@ use std::time::Instant;
 
 use futures_util::future::join_all;
 
-use super::chains::{RouteChain, Shadow};
 use super::{EventResult, FailureCause, Relay};
 use crate::broker::Publisher;
 use crate::event::OutboxEvent;
+use crate::plugin::chains::{RouteChain, Shadow};
 use crate::plugin::shadow;
 use crate::plugin::{Chain, GuestEvent, GuestMessage};
 use crate::store::OutboxStore;

@@ -38,7 +38,12 @@ impl Db {
     /// so several relay tasks and writers in one process wait instead of
     /// failing.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
-        Self::connect_with(url, max_connections, crate::config::SqliteSynchronous::Full).await
+        Self::connect_with(
+            url,
+            max_connections,
+            outboxd_core::config::SqliteSynchronous::Full,
+        )
+        .await
     }
 
     /// [`Db::connect`] with SQLite's commit durability chosen
@@ -46,7 +51,7 @@ impl Db {
     pub async fn connect_with(
         url: &str,
         max_connections: u32,
-        sqlite_synchronous: crate::config::SqliteSynchronous,
+        sqlite_synchronous: outboxd_core::config::SqliteSynchronous,
     ) -> Result<Self, StoreError> {
         match DbKind::from_url(url)? {
             DbKind::Postgres => {
@@ -69,8 +74,10 @@ impl Db {
                     .create_if_missing(true)
                     .journal_mode(SqliteJournalMode::Wal)
                     .synchronous(match sqlite_synchronous {
-                        crate::config::SqliteSynchronous::Full => SqliteSynchronous::Full,
-                        crate::config::SqliteSynchronous::Normal => SqliteSynchronous::Normal,
+                        outboxd_core::config::SqliteSynchronous::Full => SqliteSynchronous::Full,
+                        outboxd_core::config::SqliteSynchronous::Normal => {
+                            SqliteSynchronous::Normal
+                        }
                     })
                     .busy_timeout(Duration::from_secs(30))
                     .foreign_keys(true);

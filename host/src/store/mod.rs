@@ -165,3 +165,13 @@ pub struct OutboxStats {
     pub blocked_events: i64,
     pub published: i64,
 }
+
+/// Cuts `s` to at most `max` characters, on a character boundary: error
+/// texts stored in a row (`last_error`, a dead letter's reason) must not
+/// bloat it.
+pub fn truncate(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        Some((idx, _)) => s[..idx].to_string(),
+        None => s.to_string(),
+    }
+}

@@ -13,7 +13,7 @@
 use sqlx::PgPool;
 
 use super::HOST_SCHEMA;
-use crate::config::ConsumerSection;
+use outboxd_core::config::ConsumerSection;
 use outboxd_core::sql_gate::is_host_table;
 
 /// `"name"`, for SQL text; names are checked to be plain identifiers.

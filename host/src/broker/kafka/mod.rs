@@ -24,8 +24,8 @@ mod consumer;
 pub use consumer::{KafkaConsumer, KafkaConsumerConfig};
 
 use super::{OutgoingMessage, PublishError, Publisher};
-use crate::config::is_secret;
 use broker_error::BrokerErrors;
+use outboxd_core::config::is_secret;
 
 /// How long a publish waits for room in librdkafka's local queue.
 const QUEUE_FULL_WAIT: Duration = Duration::from_secs(1);

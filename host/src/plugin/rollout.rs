@@ -1,30 +1,27 @@
 //! Registry rollout on one host: keeps the relay's chains and the consumer
 //! plugin slots on the registry's active (and shadow) versions.
-//! [`Rollout::refresh`] is one step — read what should run, load what is
-//! new, swap the chain table and each consumer's slot — and [`Rollout::run`]
-//! drives it on every Postgres notification and on a polling interval.
-//!
-//! This file holds the refresh and the loading of versions;
-//! `rollout/table.rs` builds the chain table and the consumer slots from
-//! them, and `rollout/run.rs` is the loop, the shadow counters and
-//! auto-promotion.
+//! [`Rollout::refresh`] is one step (read what should run, load what is
+//! new, swap the chain table and each consumer's slot) and [`Rollout::run`]
+//! drives it on every Postgres notification and on a polling interval,
+//! saving this host's shadow counters and promoting a clean candidate with
+//! each refresh.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use super::chains::Chains;
-use super::route::Route;
-use crate::consumer::ActiveConsumer;
-use crate::plugin::registry::{Desired, Registry, RegistryError};
-use crate::plugin::shadow::ShadowStats;
-use crate::plugin::{
-    ConsumerPlugin, PluginEngine, PluginError, PluginSource, PluginSpec, TransformerPlugin,
+use outboxd_core::route::Route;
+use tokio::sync::watch;
+
+use super::chains::{ChainTable, Chains, RouteChain, Shadow};
+use super::registry::{Desired, NOTIFY_CHANNEL, Registry, RegistryError};
+use super::shadow::ShadowStats;
+use super::slot::{ActiveConsumer, ConsumerVersions};
+use super::{
+    Chain, ConsumerPlugin, PluginEngine, PluginError, PluginSource, PluginSpec, TopicPolicy,
+    TransformerPlugin,
 };
-
-mod run;
-mod table;
-
-use table::labels_of;
+use crate::store::Db;
 
 /// What a refresh changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -242,4 +239,189 @@ impl Rollout {
         spec.path = format!("registry:{name}@{version}").into();
         spec
     }
+}
+
+impl Rollout {
+    /// Points every consumer slot at the active (and shadow) version of
+    /// `desired`; returns whether any active version changed. Each slot is
+    /// replaced whole, so a message sees the old or the new versions, never
+    /// a mix.
+    pub(super) fn swap_consumers(&self, desired: &Desired) -> bool {
+        let loaded = |name: &str, v: i64| {
+            self.loaded_consumers
+                .lock()
+                .ok()?
+                .get(&(name.to_string(), v))
+                .cloned()
+        };
+        let mut changed = false;
+        for (name, slot) in &self.consumers {
+            let active = desired.active(name).and_then(|v| loaded(name, v));
+            let shadow = desired
+                .shadow(name)
+                .and_then(|(v, _)| loaded(name, v).map(|p| (p, self.stats_for(name, v))));
+            let before = slot.label();
+            slot.replace(ConsumerVersions { active, shadow });
+            changed |= slot.label() != before;
+        }
+        changed
+    }
+
+    fn loaded(&self, name: &str, version: i64) -> Option<Arc<TransformerPlugin>> {
+        self.loaded
+            .lock()
+            .ok()?
+            .get(&(name.to_string(), version))
+            .cloned()
+    }
+
+    fn stats_for(&self, name: &str, version: i64) -> Arc<ShadowStats> {
+        match self.stats.lock() {
+            Ok(mut s) => s.entry((name.to_string(), version)).or_default().clone(),
+            Err(_) => Arc::default(),
+        }
+    }
+
+    /// Builds every route's chain from the file plugins and `desired`.
+    pub(super) fn table(&self, desired: &Desired) -> ChainTable {
+        let mut by_route = Vec::with_capacity(self.routes.len());
+        for (ri, route) in self.routes.iter().enumerate() {
+            if route.transformers.is_empty() {
+                by_route.push(None);
+                continue;
+            }
+            let topics = TopicPolicy::for_route(route, ri);
+            let mut active = Vec::new();
+            let mut missing = None;
+            // At most one plugin of a chain runs in shadow at a time.
+            let mut shadow: Option<(Vec<Arc<TransformerPlugin>>, String, i64)> = None;
+            for name in &route.transformers {
+                let plugin = match self.files.get(name) {
+                    Some(p) => Some(p.clone()),
+                    None => desired.active(name).and_then(|v| self.loaded(name, v)),
+                };
+                let Some(plugin) = plugin else {
+                    missing.get_or_insert(name.clone());
+                    continue;
+                };
+                let candidate = desired
+                    .shadow(name)
+                    .and_then(|(v, _)| self.loaded(name, v).map(|p| (p, v)));
+                match (&mut shadow, candidate) {
+                    (None, Some((c, v))) => {
+                        let mut plugins = active.clone();
+                        plugins.push(c);
+                        shadow = Some((plugins, name.clone(), v));
+                    }
+                    (Some((plugins, _, _)), _) => plugins.push(plugin.clone()),
+                    (None, None) => {}
+                }
+                active.push(plugin);
+            }
+            let route_chain = match missing {
+                Some(name) => RouteChain {
+                    active: Arc::new(Chain::unavailable(&name)),
+                    shadow: None,
+                },
+                None => RouteChain {
+                    active: Arc::new(Chain::new(active).with_topics(topics.clone())),
+                    shadow: shadow.map(|(plugins, name, v)| Shadow {
+                        chain: Arc::new(Chain::new(plugins).with_topics(topics)),
+                        stats: self.stats_for(&name, v),
+                    }),
+                },
+            };
+            by_route.push(Some(route_chain));
+        }
+        ChainTable { by_route }
+    }
+}
+
+/// The chain labels of a table, for logging real swaps only.
+pub(super) fn labels_of(table: &ChainTable) -> Vec<String> {
+    table
+        .by_route
+        .iter()
+        .flatten()
+        .map(|rc| rc.active.label())
+        .collect()
+}
+
+impl Rollout {
+    /// Stores this host's shadow counters and promotes a candidate whose
+    /// `auto_promote_after` clean events have run.
+    pub async fn save_stats_and_promote(&self) -> Result<(), RegistryError> {
+        let stats: Vec<_> = match self.stats.lock() {
+            Ok(s) => s.iter().map(|(k, v)| (k.clone(), v.totals())).collect(),
+            Err(_) => Vec::new(),
+        };
+        let applied = self.applied.lock().ok().and_then(|a| a.clone());
+        for ((name, version), totals) in stats {
+            if totals == Default::default() {
+                continue;
+            }
+            self.registry
+                .save_shadow_stats(&self.host, &name, version, &totals)
+                .await?;
+            let threshold = applied
+                .as_ref()
+                .and_then(|d| d.shadow(&name))
+                .filter(|(v, _)| *v == version)
+                .and_then(|(_, n)| n);
+            if let Some(n) = threshold {
+                let all = self.registry.get(&name, version).await?.shadow_stats;
+                if all.matches >= n && all.mismatches == 0 && all.errors == 0 {
+                    tracing::info!(plugin = %name, version, matches = all.matches, "shadow clean: promoting");
+                    self.registry
+                        .activate(&name, version, "auto-promote")
+                        .await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Refreshes on every notification (Postgres) and every `poll`, until
+    /// `shutdown` turns true. Errors are logged; the host keeps running the
+    /// versions it has.
+    pub async fn run(&self, poll: Duration, mut shutdown: watch::Receiver<bool>) {
+        let mut notified = match self.registry.db() {
+            Db::Postgres(pool) => listen(pool).await,
+            Db::Sqlite(_) => None,
+        };
+        loop {
+            if let Err(e) = self.refresh().await {
+                tracing::warn!(error = %e, "plugin registry refresh failed; keeping the running versions");
+            }
+            let wait_notify = async {
+                match notified.as_mut() {
+                    Some(rx) => {
+                        if rx.changed().await.is_err() {
+                            std::future::pending::<()>().await
+                        }
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(poll) => {}
+                _ = wait_notify => {}
+                _ = shutdown.changed() => {}
+            }
+            if *shutdown.borrow() {
+                return;
+            }
+        }
+    }
+}
+
+/// Ticks on every registry notification; `None` when LISTEN fails (polling
+/// still finds every change).
+async fn listen(pool: &sqlx::PgPool) -> Option<watch::Receiver<u64>> {
+    crate::store::postgres::listen(pool, NOTIFY_CHANNEL)
+        .await
+        .inspect_err(
+            |e| tracing::warn!(error = %e, "cannot LISTEN for plugin changes; polling only"),
+        )
+        .ok()
 }

@@ -1,5 +1,6 @@
 //! `outboxd plugin deploy|list|activate|rollback|retire|shadow`: the
-//! registry from the command line. Glue only; the work is in [`super::registry`].
+//! registry from the command line. Glue only; the work is in
+//! [`crate::plugin::registry`].
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -7,10 +8,10 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Subcommand;
 
-use super::harness::SampleEvent;
-use super::registry::{Deployed, PluginRecord, Registry};
-use super::{PluginEngine, PluginSpec};
 use crate::config::{Config, ConfigExt};
+use crate::plugin::harness::SampleEvent;
+use crate::plugin::registry::{Deployed, PluginRecord, Registry};
+use crate::plugin::{PluginEngine, PluginSpec};
 use crate::store::Db;
 
 #[derive(Debug, Clone, Subcommand)]

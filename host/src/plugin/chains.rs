@@ -5,9 +5,9 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
-use super::{Route, Router};
-use crate::plugin::shadow::ShadowStats;
-use crate::plugin::{Chain, PluginEngine, PluginSpec, TopicPolicy, TransformerPlugin};
+use super::shadow::ShadowStats;
+use super::{Chain, PluginEngine, PluginSpec, TopicPolicy, TransformerPlugin};
+use outboxd_core::route::{Route, Router};
 
 /// What one route runs: its chain and, while a candidate is in shadow, the
 /// same chain with the candidate in place of the active version.

@@ -1,0 +1,76 @@
+//! The slot a consumer plugin runs from: the versions one message runs on
+//! (the active one, and a shadow candidate with its counters). A file
+//! plugin's slot never changes; the rollout swaps a registry plugin's slot
+//! whole, and each message reads it once.
+
+use std::sync::{Arc, RwLock};
+
+use super::ConsumerPlugin;
+use super::shadow::ShadowStats;
+
+/// What a consumer runs: its active version and, while a candidate is in
+/// shadow, that candidate with its counters.
+#[derive(Debug, Clone)]
+pub struct ConsumerVersions {
+    pub active: Option<Arc<ConsumerPlugin>>,
+    pub shadow: Option<(Arc<ConsumerPlugin>, Arc<ShadowStats>)>,
+}
+
+/// The version slot of one consumer plugin, shared by the consumer and the
+/// rollout. A swap replaces the whole value behind a lock held only for the
+/// swap; calls in flight keep the `Arc` they started with.
+#[derive(Debug, Clone)]
+pub struct ActiveConsumer {
+    name: String,
+    slot: Arc<RwLock<Arc<ConsumerVersions>>>,
+}
+
+impl ActiveConsumer {
+    /// A slot with no version yet: messages wait (retryable) until the
+    /// rollout fills it.
+    pub fn empty(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            slot: Arc::new(RwLock::new(Arc::new(ConsumerVersions {
+                active: None,
+                shadow: None,
+            }))),
+        }
+    }
+
+    /// A slot holding one version for good (a file plugin).
+    pub fn fixed(name: impl Into<String>, plugin: Arc<ConsumerPlugin>) -> Self {
+        let slot = Self::empty(name);
+        slot.replace(ConsumerVersions {
+            active: Some(plugin),
+            shadow: None,
+        });
+        slot
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The current versions; hold them for one message.
+    pub fn snapshot(&self) -> Arc<ConsumerVersions> {
+        match self.slot.read() {
+            Ok(v) => v.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Swaps in new versions for every later message.
+    pub fn replace(&self, versions: ConsumerVersions) {
+        let versions = Arc::new(versions);
+        match self.slot.write() {
+            Ok(mut v) => *v = versions,
+            Err(poisoned) => *poisoned.into_inner() = versions,
+        }
+    }
+
+    /// `name@version` of the active version, if there is one.
+    pub fn label(&self) -> Option<String> {
+        self.snapshot().active.as_ref().map(|p| p.label())
+    }
+}
