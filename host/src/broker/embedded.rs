@@ -19,6 +19,17 @@ use super::{ConsumeError, Delivery, MessageSource, OutgoingMessage, PublishError
 use crate::store::sqlite::micros;
 use crate::store::{Db, on_pool};
 
+/// Takes the free or expired partitions of one topic and renews ours.
+const TAKE_LEASES: &str = "UPDATE transport_cursors SET lease_owner = $3, lease_until = $4
+     WHERE consumer_group = $1 AND topic = $2
+       AND (lease_owner IS NULL OR lease_owner = $3 OR lease_until < $5)
+     RETURNING partition, last_offset";
+const TAKE_LEASES_PG: &str = "UPDATE transport_cursors
+       SET lease_owner = $3, lease_until = to_timestamp($4::bigint / 1000000.0)
+     WHERE consumer_group = $1 AND topic = $2
+       AND (lease_owner IS NULL OR lease_owner = $3 OR lease_until < to_timestamp($5::bigint / 1000000.0))
+     RETURNING CAST(partition AS bigint), last_offset";
+
 /// The next messages of one partition after an offset.
 const FETCH_AFTER: &str =
     "SELECT \"offset\", message_key, payload, headers::text FROM transport_messages
@@ -170,41 +181,19 @@ impl EmbeddedConsumer {
         let until = now
             + chrono::Duration::from_std(self.cfg.lease).unwrap_or(chrono::Duration::seconds(15));
         let mut owned = HashMap::new();
+        // Both databases bind the times as microseconds since the epoch
+        // (SQLite's storage) and return the partition as a bigint.
+        let take = match &self.db {
+            Db::Postgres(_) => TAKE_LEASES_PG,
+            Db::Sqlite(_) => TAKE_LEASES,
+        };
         for topic in &self.cfg.topics {
-            match &self.db {
-                Db::Postgres(pool) => {
-                    for p in 0..self.cfg.partitions {
-                        sqlx::query("INSERT INTO transport_cursors (consumer_group, topic, partition) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING")
-                            .bind(&self.cfg.group).bind(topic).bind(p).execute(pool).await?;
-                    }
-                    let rows = sqlx::query(
-                        "UPDATE transport_cursors SET lease_owner = $3, lease_until = $4
-                          WHERE consumer_group = $1 AND topic = $2
-                            AND (lease_owner IS NULL OR lease_owner = $3 OR lease_until < $5)
-                          RETURNING partition, last_offset",
-                    )
-                    .bind(&self.cfg.group)
-                    .bind(topic)
-                    .bind(&self.owner)
-                    .bind(until)
-                    .bind(now)
-                    .fetch_all(pool)
-                    .await?;
-                    for r in rows {
-                        owned.insert((topic.clone(), r.get::<i32, _>(0)), r.get::<i64, _>(1));
-                    }
+            on_pool!(&self.db, |pool| {
+                for p in 0..self.cfg.partitions {
+                    sqlx::query("INSERT INTO transport_cursors (consumer_group, topic, partition) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING")
+                        .bind(&self.cfg.group).bind(topic).bind(p).execute(pool).await?;
                 }
-                Db::Sqlite(pool) => {
-                    for p in 0..self.cfg.partitions {
-                        sqlx::query("INSERT INTO transport_cursors (consumer_group, topic, partition) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING")
-                            .bind(&self.cfg.group).bind(topic).bind(p).execute(pool).await?;
-                    }
-                    let rows = sqlx::query(
-                        "UPDATE transport_cursors SET lease_owner = $3, lease_until = $4
-                          WHERE consumer_group = $1 AND topic = $2
-                            AND (lease_owner IS NULL OR lease_owner = $3 OR lease_until < $5)
-                          RETURNING partition, last_offset",
-                    )
+                let rows = sqlx::query(take)
                     .bind(&self.cfg.group)
                     .bind(topic)
                     .bind(&self.owner)
@@ -212,14 +201,13 @@ impl EmbeddedConsumer {
                     .bind(micros(now))
                     .fetch_all(pool)
                     .await?;
-                    for r in rows {
-                        owned.insert(
-                            (topic.clone(), r.get::<i64, _>(0) as i32),
-                            r.get::<i64, _>(1),
-                        );
-                    }
+                for r in rows {
+                    owned.insert(
+                        (topic.clone(), r.get::<i64, _>(0) as i32),
+                        r.get::<i64, _>(1),
+                    );
                 }
-            }
+            });
         }
         self.committed = owned;
         self.renewed_at = Some(Instant::now());

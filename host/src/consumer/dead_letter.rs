@@ -8,7 +8,7 @@ use std::sync::Arc;
 use futures_util::future::BoxFuture;
 
 use crate::broker::{Delivery, OutgoingMessage, PublishError};
-use crate::store::Db;
+use crate::store::{Db, on_pool};
 
 /// Publishes a dead letter to `<topic>.dlq` (Kafka).
 pub type DeadLetterTopic =
@@ -40,40 +40,31 @@ pub async fn record(
     let sql = "INSERT INTO consumer_dead_letters
         (consumer, message_id, topic, partition, \"offset\", message_key, payload, headers, error, handler, attempts)
         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
-    match db {
-        Db::Postgres(p) => {
-            sqlx::query(&sql.replace("$8,", "$8::jsonb,"))
-                .bind(consumer)
-                .bind(message_id)
-                .bind(&d.topic)
-                .bind(d.partition)
-                .bind(d.offset)
-                .bind(&d.key)
-                .bind(&d.payload)
-                .bind(&headers)
-                .bind(&error)
-                .bind(handler)
-                .bind(attempts as i32)
-                .execute(p)
-                .await?;
-        }
-        Db::Sqlite(p) => {
-            sqlx::query(sql)
-                .bind(consumer)
-                .bind(message_id.map(|u| u.to_string()))
-                .bind(&d.topic)
-                .bind(d.partition)
-                .bind(d.offset)
-                .bind(&d.key)
-                .bind(&d.payload)
-                .bind(&headers)
-                .bind(&error)
-                .bind(handler)
-                .bind(attempts as i64)
-                .execute(p)
-                .await?;
-        }
-    }
+    // Both databases take the id as text and the attempts as a bigint;
+    // Postgres casts them to its column types.
+    let sql = match db {
+        Db::Postgres(_) => sql
+            .replace("$2,", "CAST($2 AS uuid),")
+            .replace("$8,", "$8::jsonb,")
+            .replace("$11)", "CAST($11 AS integer))"),
+        Db::Sqlite(_) => sql.to_string(),
+    };
+    on_pool!(db, |p| {
+        sqlx::query(&sql)
+            .bind(consumer)
+            .bind(message_id.map(|u| u.to_string()))
+            .bind(&d.topic)
+            .bind(d.partition)
+            .bind(d.offset)
+            .bind(&d.key)
+            .bind(&d.payload)
+            .bind(&headers)
+            .bind(&error)
+            .bind(handler)
+            .bind(attempts as i64)
+            .execute(p)
+            .await?;
+    });
     Ok(())
 }
 

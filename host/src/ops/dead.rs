@@ -7,8 +7,8 @@ use serde::Serialize;
 use sqlx::Row;
 
 use super::like_pattern;
-use crate::store::Db;
 use crate::store::sqlite::{from_micros, micros};
+use crate::store::{Db, on_pool};
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct DeadEvent {
@@ -50,64 +50,46 @@ SELECT o.seq, CAST(o.id AS text), o.aggregate_id, o.event_type, CAST(o.payload A
 /// Lists dead events, oldest first.
 pub async fn list(db: &Db, filter: &DeadFilter, limit: i64) -> Result<Vec<DeadEvent>, sqlx::Error> {
     let ty = filter.event_type.as_deref().map(like_pattern);
-    match db {
-        Db::Postgres(p) => {
-            let sql = SELECT
-                .replace("$1 IS NULL", "$1::bigint IS NULL")
-                .replace("$2 IS NULL", "$2::text IS NULL")
-                .replace("$3 IS NULL", "$3::text IS NULL");
-            let rows = sqlx::query(&sql)
-                .bind(filter.seq)
-                .bind(ty)
-                .bind(&filter.aggregate_id)
-                .bind(limit)
-                .fetch_all(p)
-                .await?;
-            rows.iter()
-                .map(|r| {
-                    Ok(DeadEvent {
-                        seq: r.try_get(0)?,
-                        id: r.try_get(1)?,
-                        aggregate_id: r.try_get(2)?,
-                        event_type: r.try_get(3)?,
-                        payload: json(r.try_get::<String, _>(4)?),
-                        headers: json(r.try_get::<String, _>(5)?),
-                        attempts: r.try_get(6)?,
-                        created_at: r.try_get(7)?,
-                        dead_at: r.try_get(8)?,
-                        dead_reason: r.try_get(9)?,
-                        blocking: r.try_get(10)?,
-                    })
+    // One decoding for both databases: Postgres reads its attempts and
+    // times as SQLite stores them (a bigint, microseconds since the epoch).
+    let sql = match db {
+        Db::Postgres(_) => SELECT
+            .replace("$1 IS NULL", "$1::bigint IS NULL")
+            .replace("$2 IS NULL", "$2::text IS NULL")
+            .replace("$3 IS NULL", "$3::text IS NULL")
+            .replace("o.attempts,", "CAST(o.attempts AS bigint),")
+            .replace(
+                "o.created_at, o.dead_at,",
+                "CAST(extract(epoch FROM o.created_at) * 1000000 AS bigint), CAST(extract(epoch FROM o.dead_at) * 1000000 AS bigint),",
+            ),
+        Db::Sqlite(_) => SELECT.to_string(),
+    };
+    on_pool!(db, |p| {
+        let rows = sqlx::query(&sql)
+            .bind(filter.seq)
+            .bind(&ty)
+            .bind(&filter.aggregate_id)
+            .bind(limit)
+            .fetch_all(p)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(DeadEvent {
+                    seq: r.try_get(0)?,
+                    id: r.try_get(1)?,
+                    aggregate_id: r.try_get(2)?,
+                    event_type: r.try_get(3)?,
+                    payload: json(r.try_get::<String, _>(4)?),
+                    headers: json(r.try_get::<String, _>(5)?),
+                    attempts: r.try_get::<i64, _>(6)? as i32,
+                    created_at: from_micros(r.try_get(7)?),
+                    dead_at: from_micros(r.try_get(8)?),
+                    dead_reason: r.try_get(9)?,
+                    blocking: r.try_get(10)?,
                 })
-                .collect()
-        }
-        Db::Sqlite(p) => {
-            let rows = sqlx::query(SELECT)
-                .bind(filter.seq)
-                .bind(ty)
-                .bind(&filter.aggregate_id)
-                .bind(limit)
-                .fetch_all(p)
-                .await?;
-            rows.iter()
-                .map(|r| {
-                    Ok(DeadEvent {
-                        seq: r.try_get(0)?,
-                        id: r.try_get(1)?,
-                        aggregate_id: r.try_get(2)?,
-                        event_type: r.try_get(3)?,
-                        payload: json(r.try_get::<String, _>(4)?),
-                        headers: json(r.try_get::<String, _>(5)?),
-                        attempts: r.try_get::<i64, _>(6)? as i32,
-                        created_at: from_micros(r.try_get(7)?),
-                        dead_at: from_micros(r.try_get(8)?),
-                        dead_reason: r.try_get(9)?,
-                        blocking: r.try_get(10)?,
-                    })
-                })
-                .collect()
-        }
-    }
+            })
+            .collect()
+    })
 }
 
 fn json(text: String) -> serde_json::Value {

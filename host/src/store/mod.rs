@@ -166,6 +166,28 @@ pub struct OutboxStats {
     pub published: i64,
 }
 
+impl OutboxStats {
+    /// From the one row of either database's stats query, whose columns
+    /// come in the order of the fields.
+    pub(crate) fn from_row<R>(row: &R) -> Result<Self, sqlx::Error>
+    where
+        R: sqlx::Row,
+        usize: sqlx::ColumnIndex<R>,
+        i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        f64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    {
+        Ok(OutboxStats {
+            pending: row.try_get(0)?,
+            oldest_pending_age_seconds: row.try_get(1)?,
+            failing: row.try_get(2)?,
+            dead: row.try_get(3)?,
+            blocked_aggregates: row.try_get(4)?,
+            blocked_events: row.try_get(5)?,
+            published: row.try_get(6)?,
+        })
+    }
+}
+
 /// Cuts `s` to at most `max` characters, on a character boundary: error
 /// texts stored in a row (`last_error`, a dead letter's reason) must not
 /// bloat it.

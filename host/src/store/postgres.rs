@@ -152,15 +152,7 @@ impl OutboxStore for PgStore {
 
     async fn stats(&self, now: DateTime<Utc>) -> Result<OutboxStats, StoreError> {
         let row = sqlx::query(STATS).bind(now).fetch_one(&self.pool).await?;
-        Ok(OutboxStats {
-            pending: row.get(0),
-            oldest_pending_age_seconds: row.get(1),
-            failing: row.get(2),
-            dead: row.get(3),
-            blocked_aggregates: row.get(4),
-            blocked_events: row.get(5),
-            published: row.get(6),
-        })
+        Ok(OutboxStats::from_row(&row)?)
     }
 }
 
