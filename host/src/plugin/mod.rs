@@ -35,6 +35,7 @@ pub mod error;
 pub mod harness;
 pub mod host;
 pub mod limits;
+mod loaded;
 pub mod log;
 pub mod metrics;
 pub mod registry;

@@ -1,0 +1,208 @@
+//! What every loaded plugin version has, whatever its world: read, checked,
+//! compiled (or loaded from the cache) and pre-instantiated once; its name,
+//! version, limits and config; and a pool of idle Stores with live
+//! instances, reused until a call fails. [`TransformerPlugin`] and
+//! [`ConsumerPlugin`] are this plus their call.
+//!
+//! [`TransformerPlugin`]: super::TransformerPlugin
+//! [`ConsumerPlugin`]: super::ConsumerPlugin
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+
+use sha2::{Digest, Sha256};
+use wasmtime::Store;
+use wasmtime::component::InstancePre;
+
+use super::engine::{EPOCH_TICK, PluginEngine};
+use super::error::PluginError;
+use super::host::HostState;
+use super::limits::Limits;
+use super::log::{LineBudget, drain};
+use super::metrics::PluginMetrics;
+use super::transformer::{PluginSpec, classify};
+use super::{cache, validate};
+
+/// A WIT world a plugin may export: its pre-instantiated form and how to
+/// instantiate it, and the words of the errors that refuse a component.
+pub(crate) trait World: Sized + Send + 'static {
+    type Pre: Send + Sync + 'static;
+    /// `outbox:plugin/transformer@0.1.0`, say.
+    const NAME: &'static str;
+    /// What a component of this world may import.
+    const IMPORTS: &'static str;
+    /// How to build one.
+    const BUILD_HINT: &'static str;
+    fn pre(instance: InstancePre<HostState>) -> wasmtime::Result<Self::Pre>;
+    fn instantiate(
+        pre: &Self::Pre,
+        store: &mut Store<HostState>,
+    ) -> impl Future<Output = wasmtime::Result<Self>> + Send;
+}
+
+/// A Store with a live instance, ready for the next call.
+pub(crate) struct Slot<W> {
+    pub(crate) store: Store<HostState>,
+    pub(crate) bindings: W,
+}
+
+/// Idle Stores kept per plugin version; more concurrent calls instantiate
+/// extra Stores that are dropped afterwards.
+const MAX_IDLE: usize = 8;
+
+pub(crate) struct Loaded<W: World> {
+    pub(crate) name: String,
+    pub(crate) version: String,
+    pub(crate) sha256: String,
+    pub(crate) limits: Limits,
+    engine: PluginEngine,
+    pre: W::Pre,
+    config: Arc<BTreeMap<String, String>>,
+    idle: Mutex<Vec<Slot<W>>>,
+    log_budget: Mutex<LineBudget>,
+    pub(crate) metrics: PluginMetrics,
+}
+
+impl<W: World> std::fmt::Debug for Loaded<W> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct(W::NAME)
+            .field("name", &self.name)
+            .field("version", &self.version)
+            .field("sha256", &self.sha256)
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<W: World> Loaded<W> {
+    /// Reads the component `spec.path` names, then [`Loaded::from_bytes`].
+    pub(crate) fn load(engine: &PluginEngine, spec: &PluginSpec) -> Result<Self, PluginError> {
+        let wasm = std::fs::read(&spec.path).map_err(|e| {
+            PluginError::Invalid(format!(
+                "plugin `{}`: cannot read {}: {e}",
+                spec.name,
+                spec.path.display()
+            ))
+        })?;
+        Self::from_bytes(engine, spec, &wasm)
+    }
+
+    /// Checks, compiles (or loads from the cache) and pre-instantiates the
+    /// component: everything that can be done once per version. `spec.path`
+    /// only names the source in errors.
+    pub(crate) fn from_bytes(
+        engine: &PluginEngine,
+        spec: &PluginSpec,
+        wasm: &[u8],
+    ) -> Result<Self, PluginError> {
+        let invalid = |what: String| {
+            PluginError::Invalid(format!(
+                "plugin `{}` ({}): {what}",
+                spec.name,
+                spec.path.display()
+            ))
+        };
+        validate::check_is_component(wasm).map_err(invalid)?;
+        let sha256 = hex::encode(Sha256::digest(wasm));
+        let component = cache::load_or_compile(
+            &engine.engine,
+            engine.config.cache_dir.as_deref(),
+            &sha256,
+            wasm,
+        )
+        .map_err(|e| invalid(format!("does not compile: {e}")))?;
+        let instance_pre = engine.linker.instantiate_pre(&component).map_err(|e| {
+            invalid(format!(
+                "imports something outboxd does not provide ({e}); {}",
+                W::IMPORTS
+            ))
+        })?;
+        let pre = W::pre(instance_pre).map_err(|e| {
+            invalid(format!(
+                "is not an {} component ({e}); {}",
+                W::NAME,
+                W::BUILD_HINT
+            ))
+        })?;
+        Ok(Self {
+            name: spec.name.clone(),
+            version: spec
+                .version
+                .clone()
+                .unwrap_or_else(|| format!("sha256:{}", &sha256[..12])),
+            sha256,
+            limits: spec.limits,
+            engine: engine.clone(),
+            pre,
+            config: Arc::new(spec.config.clone()),
+            idle: Mutex::new(Vec::new()),
+            log_budget: Mutex::new(LineBudget::new(20.0, 100.0)),
+            metrics: PluginMetrics::default(),
+        })
+    }
+
+    /// `name@version`, as the outbox and dead letters record it.
+    pub(crate) fn label(&self) -> String {
+        format!("{}@{}", self.name, self.version)
+    }
+
+    pub(crate) fn deadline_ticks(&self, ms: u64) -> u64 {
+        ms.div_ceil(EPOCH_TICK.as_millis() as u64).max(1)
+    }
+
+    /// An idle Store, or a new instance; its memory mark is cleared and its
+    /// deadline set to one call's budget.
+    pub(crate) async fn slot(&self) -> Result<Slot<W>, PluginError> {
+        let idle = self.idle.lock().ok().and_then(|mut v| v.pop());
+        let mut slot = match idle {
+            Some(slot) => slot,
+            None => self.instantiate().await?,
+        };
+        slot.store.data_mut().memory.hit = false;
+        slot.store
+            .set_epoch_deadline(self.deadline_ticks(self.limits.timeout_ms));
+        Ok(slot)
+    }
+
+    /// Keeps a Store whose call ended cleanly for the next call. A Store
+    /// whose call trapped or timed out is dropped instead, never given back.
+    pub(crate) fn give_back(&self, slot: Slot<W>) {
+        if self.limits.reuse_instances
+            && let Ok(mut idle) = self.idle.lock()
+            && idle.len() < MAX_IDLE
+        {
+            idle.push(slot);
+        }
+    }
+
+    async fn instantiate(&self) -> Result<Slot<W>, PluginError> {
+        let mut store = Store::new(
+            &self.engine.engine,
+            HostState::new(self.limits.memory_bytes(), self.config.clone()),
+        );
+        store.limiter(|s| &mut s.memory);
+        store.epoch_deadline_trap();
+        // Start-up code (a Python interpreter's, say) gets ten call budgets.
+        store.set_epoch_deadline(self.deadline_ticks(self.limits.timeout_ms.saturating_mul(10)));
+        self.metrics.instantiated();
+        match W::instantiate(&self.pre, &mut store).await {
+            Ok(bindings) => Ok(Slot { store, bindings }),
+            Err(e) => {
+                let hit = store.data().memory.hit;
+                self.drain_logs(&store);
+                Err(match classify(e, hit, &self.limits) {
+                    PluginError::Trap(m) => PluginError::Instantiate(m),
+                    other => other,
+                })
+            }
+        }
+    }
+
+    /// Passes what the guest printed to the log, within its budget.
+    pub(crate) fn drain_logs(&self, store: &Store<HostState>) {
+        let data = store.data();
+        drain(&self.name, "stdout", &data.stdout, &self.log_budget);
+        drain(&self.name, "stderr", &data.stderr, &self.log_budget);
+    }
+}
