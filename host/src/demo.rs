@@ -248,6 +248,8 @@ pub async fn run(args: DemoArgs, log: DemoLog) -> anyhow::Result<ExitCode> {
     let (set, handles) =
         spawn_pipeline(&config, &db, crate::fault::Faults::none(), stop_rx).await?;
     let stats = handles.consumer_stats[0].1.clone();
+    // Before the first order: the summary's latency percentiles.
+    stats.keep_latencies();
 
     // The order service: confirm every order, and retry 10% of them as an
     // impatient client would; retries must not create events.

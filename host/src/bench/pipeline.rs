@@ -148,6 +148,7 @@ impl Pipeline {
             },
         );
         let stats = consumer.stats();
+        stats.keep_latencies();
         tasks.spawn(async move {
             if let Err(e) = consumer.run(stop_rx).await {
                 tracing::error!(error = %e, "bench consumer stopped");

@@ -70,11 +70,21 @@ pub struct ConsumerStats {
     pub duplicates: AtomicU64,
     pub failed: AtomicU64,
     pub dead_lettered: AtomicU64,
-    /// Milliseconds from `created-at` to the effect's commit, per message.
+    /// Whether [`ConsumerStats::latencies_ms`] is kept: off unless a
+    /// reader (the demo, a benchmark) asks, so a production consumer takes
+    /// no lock per message; the metrics histogram covers lag either way.
+    keep_latencies: std::sync::atomic::AtomicBool,
+    /// Milliseconds from `created-at` to the effect's commit, per message,
+    /// once [`ConsumerStats::keep_latencies`] was called.
     pub latencies_ms: std::sync::Mutex<Vec<f64>>,
 }
 
 impl ConsumerStats {
+    /// Keeps each handled message's commit latency from now on.
+    pub fn keep_latencies(&self) {
+        self.keep_latencies.store(true, Ordering::Relaxed);
+    }
+
     /// The recorded commit latencies (ms), sorted, for [`percentile`].
     pub fn sorted_latencies_ms(&self) -> Vec<f64> {
         let mut v = self
@@ -322,7 +332,8 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
             / 1000.0;
         // Bounded: a long-running consumer keeps the first samples only;
         // the metrics histogram covers the rest.
-        if let Ok(mut v) = self.stats.latencies_ms.lock()
+        if self.stats.keep_latencies.load(Ordering::Relaxed)
+            && let Ok(mut v) = self.stats.latencies_ms.lock()
             && v.len() < MAX_LATENCY_SAMPLES
         {
             v.push(ms);
