@@ -4,8 +4,6 @@
 
 pub use outboxd_core::config::*;
 
-use std::time::Duration;
-
 /// The settings of host components, read from a [`Config`].
 pub trait ConfigExt {
     fn relay_config(&self) -> crate::relay::RelayConfig;
@@ -18,7 +16,7 @@ impl ConfigExt for Config {
             batch_size: self.relay.batch_size,
             backoff: self.relay.backoff,
             max_attempts: self.relay.max_attempts,
-            publish_timeout: Duration::from_millis(self.relay.publish_timeout_ms),
+            publish_timeout: self.relay.publish_timeout,
         }
     }
 

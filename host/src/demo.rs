@@ -181,7 +181,7 @@ pub async fn run(args: DemoArgs, log: DemoLog) -> anyhow::Result<ExitCode> {
     config.database.url = url.clone();
     config.database.sqlite_synchronous = synchronous;
     config.relay.workers = args.workers.max(1);
-    config.relay.poll_interval_ms = 20;
+    config.relay.poll_interval = std::time::Duration::from_millis(20);
     let mut topic = orders::ORDER_CONFIRMED.to_string();
     let mut consumer = "billing".to_string();
     if let Some(bootstrap) = &args.kafka {

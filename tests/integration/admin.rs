@@ -77,7 +77,7 @@ pub fn admin_config(url: &str) -> Config {
     c.admin.listen = "127.0.0.1:0".into();
     c.admin.token = Some(TOKEN.into());
     c.admin.sample_seconds = 1;
-    c.relay.poll_interval_ms = 20;
+    c.relay.poll_interval = std::time::Duration::from_millis(20);
     c
 }
 

@@ -280,7 +280,7 @@ async fn a_broker_that_never_answers_times_out_and_rows_stay_pending(t: TestDb) 
     assert_eq!(
         rows,
         vec![
-            "retryable broker error: no broker acknowledgement within 1.5s (relay.publish_timeout_ms)";
+            "retryable broker error: no broker acknowledgement within 1.5s (relay.publish_timeout)";
             2
         ],
         "both rows stay pending with the reason, to be retried"

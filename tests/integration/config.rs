@@ -1,5 +1,7 @@
 //! Config: errors name the key and the fix; the environment overrides the file.
 
+use std::time::Duration;
+
 use outboxd::config::{Config, ConfigError, TransportKind};
 
 fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
@@ -57,8 +59,8 @@ fn impossible_values_are_named() {
         "[relay]\nlease_ms = 100\npublish_timeout_ms = 200\n",
         env(&[]),
     ));
-    assert_eq!(key, "relay.lease_ms");
-    assert!(msg.contains("publish_timeout_ms"), "{msg}");
+    assert_eq!(key, "relay.lease");
+    assert!(msg.contains("publish_timeout"), "{msg}");
     let (key, _) = key_error(Config::from_toml(
         "t.toml",
         "[relay]\nworkers = \"two\"\n",
@@ -232,7 +234,7 @@ fn kafka_partitions_are_checked() {
 fn a_sqlite_relay_lease_too_short_to_renew_is_named() {
     let short = "[relay]\nlease_ms = 900\npublish_timeout_ms = 500\n";
     let (key, msg) = key_error(Config::from_toml("t.toml", short, env(&[])));
-    assert_eq!(key, "relay.lease_ms");
+    assert_eq!(key, "relay.lease");
     assert!(
         msg.contains("at least 1000") && msg.contains("renew"),
         "{msg}"
@@ -342,4 +344,64 @@ fn every_toml_block_in_the_readme_parses_and_validates() {
         blocks >= 3,
         "README.md shows {blocks} TOML blocks; expected the config examples"
     );
+}
+
+/// Durations are humantime strings; the older `*_ms` keys (milliseconds)
+/// are read for one release, each with a warning that names the key to
+/// write instead, from the file and from the environment alike.
+#[test]
+fn durations_are_strings_and_old_millisecond_keys_warn() {
+    let c = Config::from_toml(
+        "t.toml",
+        "[relay]\npoll_interval = \"250ms\"\npublish_timeout = \"5s\"\nlease = \"1m\"\n\
+         [transport]\nconsumer_lease = \"20s\"\n\
+         [plugin_runtime]\nregistry_poll = \"2s\"\n",
+        env(&[]),
+    )
+    .expect("durations");
+    assert_eq!(c.relay.poll_interval, Duration::from_millis(250));
+    assert_eq!(c.relay.publish_timeout, Duration::from_secs(5));
+    assert_eq!(c.relay.lease, Duration::from_secs(60));
+    assert_eq!(c.transport.consumer_lease, Duration::from_secs(20));
+    assert_eq!(c.plugin_runtime.registry_poll, Some(Duration::from_secs(2)));
+    assert!(c.deprecations.is_empty(), "{:?}", c.deprecations);
+
+    let old = Config::from_toml(
+        "t.toml",
+        "[relay]\npoll_interval_ms = 250\n",
+        env(&[("OUTBOXD__RELAY__PUBLISH_TIMEOUT_MS", "4000")]),
+    )
+    .expect("the old keys");
+    assert_eq!(old.relay.poll_interval, Duration::from_millis(250));
+    assert_eq!(old.relay.publish_timeout, Duration::from_secs(4));
+    assert_eq!(old.deprecations.len(), 2, "{:?}", old.deprecations);
+    for (old_key, new) in [
+        ("relay.poll_interval_ms", "relay.poll_interval = \"250ms\""),
+        ("relay.publish_timeout_ms", "relay.publish_timeout = \"4s\""),
+    ] {
+        assert!(
+            old.deprecations
+                .iter()
+                .any(|w| w.contains(old_key) && w.contains(new)),
+            "no warning naming `{new}` in {:?}",
+            old.deprecations
+        );
+    }
+
+    let (key, msg) = key_error(Config::from_toml(
+        "t.toml",
+        "[relay]\npoll_interval = \"soon\"\n",
+        env(&[]),
+    ));
+    assert_eq!(key, "relay.poll_interval");
+    assert!(msg.contains("`soon` is not a duration"), "{msg}");
+}
+
+/// The example config writes every duration the new way.
+#[test]
+fn the_example_config_uses_no_deprecated_key() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../outboxd.example.toml");
+    let text = std::fs::read_to_string(&path).expect("outboxd.example.toml at the repo root");
+    let config = Config::from_toml("outboxd.example.toml", &text, env(&[])).expect("parses");
+    assert!(config.deprecations.is_empty(), "{:?}", config.deprecations);
 }

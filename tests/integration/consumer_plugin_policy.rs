@@ -23,7 +23,7 @@ async fn postgres_role_limits_what_a_plugin_can_touch() {
         .await;
     let policy = TxnPolicy {
         db_role: Some(role.clone()),
-        statement_timeout_ms: 2_000,
+        statement_timeout: std::time::Duration::from_millis(2_000),
         ..crate::support::plugin_policy()
     };
     // An event the plugin must not be able to delete.
@@ -68,7 +68,7 @@ async fn statement_timeout_obeyed_and_violated() {
     let t = TestDb::postgres().await;
     billing::create_schema(&t.db).await.expect("billing schema");
     let policy = TxnPolicy {
-        statement_timeout_ms: 300,
+        statement_timeout: std::time::Duration::from_millis(300),
         ..crate::support::plugin_policy()
     };
     let d = order(1, "p1");
@@ -99,7 +99,7 @@ async fn statement_timeout_holds_behind_the_configured_handler() {
     let t = TestDb::postgres().await;
     billing::create_schema(&t.db).await.expect("billing schema");
     let policy = TxnPolicy {
-        statement_timeout_ms: 300,
+        statement_timeout: std::time::Duration::from_millis(300),
         ..crate::support::plugin_policy()
     };
     let slow = ConsumerHandler::Plugin(handler(

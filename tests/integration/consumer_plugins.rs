@@ -21,7 +21,7 @@ pub(crate) fn handler(name: &str, config: &[(&str, &str)], policy: TxnPolicy) ->
     spec.version = Some("test-1".into());
     // Database round trips count against the deadline; a busy CI machine
     // needs room.
-    spec.limits.timeout_ms = 2_000;
+    spec.limits.timeout = std::time::Duration::from_millis(2_000);
     for (k, v) in config {
         spec.config.insert((*k).into(), (*v).into());
     }
@@ -188,7 +188,7 @@ async fn a_plugin_looping_over_host_calls_is_stopped(t: TestDb) {
         plugin_path("hostile-consumer-loop"),
     );
     spec.version = Some("test-1".into());
-    spec.limits.timeout_ms = 200;
+    spec.limits.timeout = std::time::Duration::from_millis(200);
     let plugin = Arc::new(ConsumerPlugin::load(engine(), &spec).expect("load"));
     let h = PluginHandler::new(plugin, crate::support::plugin_policy());
     let d = order(1, "p1");

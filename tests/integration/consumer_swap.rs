@@ -26,7 +26,7 @@ use crate::support::TestDb;
 pub(crate) fn registry_spec(name: &str) -> PluginSpec {
     let mut s = PluginSpec::new(name, "");
     s.source = PluginSource::Registry;
-    s.limits.timeout_ms = 5_000;
+    s.limits.timeout = std::time::Duration::from_millis(5_000);
     s
 }
 

@@ -18,7 +18,7 @@ use crate::support::{ScriptedPublisher, TestDb};
 
 fn misbehave(timeout_ms: u64) -> TransformerPlugin {
     let mut s = spec("hostile-misbehave");
-    s.limits.timeout_ms = timeout_ms;
+    s.limits.timeout = std::time::Duration::from_millis(timeout_ms);
     TransformerPlugin::load(engine(), &s).expect("load hostile-misbehave")
 }
 
@@ -249,8 +249,8 @@ async fn hostile_events_fail_alone_and_good_events_keep_flowing(t: TestDb) {
     };
     assert_eq!((second.published, second.dead, second.retried), (0, 5, 0));
     for (agg, expected) in [
-        ("fork", "timed out after 50 ms (limits.timeout_ms)"),
-        ("calls", "timed out after 50 ms (limits.timeout_ms)"),
+        ("fork", "timed out after 50 ms (limits.timeout)"),
+        ("calls", "timed out after 50 ms (limits.timeout)"),
         ("stack", "trapped: wasm trap: "),
         ("utf8-topic", "utf-8"),
         ("utf8-header", "utf-8"),

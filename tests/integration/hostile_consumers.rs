@@ -24,7 +24,7 @@ fn misbehaving() -> PluginHandler {
     spec.version = Some("test-1".into());
     // Room for the database round trip on a busy machine; the fork bomb
     // still needs far longer.
-    spec.limits.timeout_ms = 1_000;
+    spec.limits.timeout = std::time::Duration::from_millis(1_000);
     let plugin = ConsumerPlugin::load(engine(), &spec).expect("load consumer plugin");
     PluginHandler::new(Arc::new(plugin), crate::support::plugin_policy())
 }

@@ -27,7 +27,7 @@ use crate::support::{ScriptedPublisher, TestDb};
 pub(crate) fn registry_spec(name: &str) -> PluginSpec {
     let mut s = PluginSpec::new(name, "");
     s.source = PluginSource::Registry;
-    s.limits.timeout_ms = 5_000;
+    s.limits.timeout = std::time::Duration::from_millis(5_000);
     s
 }
 

@@ -131,7 +131,7 @@ async fn broken_deploys_are_refused_and_the_active_version_keeps_running(t: Test
         ),
     ];
     let mut spec = registry_spec("t");
-    spec.limits.timeout_ms = 200;
+    spec.limits.timeout = std::time::Duration::from_millis(200);
     for (what, bytes, samples, reason) in cases {
         let err = reg
             .deploy(engine(), &spec, &bytes, &samples, "test")

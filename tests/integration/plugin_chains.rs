@@ -266,5 +266,5 @@ pub(crate) fn unknown_plugin_in_a_route_names_the_key() {
     let err = build_chains(engine(), &[], &routes).expect_err("unknown plugin");
     assert!(err.contains("routes[0].transformers[0]"), "{err}");
     let limits = Limits::default();
-    assert_eq!((limits.timeout_ms, limits.memory_mib), (50, 64));
+    assert_eq!((limits.timeout.as_millis(), limits.memory_mib), (50, 64));
 }

@@ -314,7 +314,7 @@ async fn giant_values_never_reach_the_hosts_memory(t: TestDb) {
     let policy = TxnPolicy {
         consumer: "attacked".into(),
         tables: grants(),
-        statement_timeout_ms: 30_000,
+        statement_timeout: std::time::Duration::from_millis(30_000),
         ..TxnPolicy::default()
     };
     // Room for Postgres to build 300 MB and measure it (about 4 s here):
@@ -323,7 +323,7 @@ async fn giant_values_never_reach_the_hosts_memory(t: TestDb) {
         "hostile-consumer-attack",
         crate::plugins::plugin_path("hostile-consumer-attack"),
     );
-    spec.limits.timeout_ms = 20_000;
+    spec.limits.timeout = std::time::Duration::from_millis(20_000);
     let plugin = outboxd::plugin::ConsumerPlugin::load(crate::plugins::engine(), &spec)
         .expect("load the plugin");
     let h = outboxd::consumer::PluginHandler::new(std::sync::Arc::new(plugin), policy.clone());
@@ -418,7 +418,7 @@ async fn the_wall_deadline_cancels_the_statement_on_the_server() {
         "hostile-consumer-attack",
         crate::plugins::plugin_path("hostile-consumer-attack"),
     );
-    spec.limits.timeout_ms = 300;
+    spec.limits.timeout = std::time::Duration::from_millis(300);
     let plugin = outboxd::plugin::ConsumerPlugin::load(crate::plugins::engine(), &spec)
         .expect("load the plugin");
     // The role is what `outboxd run` requires on Postgres; setting it also
@@ -429,7 +429,7 @@ async fn the_wall_deadline_cancels_the_statement_on_the_server() {
         consumer: "attacked".into(),
         tables: grants(),
         db_role: Some(role),
-        statement_timeout_ms: 500,
+        statement_timeout: std::time::Duration::from_millis(500),
         ..TxnPolicy::default()
     };
     let message = outboxd::plugin::bindings::consumer::outbox::plugin::types::Message {

@@ -47,7 +47,7 @@ pub fn spec(name: &str) -> PluginSpec {
 /// faults of a fresh 64 MiB memory take tens of ms on a busy machine).
 pub(crate) fn roomy(name: &str) -> PluginSpec {
     let mut s = spec(name);
-    s.limits.timeout_ms = 5_000;
+    s.limits.timeout = std::time::Duration::from_millis(5_000);
     s
 }
 
@@ -141,7 +141,7 @@ async fn redact_pii_drops_and_masks_configured_fields() {
 pub(crate) async fn tagging_transformer_runs(plugin: &str, tag: &str) {
     let mut s = spec(plugin);
     s.limits.memory_mib = 256;
-    s.limits.timeout_ms = 1000;
+    s.limits.timeout = std::time::Duration::from_millis(1000);
     let p = load(&s);
     let out = p
         .transform(&event(json!({"n": 1})))

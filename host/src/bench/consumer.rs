@@ -158,7 +158,7 @@ pub async fn consumer(args: &ConsumerBenchArgs) -> Result<(), BenchError> {
     let engine = PluginEngine::new(EngineConfig::default())
         .map_err(|e| BenchError::Refused(e.to_string()))?;
     let mut spec = PluginSpec::new("billing", &args.plugin);
-    spec.limits.timeout_ms = 5_000;
+    spec.limits.timeout = std::time::Duration::from_secs(5);
     let plugin =
         ConsumerPlugin::load(&engine, &spec).map_err(|e| BenchError::Refused(e.to_string()))?;
     let plugin_ref = Arc::new(plugin);

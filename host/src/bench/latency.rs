@@ -38,7 +38,7 @@ pub struct LatencyBenchArgs {
     /// `poll` (the relay only polls).
     #[arg(long, value_delimiter = ',', default_value = "notify,poll")]
     pub modes: Vec<String>,
-    /// The relay's poll interval (`relay.poll_interval_ms`).
+    /// The relay's poll interval (`relay.poll_interval`).
     #[arg(long, default_value_t = 500)]
     pub poll_ms: u64,
     /// The consumer's poll interval on the embedded transport.

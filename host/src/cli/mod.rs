@@ -240,6 +240,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     }
     let config = load_config(&cli)?;
     init_logging(config.log.format);
+    for deprecated in &config.deprecations {
+        tracing::warn!("{deprecated}");
+    }
     let faults = faults_from_env()?;
     match cli.command {
         Command::Run => {

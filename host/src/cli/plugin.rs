@@ -79,7 +79,7 @@ pub(super) async fn plugin_command(cmd: &PluginCommand) -> anyhow::Result<ExitCo
                 config.insert(k.to_string(), v.to_string());
             }
             let limits = Limits {
-                timeout_ms: *timeout_ms,
+                timeout: std::time::Duration::from_millis(*timeout_ms),
                 memory_mib: *memory_mib,
                 ..Limits::default()
             };

@@ -81,7 +81,7 @@ pub(super) async fn spawn_consumers(
                         group: c.name.clone(),
                         topics: c.topics.clone(),
                         partitions: config.transport.partitions,
-                        lease: Duration::from_millis(config.transport.consumer_lease_ms),
+                        lease: config.transport.consumer_lease,
                     },
                 );
                 // An idle consumer waits for publishes instead of polling:

@@ -123,7 +123,7 @@ pub async fn spawn_pipeline(
                 &config.transport.kafka,
                 // librdkafka checks timeouts about once a second; a quarter
                 // of slack lets it report first, as KafkaPublisher::new asks.
-                Duration::from_millis(config.relay.publish_timeout_ms * 3 / 4),
+                config.relay.publish_timeout * 3 / 4,
             )?);
             tracing::info!(properties = ?config.redacted_kafka(), "publishing to kafka");
             let checker = publisher.clone();
@@ -157,7 +157,7 @@ pub async fn spawn_pipeline(
         tracing::info!(%addr, "admin API and dashboard listening");
         handles.admin_addr = Some(addr);
         set.spawn(async move { serve.await.map_err(|e| e.to_string()) });
-        let store = AnyStore::new(db, Duration::from_millis(config.relay.lease_ms));
+        let store = AnyStore::new(db, config.relay.lease);
         let every = Duration::from_secs(config.admin.sample_seconds.max(1));
         let stop = shutdown.clone();
         let sampler_metrics = metrics.clone();
@@ -233,7 +233,7 @@ async fn start_rollout(
             registry.clone(),
             config.plugins.clone(),
             dir,
-            runtime.registry_poll(),
+            runtime.registry_poll_every(),
             shutdown.clone(),
         );
         set.spawn(async move {
@@ -258,7 +258,7 @@ async fn start_rollout(
         .iter()
         .filter_map(|name| rollout.consumer(name))
         .collect();
-    let (poll, stop) = (runtime.registry_poll(), shutdown.clone());
+    let (poll, stop) = (runtime.registry_poll_every(), shutdown.clone());
     set.spawn(async move {
         rollout.run(poll, stop).await;
         Ok(())

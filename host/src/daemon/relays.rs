@@ -2,7 +2,6 @@
 //! database and the configured publisher.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -51,8 +50,7 @@ pub(super) async fn spawn_relays_for<P: Publisher + Clone>(
         }
         Db::Sqlite(pool) => {
             let wake = crate::store::sqlite_watch::subscribe(pool).await;
-            let store =
-                SqliteStore::new(pool.clone(), Duration::from_millis(config.relay.lease_ms));
+            let store = SqliteStore::new(pool.clone(), config.relay.lease);
             spawn_relays(
                 set,
                 config,
@@ -80,7 +78,7 @@ fn spawn_relays<S: OutboxStore, P: Publisher + Clone>(
 ) {
     let router = Router::new(config.routes.clone());
     let worker_cfg = WorkerConfig {
-        poll_interval: Duration::from_millis(config.relay.poll_interval_ms),
+        poll_interval: config.relay.poll_interval,
         pipeline: config.relay.pipeline,
         ..WorkerConfig::default()
     };

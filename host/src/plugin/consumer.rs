@@ -3,7 +3,7 @@
 //! During the call the plugin borrows the host's transaction (see
 //! [`super::transaction`]); it never holds a connection.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use wasmtime::Store;
 use wasmtime::component::{InstancePre, Resource};
@@ -127,13 +127,7 @@ impl ConsumerPlugin {
         let mut server = TxnServer::new(tx, policy);
         // The epoch deadline stops guest code; this bounds a host call that
         // hangs (a lock wait on SQLite, say) as well.
-        let wall = Duration::from_millis(
-            self.loaded
-                .limits
-                .timeout_ms
-                .saturating_mul(2)
-                .saturating_add(policy.statement_timeout_ms),
-        );
+        let wall = self.loaded.limits.timeout * 2 + policy.statement_timeout;
         let result = {
             let call = slot
                 .bindings
@@ -156,7 +150,9 @@ impl ConsumerPlugin {
             let pid = server.backend_pid();
             drop(server);
             stop_abandoned_statement(tx, pid, cancel).await;
-            return Err(PluginError::Timeout(self.loaded.limits.timeout_ms));
+            return Err(PluginError::Timeout(
+                self.loaded.limits.timeout.as_millis() as u64
+            ));
         };
         slot.store.data_mut().txn = None;
         let _ = slot.store.data_mut().table.delete(resource);

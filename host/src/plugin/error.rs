@@ -8,7 +8,7 @@ pub enum PluginError {
     #[error("trapped: {0}")]
     Trap(String),
     /// The call ran past its epoch deadline.
-    #[error("timed out after {0} ms (limits.timeout_ms)")]
+    #[error("timed out after {0} ms (limits.timeout)")]
     Timeout(u64),
     /// The guest asked for more memory than its cap.
     #[error("out of memory: the cap is {cap_bytes} bytes (limits.memory_mib)")]

@@ -147,8 +147,10 @@ impl<W: World> Loaded<W> {
         format!("{}@{}", self.name, self.version)
     }
 
-    pub(crate) fn deadline_ticks(&self, ms: u64) -> u64 {
-        ms.div_ceil(EPOCH_TICK.as_millis() as u64).max(1)
+    pub(crate) fn deadline_ticks(&self, d: std::time::Duration) -> u64 {
+        (d.as_millis() as u64)
+            .div_ceil(EPOCH_TICK.as_millis() as u64)
+            .max(1)
     }
 
     /// An idle Store, or a new instance; its memory mark is cleared and its
@@ -161,7 +163,7 @@ impl<W: World> Loaded<W> {
         };
         slot.store.data_mut().memory.hit = false;
         slot.store
-            .set_epoch_deadline(self.deadline_ticks(self.limits.timeout_ms));
+            .set_epoch_deadline(self.deadline_ticks(self.limits.timeout));
         Ok(slot)
     }
 
@@ -184,7 +186,7 @@ impl<W: World> Loaded<W> {
         store.limiter(|s| &mut s.memory);
         store.epoch_deadline_trap();
         // Start-up code (a Python interpreter's, say) gets ten call budgets.
-        store.set_epoch_deadline(self.deadline_ticks(self.limits.timeout_ms.saturating_mul(10)));
+        store.set_epoch_deadline(self.deadline_ticks(self.limits.timeout.saturating_mul(10)));
         self.metrics.instantiated();
         match W::instantiate(&self.pre, &mut store).await {
             Ok(bindings) => Ok(Slot { store, bindings }),

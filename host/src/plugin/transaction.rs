@@ -163,7 +163,7 @@ pub(crate) async fn begin_session(tx: &mut InboxTx, policy: &TxnPolicy) -> Resul
     if let InboxTx::Postgres(t) = tx {
         let sql = format!(
             "SET LOCAL statement_timeout = {}",
-            policy.statement_timeout_ms
+            policy.statement_timeout.as_millis()
         );
         sqlx::Executor::execute(&mut **t, sql.as_str()).await?;
     }
@@ -250,8 +250,7 @@ fn sqlite_policy(policy: &TxnPolicy) -> crate::store::sqlite_plugin_guard::Plugi
     crate::store::sqlite_plugin_guard::PluginPolicy {
         consumer: policy.consumer.clone(),
         grants: policy.tables.clone(),
-        deadline: std::time::Instant::now()
-            + std::time::Duration::from_millis(policy.statement_timeout_ms),
+        deadline: std::time::Instant::now() + policy.statement_timeout,
         max_value_bytes: policy.max_result_bytes,
     }
 }

@@ -165,7 +165,7 @@ pub fn message_bytes(m: &OutgoingMessage) -> usize {
 /// [`PluginError`].
 pub(crate) fn classify(e: wasmtime::Error, memory_hit: bool, limits: &Limits) -> PluginError {
     if let Some(wasmtime::Trap::Interrupt) = e.downcast_ref::<wasmtime::Trap>() {
-        return PluginError::Timeout(limits.timeout_ms);
+        return PluginError::Timeout(limits.timeout.as_millis() as u64);
     }
     if memory_hit {
         return PluginError::OutOfMemory {

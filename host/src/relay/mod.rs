@@ -114,7 +114,7 @@ enum EventResult {
 enum FailureCause {
     /// The broker refused the message or failed.
     Broker,
-    /// The broker did not acknowledge within `relay.publish_timeout_ms`.
+    /// The broker did not acknowledge within `relay.publish_timeout`.
     BrokerTimeout,
     /// A plugin of the event's chain failed, or its task stopped.
     Plugin,
@@ -143,7 +143,7 @@ enum SendError {
     /// Worded as the broker's retryable errors are: the stored
     /// `last_error` reads the same whichever way the publish failed.
     #[error(
-        "retryable broker error: no broker acknowledgement within {0:?} (relay.publish_timeout_ms)"
+        "retryable broker error: no broker acknowledgement within {0:?} (relay.publish_timeout)"
     )]
     Timeout(std::time::Duration),
 }

@@ -34,8 +34,13 @@ pub struct ConsumerSection {
     #[serde(default)]
     pub db_role: Option<String>,
     /// Postgres, plugin handlers: `SET LOCAL statement_timeout`.
-    #[serde(default = "default_statement_timeout_ms")]
-    pub statement_timeout_ms: u64,
+    #[serde(
+        rename = "statement_timeout",
+        alias = "statement_timeout_ms",
+        default = "default_statement_timeout",
+        deserialize_with = "super::duration::keys::statement_timeout"
+    )]
+    pub statement_timeout: std::time::Duration,
     /// Plugin handlers: statements one message may run.
     #[serde(default = "default_max_statements")]
     pub max_statements: u32,
@@ -64,7 +69,7 @@ impl ConsumerSection {
             max_attempts: five(),
             tables: TableGrants::default(),
             db_role: None,
-            statement_timeout_ms: default_statement_timeout_ms(),
+            statement_timeout: default_statement_timeout(),
             max_statements: default_max_statements(),
             max_rows: default_max_rows(),
             max_result_bytes: default_max_result_bytes(),
@@ -128,7 +133,7 @@ impl ConsumerSection {
             consumer: self.name.clone(),
             tables: self.tables.clone(),
             db_role: self.db_role.clone(),
-            statement_timeout_ms: self.statement_timeout_ms,
+            statement_timeout: self.statement_timeout,
             max_statements: self.max_statements,
             max_rows: self.max_rows,
             max_result_bytes: self.max_result_bytes,
@@ -136,8 +141,8 @@ impl ConsumerSection {
     }
 }
 
-fn default_statement_timeout_ms() -> u64 {
-    TxnPolicy::default().statement_timeout_ms
+fn default_statement_timeout() -> std::time::Duration {
+    TxnPolicy::default().statement_timeout
 }
 fn default_max_statements() -> u32 {
     TxnPolicy::default().max_statements
@@ -180,7 +185,7 @@ pub struct TxnPolicy {
     /// Postgres only: `SET LOCAL ROLE` before the plugin's first statement.
     pub db_role: Option<String>,
     /// Postgres only: `SET LOCAL statement_timeout` for each transaction.
-    pub statement_timeout_ms: u64,
+    pub statement_timeout: std::time::Duration,
     /// Statements (`execute`, `query`, `emit`) one message may run.
     pub max_statements: u32,
     /// Rows `query` may return across one message.
@@ -196,7 +201,7 @@ impl Default for TxnPolicy {
             consumer: String::new(),
             tables: TableGrants::default(),
             db_role: None,
-            statement_timeout_ms: 5_000,
+            statement_timeout: std::time::Duration::from_secs(5),
             max_statements: 100,
             max_rows: 10_000,
             max_result_bytes: 16 * 1024 * 1024,

@@ -3,10 +3,12 @@
 //! and every error names the key and what is wrong with it.
 
 use std::path::Path;
+use std::time::Duration;
 
 use serde::Deserialize;
 
 mod consumer;
+pub mod duration;
 mod env;
 mod ops;
 mod plugins;
@@ -51,6 +53,10 @@ pub struct Config {
     pub reconcile: Vec<ReconcileRule>,
     #[serde(default)]
     pub admin: AdminConfig,
+    /// Deprecated keys this config used, each with the key to write
+    /// instead; the host logs them at start.
+    #[serde(skip)]
+    pub deprecations: Vec<String>,
 }
 
 /// The admin HTTP API and dashboard: off by default, loopback by default,
@@ -154,8 +160,13 @@ pub struct TransportConfig {
     pub partitions: i32,
     /// Embedded transport: how long a consumer owns a partition without
     /// renewing; a crashed consumer's partitions move after this.
-    #[serde(default = "default_consumer_lease_ms")]
-    pub consumer_lease_ms: u64,
+    #[serde(
+        rename = "consumer_lease",
+        alias = "consumer_lease_ms",
+        default = "default_consumer_lease",
+        deserialize_with = "duration::keys::consumer_lease"
+    )]
+    pub consumer_lease: Duration,
     /// librdkafka properties, passed through as they are
     /// (`bootstrap.servers`, `security.protocol`, `sasl.*` ...).
     #[serde(default)]
@@ -167,7 +178,7 @@ impl Default for TransportConfig {
         Self {
             kind: TransportKind::Embedded,
             partitions: default_partitions(),
-            consumer_lease_ms: default_consumer_lease_ms(),
+            consumer_lease: default_consumer_lease(),
             kafka: Default::default(),
         }
     }
@@ -178,10 +189,20 @@ impl Default for TransportConfig {
 pub struct RelaySection {
     #[serde(default = "default_batch")]
     pub batch_size: usize,
-    #[serde(default = "default_poll_ms")]
-    pub poll_interval_ms: u64,
-    #[serde(default = "default_publish_timeout_ms")]
-    pub publish_timeout_ms: u64,
+    #[serde(
+        rename = "poll_interval",
+        alias = "poll_interval_ms",
+        default = "default_poll_interval",
+        deserialize_with = "duration::keys::poll_interval"
+    )]
+    pub poll_interval: Duration,
+    #[serde(
+        rename = "publish_timeout",
+        alias = "publish_timeout_ms",
+        default = "default_publish_timeout",
+        deserialize_with = "duration::keys::publish_timeout"
+    )]
+    pub publish_timeout: Duration,
     #[serde(default = "default_max_attempts")]
     pub max_attempts: i32,
     /// Relay tasks in this process; 0 for a consumer-only process (relays
@@ -192,8 +213,13 @@ pub struct RelaySection {
     /// A batch in flight renews its lease every third of this, so plugin
     /// chains and a publish may take longer; a crashed task's rows are
     /// claimable again this long after its last renewal.
-    #[serde(default = "default_lease_ms")]
-    pub lease_ms: u64,
+    #[serde(
+        rename = "lease",
+        alias = "lease_ms",
+        default = "default_lease",
+        deserialize_with = "duration::keys::lease"
+    )]
+    pub lease: Duration,
     #[serde(default)]
     pub backoff: Backoff,
     /// Claim and send the next batch while the previous one is marked:
@@ -206,11 +232,11 @@ impl Default for RelaySection {
     fn default() -> Self {
         Self {
             batch_size: default_batch(),
-            poll_interval_ms: default_poll_ms(),
-            publish_timeout_ms: default_publish_timeout_ms(),
+            poll_interval: default_poll_interval(),
+            publish_timeout: default_publish_timeout(),
             max_attempts: default_max_attempts(),
             workers: default_workers(),
-            lease_ms: default_lease_ms(),
+            lease: default_lease(),
             backoff: Backoff::default(),
             pipeline: false,
         }
@@ -237,9 +263,14 @@ pub struct PluginRuntimeSection {
     #[serde(default)]
     pub pooling: bool,
     /// How often registry plugins are re-read when no Postgres notification
-    /// arrives (SQLite relies on this alone). Default 1000.
-    #[serde(default)]
-    pub registry_poll_ms: Option<u64>,
+    /// arrives (SQLite relies on this alone). Default 1s.
+    #[serde(
+        rename = "registry_poll",
+        alias = "registry_poll_ms",
+        default,
+        deserialize_with = "duration::keys::registry_poll"
+    )]
+    pub registry_poll: Option<Duration>,
     /// Development mode: every `NAME.wasm` dropped in this directory is
     /// deployed to the registry as plugin NAME and activated.
     #[serde(default)]
@@ -323,8 +354,11 @@ fn default_cache_dir(database_url: &str) -> Option<std::path::PathBuf> {
 }
 
 impl PluginRuntimeSection {
-    pub fn registry_poll(&self) -> std::time::Duration {
-        std::time::Duration::from_millis(self.registry_poll_ms.unwrap_or(1000).max(10))
+    /// How often registry plugins are re-read (at least every 10 ms).
+    pub fn registry_poll_every(&self) -> Duration {
+        self.registry_poll
+            .unwrap_or(Duration::from_secs(1))
+            .max(Duration::from_millis(10))
     }
 }
 
@@ -355,17 +389,17 @@ fn yes() -> bool {
 fn default_partitions() -> i32 {
     8
 }
-fn default_consumer_lease_ms() -> u64 {
-    15_000
+fn default_consumer_lease() -> Duration {
+    Duration::from_secs(15)
 }
 fn default_batch() -> usize {
     100
 }
-fn default_poll_ms() -> u64 {
-    500
+fn default_poll_interval() -> Duration {
+    Duration::from_millis(500)
 }
-fn default_publish_timeout_ms() -> u64 {
-    10_000
+fn default_publish_timeout() -> Duration {
+    Duration::from_secs(10)
 }
 fn default_max_attempts() -> i32 {
     10
@@ -373,8 +407,8 @@ fn default_max_attempts() -> i32 {
 fn default_workers() -> usize {
     2
 }
-fn default_lease_ms() -> u64 {
-    30_000
+fn default_lease() -> Duration {
+    Duration::from_secs(30)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -421,8 +455,9 @@ impl Config {
                     message: syntax_message(text, &e),
                 })?;
         apply_env(&mut table, env)?;
-        let config: Config =
-            serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
+        duration::take_deprecations();
+        let mut config: Config = serde_path_to_error::deserialize(toml::Value::Table(table))
+            .map_err(|e| {
                 let key = e.path().to_string();
                 // serde quotes the offending value; for a secret that could
                 // be the secret itself.
@@ -440,6 +475,7 @@ impl Config {
                     },
                 }
             })?;
+        config.deprecations = duration::take_deprecations();
         config.validate()?;
         Ok(config)
     }

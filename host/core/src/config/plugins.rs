@@ -59,7 +59,12 @@ impl PluginSpec {
 #[serde(deny_unknown_fields, default)]
 pub struct Limits {
     /// Wall-clock deadline of one call, enforced by epoch interruption.
-    pub timeout_ms: u64,
+    #[serde(
+        rename = "timeout",
+        alias = "timeout_ms",
+        deserialize_with = "super::duration::keys::plugin_timeout"
+    )]
+    pub timeout: std::time::Duration,
     /// Linear memory the plugin may grow to, across all its memories.
     pub memory_mib: u64,
     /// Total bytes (payloads, keys, headers) one call may return.
@@ -74,7 +79,7 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Self {
-            timeout_ms: 50,
+            timeout: std::time::Duration::from_millis(50),
             memory_mib: 64,
             max_output_bytes: 1 << 20,
             max_outputs: 100,

@@ -1,6 +1,9 @@
 //! The checks a parsed [`Config`] must pass before anything starts: every
 //! error names the key and the fix.
 
+use std::time::Duration;
+
+use super::duration;
 use super::{Config, ConfigError, PluginSource, TransportKind};
 use crate::db_url::DbKind;
 
@@ -44,15 +47,16 @@ impl Config {
         if self.relay.max_attempts < 1 {
             return bad("relay.max_attempts", "must be at least 1".into());
         }
-        if self.relay.publish_timeout_ms == 0 {
-            return bad("relay.publish_timeout_ms", "must be more than 0".into());
+        if self.relay.publish_timeout.is_zero() {
+            return bad("relay.publish_timeout", "must be more than 0".into());
         }
-        if self.relay.lease_ms <= self.relay.publish_timeout_ms {
+        if self.relay.lease <= self.relay.publish_timeout {
             return bad(
-                "relay.lease_ms",
+                "relay.lease",
                 format!(
-                    "{} must exceed relay.publish_timeout_ms ({}), or a slow batch could be claimed twice",
-                    self.relay.lease_ms, self.relay.publish_timeout_ms
+                    "{} must exceed relay.publish_timeout ({}), or a slow batch could be claimed twice",
+                    duration::format(self.relay.lease),
+                    duration::format(self.relay.publish_timeout)
                 ),
             );
         }
@@ -65,10 +69,10 @@ impl Config {
                 "need 0 < base_seconds <= max_seconds".into(),
             );
         }
-        if self.transport.consumer_lease_ms < 300 {
+        if self.transport.consumer_lease < Duration::from_millis(300) {
             return bad(
-                "transport.consumer_lease_ms",
-                "use at least 300 ms (default 15000)".into(),
+                "transport.consumer_lease",
+                "use at least \"300ms\" (default \"15s\")".into(),
             );
         }
         if self.transport.partitions < 1 || self.transport.partitions > 1024 {
@@ -166,12 +170,12 @@ impl Config {
                 _ => {}
             }
             let l = p.limits;
-            if l.timeout_ms == 0 || l.timeout_ms > 60_000 {
+            if l.timeout.is_zero() || l.timeout > Duration::from_secs(60) {
                 return bad(
-                    &format!("plugins[{i}].limits.timeout_ms"),
+                    &format!("plugins[{i}].limits.timeout"),
                     format!(
-                        "{} is out of range; use 1 to 60000 (default 50)",
-                        l.timeout_ms
+                        "{} is out of range; use \"1ms\" to \"60s\" (default \"50ms\")",
+                        duration::format(l.timeout)
                     ),
                 );
             }
@@ -243,10 +247,10 @@ impl Config {
                     format!("`{role}` is not a plain identifier (lower-case letters, digits, _)"),
                 );
             }
-            if c.statement_timeout_ms == 0 || c.statement_timeout_ms > 600_000 {
+            if c.statement_timeout.is_zero() || c.statement_timeout > Duration::from_secs(600) {
                 return bad(
-                    &format!("consumers[{i}].statement_timeout_ms"),
-                    "use 1 to 600000 (default 5000)".into(),
+                    &format!("consumers[{i}].statement_timeout"),
+                    "use \"1ms\" to \"10m\" (default \"5s\")".into(),
                 );
             }
             if c.max_statements == 0 || c.max_rows == 0 {
@@ -296,25 +300,27 @@ impl Config {
     }
 }
 
-/// The shortest `relay.lease_ms` a SQLite relay can keep renewing.
-const MIN_SQLITE_LEASE_MS: u64 = 1_000;
+/// The shortest `relay.lease` a SQLite relay can keep renewing.
+const MIN_SQLITE_LEASE: Duration = Duration::from_secs(1);
 
 impl Config {
-    /// SQLite: a batch in flight renews its lease every `lease_ms / 3`, and
+    /// SQLite: a batch in flight renews its lease every third of it, and
     /// a renewal is a write, so it may queue behind other writers for the
     /// database's one write lock; a lease shorter than a second could
     /// expire while its renewal waits, and the batch would be claimed twice.
     fn check_sqlite_relay_lease(&self) -> Result<(), ConfigError> {
         if DbKind::from_url(&self.database.url).ok() != Some(DbKind::Sqlite)
-            || self.relay.lease_ms >= MIN_SQLITE_LEASE_MS
+            || self.relay.lease >= MIN_SQLITE_LEASE
         {
             return Ok(());
         }
         Err(ConfigError::Key {
-            key: "relay.lease_ms".into(),
+            key: "relay.lease".into(),
             message: format!(
-                "{} is too short to renew: a SQLite relay renews its claim every lease_ms / 3 while a batch is in flight, and a renewal may wait for the write lock; use at least {MIN_SQLITE_LEASE_MS} (default 30000)",
-                self.relay.lease_ms
+                "{} is too short to renew: a SQLite relay renews its claim every third of its lease while a batch is in flight, and a renewal may wait for the write lock; use at least {} ms (\"{}\"; default \"30s\")",
+                duration::format(self.relay.lease),
+                MIN_SQLITE_LEASE.as_millis(),
+                duration::format(MIN_SQLITE_LEASE)
             ),
         })
     }
