@@ -18,7 +18,9 @@ impl ConsumerHandler {
     /// What dead letters record as the handler.
     pub fn id(&self) -> String {
         match self {
-            ConsumerHandler::Billing(_) => "builtin:billing".into(),
+            ConsumerHandler::Billing(_) => {
+                crate::config::HandlerRef::Builtin("billing".into()).to_string()
+            }
             ConsumerHandler::Plugin(p) => p.handler_id(),
         }
     }

@@ -157,8 +157,12 @@ fn consumer_handler(
     registry: &[ActiveConsumer],
     engine: &mut Option<PluginEngine>,
 ) -> Result<ConsumerHandler, DaemonError> {
-    let Some(name) = c.plugin_name() else {
-        return Ok(ConsumerHandler::Billing(BillingHandler));
+    let name = match &c.handler {
+        crate::config::HandlerRef::Plugin(name) => name.as_str(),
+        // Validation admits one built-in handler.
+        crate::config::HandlerRef::Builtin(_) => {
+            return Ok(ConsumerHandler::Billing(BillingHandler));
+        }
     };
     if let Some(slot) = registry.iter().find(|s| s.name() == name) {
         return Ok(ConsumerHandler::Plugin(

@@ -16,7 +16,7 @@ pub struct ConsumerSection {
     pub topics: Vec<String>,
     /// `builtin:billing`, or `plugin:NAME` for a consumer plugin of the
     /// `[[plugins]]` section.
-    pub handler: String,
+    pub handler: HandlerRef,
     /// Messages of one partition per transaction, each in a savepoint.
     #[serde(default = "one")]
     pub batch_in_transaction: usize,
@@ -64,7 +64,7 @@ impl ConsumerSection {
         Self {
             name: name.into(),
             topics,
-            handler: handler.into(),
+            handler: HandlerRef::from_config(&handler.into()),
             batch_in_transaction: one(),
             max_attempts: five(),
             tables: TableGrants::default(),
@@ -79,7 +79,10 @@ impl ConsumerSection {
 
     /// The `[[plugins]]` name when the handler is `plugin:NAME`.
     pub fn plugin_name(&self) -> Option<&str> {
-        self.handler.strip_prefix("plugin:")
+        match &self.handler {
+            HandlerRef::Plugin(name) => Some(name),
+            HandlerRef::Builtin(_) => None,
+        }
     }
 
     /// `tables` names plain tables, none of them the host's; on Postgres a
@@ -152,6 +155,47 @@ fn default_max_rows() -> u64 {
 }
 fn default_max_result_bytes() -> u64 {
     TxnPolicy::default().max_result_bytes
+}
+
+/// What `consumers[].handler` names, parsed once from its TOML text: a
+/// handler built into this binary (`builtin:NAME`) or a consumer plugin of
+/// the `[[plugins]]` section (`plugin:NAME`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HandlerRef {
+    Builtin(String),
+    Plugin(String),
+}
+
+impl HandlerRef {
+    /// `text` as the config writes it; a name without either prefix is
+    /// taken as a built-in one (which validation then checks).
+    pub fn from_config(text: &str) -> Self {
+        match text.strip_prefix("plugin:") {
+            Some(name) => HandlerRef::Plugin(name.to_string()),
+            None => HandlerRef::Builtin(text.strip_prefix("builtin:").unwrap_or(text).to_string()),
+        }
+    }
+}
+
+impl std::fmt::Display for HandlerRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HandlerRef::Builtin(name) => write!(f, "builtin:{name}"),
+            HandlerRef::Plugin(name) => write!(f, "plugin:{name}"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for HandlerRef {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        if !(text.starts_with("plugin:") || text.starts_with("builtin:")) {
+            return Err(serde::de::Error::custom(format!(
+                "unknown handler `{text}`; use builtin:billing or plugin:NAME"
+            )));
+        }
+        Ok(HandlerRef::from_config(&text))
+    }
 }
 
 /// `consumers[].tables`: what a consumer plugin's SQL may touch. `write`

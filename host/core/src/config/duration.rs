@@ -145,14 +145,14 @@ mod tests {
     #[test]
     fn strings_are_durations_and_old_milliseconds_warn() {
         assert_eq!(
-            parse("poll_interval = \"500ms\"").unwrap(),
+            parse("poll_interval = \"500ms\"").expect("500ms"),
             (Duration::from_millis(500), vec![])
         );
         assert_eq!(
-            parse("poll_interval = \"1m 30s\"").unwrap().0,
+            parse("poll_interval = \"1m 30s\"").expect("1m 30s").0,
             Duration::from_secs(90)
         );
-        let (d, warnings) = parse("poll_interval_ms = 250").unwrap();
+        let (d, warnings) = parse("poll_interval_ms = 250").expect("the old key");
         assert_eq!(d, Duration::from_millis(250));
         assert_eq!(warnings.len(), 1);
         assert!(
@@ -160,7 +160,7 @@ mod tests {
                 && warnings[0].contains("relay.poll_interval = \"250ms\""),
             "{warnings:?}"
         );
-        let err = parse("poll_interval = \"soon\"").unwrap_err();
+        let err = parse("poll_interval = \"soon\"").expect_err("not a duration");
         assert!(
             err.contains("`soon` is not a duration") && err.contains("\"30s\""),
             "{err}"

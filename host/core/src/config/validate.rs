@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::duration;
-use super::{Config, ConfigError, PluginSource, TransportKind};
+use super::{Config, ConfigError, HandlerRef, PluginSource, TransportKind};
 use crate::db_url::DbKind;
 
 impl Config {
@@ -227,7 +227,7 @@ impl Config {
                     );
                 }
                 Some(_) => {}
-                None if c.handler != "builtin:billing" => {
+                None if c.handler != HandlerRef::Builtin("billing".into()) => {
                     return bad(
                         &format!("consumers[{i}].handler"),
                         format!(
