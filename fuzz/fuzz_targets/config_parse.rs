@@ -20,7 +20,7 @@ fuzz_target!(|data: &[u8]| {
         Ok(config) => {
             // A valid config keeps the promises `validate` makes.
             assert!(config.relay.batch_size >= 1 && config.relay.batch_size <= 10_000);
-            assert!(config.relay.lease_ms > config.relay.publish_timeout_ms);
+            assert!(config.relay.lease > config.relay.publish_timeout);
             if config.admin.enabled {
                 assert!(config.admin.token.as_ref().is_some_and(|t| t.len() >= 16));
             }

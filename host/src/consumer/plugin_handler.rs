@@ -128,11 +128,11 @@ fn compare(active: &Result<(), PluginError>, candidate: &Result<(), PluginError>
 
 impl Handler for PluginHandler {
     async fn begin(&self, tx: &mut InboxTx) -> Result<(), sqlx::Error> {
-        crate::plugin::transaction::begin_session(tx, &self.policy).await
+        tx.bound_statements(self.policy.statement_timeout).await
     }
 
     async fn before_commit(&self, tx: &mut InboxTx) -> Result<(), sqlx::Error> {
-        crate::plugin::transaction::end_session(tx).await
+        tx.reset_plugin_session().await
     }
 
     async fn handle(&self, tx: &mut InboxTx, d: &Delivery) -> Result<(), HandlerError> {

@@ -127,7 +127,12 @@ impl ConsumerPlugin {
         let mut server = TxnServer::new(tx, policy);
         // The epoch deadline stops guest code; this bounds a host call that
         // hangs (a lock wait on SQLite, say) as well.
-        let wall = self.loaded.limits.timeout * 2 + policy.statement_timeout;
+        let wall = self
+            .loaded
+            .limits
+            .timeout
+            .saturating_mul(2)
+            .saturating_add(policy.statement_timeout);
         let result = {
             let call = slot
                 .bindings
@@ -147,9 +152,8 @@ impl ConsumerPlugin {
         let Ok(result) = result else {
             // The Store was abandoned mid-call: drop it. A statement may
             // still be running on the server: stop it there too.
-            let pid = server.backend_pid();
             drop(server);
-            stop_abandoned_statement(tx, pid, cancel).await;
+            tx.stop_abandoned_statement(cancel).await;
             return Err(PluginError::Timeout(
                 self.loaded.limits.timeout.as_millis() as u64
             ));
@@ -179,40 +183,6 @@ impl ConsumerPlugin {
         };
         self.loaded.give_back(slot);
         outcome
-    }
-}
-
-/// After the wall deadline: on Postgres, `pg_cancel_backend` from another
-/// connection (the transaction is rolled back by the caller, and the
-/// rollback would otherwise wait for the statement); on SQLite, the
-/// statement is interrupted by the guard's progress handler and the
-/// connection reset.
-async fn stop_abandoned_statement(
-    tx: &mut InboxTx,
-    pid: Option<i32>,
-    cancel: Option<&sqlx::PgPool>,
-) {
-    match tx {
-        InboxTx::Postgres(t) => {
-            if let (Some(pid), Some(pool)) = (pid, cancel) {
-                let cancelled = sqlx::query("SELECT pg_cancel_backend($1)")
-                    .bind(pid)
-                    .execute(pool)
-                    .await;
-                if let Err(e) = cancelled {
-                    tracing::warn!(pid, error = %e, "cannot cancel a plugin statement past its deadline");
-                }
-                // The abandoned statement's answer (now `canceling
-                // statement due to user request`) is still on the wire:
-                // read it here, so the caller's rollback gets its own.
-                let _drained = sqlx::Executor::execute(&mut **t, "SELECT 1").await;
-            }
-        }
-        InboxTx::Sqlite(t) => {
-            if let Err(e) = crate::store::sqlite_plugin_guard::reset(t).await {
-                tracing::warn!(error = %e, "cannot reset a SQLite connection after a plugin deadline");
-            }
-        }
     }
 }
 

@@ -48,7 +48,7 @@ impl From<SqlValueError> for DbError {
     }
 }
 
-fn to_core(v: Value) -> SqlValue {
+pub(crate) fn to_core(v: Value) -> SqlValue {
     match v {
         Value::Null => SqlValue::Null,
         Value::Boolean(b) => SqlValue::Boolean(b),
@@ -62,7 +62,7 @@ fn to_core(v: Value) -> SqlValue {
     }
 }
 
-fn to_guest(v: SqlValue) -> Value {
+pub(crate) fn to_guest(v: SqlValue) -> Value {
     match v {
         SqlValue::Null => Value::Null,
         SqlValue::Boolean(b) => Value::Boolean(b),

@@ -8,9 +8,9 @@ use wasmtime::component::Resource;
 
 use super::bindings::consumer::outbox::plugin::transaction::{self as wit, DbError, Rows, Value};
 use super::host::HostState;
-use super::sql_values::{bind_pg, bind_sqlite, pg_row, sqlite_row};
+use super::sql_values::{to_core, to_guest};
 use crate::store::InboxTx;
-use crate::store::sqlite_plugin_guard as guard;
+use crate::store::plugin_sql::{Budget, PluginSqlError};
 use outboxd_core::db_url::DbKind;
 use outboxd_core::sql_gate::{self, Checked};
 use outboxd_core::sql_guard::check_statement;
@@ -153,49 +153,6 @@ impl wit::HostTransaction for HostState {
     }
 }
 
-/// Sets the consumer's `statement_timeout` for the rest of the transaction
-/// (Postgres only), once per transaction rather than once per message: it is
-/// set before any message's savepoint, so rolling a message back keeps it.
-/// The host's own inbox and outbox statements run under it too, which only
-/// bounds them. Plugin SQL cannot change it: settings writes are refused by
-/// the gate, and [`end_session`] resets the session before commit anyway.
-pub(crate) async fn begin_session(tx: &mut InboxTx, policy: &TxnPolicy) -> Result<(), sqlx::Error> {
-    if let InboxTx::Postgres(t) = tx {
-        let sql = format!(
-            "SET LOCAL statement_timeout = {}",
-            policy.statement_timeout.as_millis()
-        );
-        sqlx::Executor::execute(&mut **t, sql.as_str()).await?;
-    }
-    Ok(())
-}
-
-/// Runs before a transaction in which plugin SQL ran commits: whatever the
-/// plugin managed to leave on the session (a temporary object, a setting)
-/// goes, so the pooled connection the relay or another consumer gets next
-/// is the host's: temporary objects, settings, and session advisory locks
-/// (the one session state a rollback would not undo either). `DISCARD
-/// TEMP` and `RESET ALL` keep the driver's prepared statements (`DISCARD
-/// ALL` would drop them behind sqlx's back).
-pub(crate) async fn end_session(tx: &mut InboxTx) -> Result<(), sqlx::Error> {
-    match tx {
-        InboxTx::Postgres(t) => {
-            // RESET ALL leaves the role alone: it is reset first, and the
-            // rest runs as the host.
-            t.plugin_role = None;
-            sqlx::Executor::execute(
-                &mut **t,
-                sqlx::raw_sql(
-                    "RESET ROLE; DISCARD TEMP; RESET ALL; SELECT pg_advisory_unlock_all()",
-                ),
-            )
-            .await?;
-        }
-        InboxTx::Sqlite(t) => crate::store::sqlite_plugin_guard::reset(t).await?,
-    }
-    Ok(())
-}
-
 /// Runs one message's plugin statements against the host's transaction.
 ///
 /// Each statement passes three layers before it runs: the lexical guard
@@ -218,43 +175,6 @@ pub(crate) struct TxnServer<'a> {
     pub(crate) failure: Option<String>,
 }
 
-/// The Postgres wrapper around a statement that returns rows: the server
-/// checks each row's size before sending it, so the host never buffers a
-/// value larger than `max_result_bytes` (the driver reads a whole row at a
-/// time, and one value may be 1 GB). `outboxd_row_fits` raises with a
-/// clear message (migration 0009). The LIMIT bounds the rows the server
-/// sends to one more than the budget left.
-/// A statement that returns no rows is sent as it is.
-fn pg_text(
-    sql: &str,
-    checked: Checked,
-    max_bytes: u64,
-    rows_left: u64,
-) -> std::borrow::Cow<'_, str> {
-    if !checked.returns_rows {
-        return sql.into();
-    }
-    let sql = sql.trim_end().trim_end_matches(';');
-    format!(
-        "WITH outboxd_rows AS ({sql}\n) SELECT outboxd_rows.* FROM outboxd_rows \
-         WHERE outboxd_row_fits(octet_length(outboxd_rows::text), {max_bytes}) \
-         LIMIT {}",
-        rows_left.saturating_add(1)
-    )
-    .into()
-}
-
-/// The SQLite wall for one statement: the authorizer with the consumer's
-/// grants, the deadline and the value-length limit.
-fn sqlite_policy(policy: &TxnPolicy) -> crate::store::sqlite_plugin_guard::PluginPolicy {
-    crate::store::sqlite_plugin_guard::PluginPolicy {
-        consumer: policy.consumer.clone(),
-        grants: policy.tables.clone(),
-        deadline: std::time::Instant::now() + policy.statement_timeout,
-        max_value_bytes: policy.max_result_bytes,
-    }
-}
-
 impl<'a> TxnServer<'a> {
     pub(crate) fn new(tx: &'a mut InboxTx, policy: &'a TxnPolicy) -> Self {
         Self {
@@ -265,14 +185,6 @@ impl<'a> TxnServer<'a> {
             bytes: 0,
             touched: false,
             failure: None,
-        }
-    }
-
-    /// The Postgres backend running the plugin's statements, once one ran.
-    pub(crate) fn backend_pid(&self) -> Option<i32> {
-        match &*self.tx {
-            InboxTx::Postgres(t) => t.plugin_role,
-            InboxTx::Sqlite(_) => None,
         }
     }
 
@@ -308,20 +220,14 @@ impl<'a> TxnServer<'a> {
                 self.run_as_plugin().await?;
                 self.query(&sql, checked, params).await.map(Reply::Rows)
             }
-            Op::Emit(event) => {
-                self.run_as_host().await?;
-                self.emit(event).await.map(Reply::Emitted)
-            }
+            Op::Emit(event) => self.emit(event).await.map(Reply::Emitted),
         }
     }
 
     /// The lexical guard, then the capability gate; a statement text this
     /// policy already accepted on this database is not parsed again.
     fn admit(&self, sql: &str) -> Result<Checked, DbError> {
-        let kind = match self.tx {
-            InboxTx::Postgres(_) => DbKind::Postgres,
-            InboxTx::Sqlite(_) => DbKind::Sqlite,
-        };
+        let kind = self.tx.kind();
         let key = admitted_key(kind, self.policy, sql);
         if let Some(checked) = ADMITTED.lock().ok().and_then(|m| m.get(&key).copied()) {
             return Ok(checked);
@@ -338,46 +244,23 @@ impl<'a> TxnServer<'a> {
         Ok(checked)
     }
 
-    /// On Postgres, the plugin's statements run under its role:
-    /// `set_config('role', …, true)` (`SET LOCAL ROLE`) before its first
-    /// statement, in the same round trip as reading the backend's pid. It
-    /// stays set on the transaction (`PgInboxTx::plugin_role`) until the
-    /// host's next statement of its own (`emit`, an inbox mark, a
-    /// savepoint, the commit), each of which gives the host its role back
-    /// first: so the messages of a batch switch roles once, not per
-    /// message.
+    /// On Postgres, the plugin's statements run under its role, set once
+    /// and kept on the transaction until the host's next statement of its
+    /// own (`InboxTx::run_as_plugin`).
     async fn run_as_plugin(&mut self) -> Result<(), DbError> {
         self.touched = true;
-        let InboxTx::Postgres(t) = &mut *self.tx else {
-            return Ok(());
-        };
-        if t.plugin_role.is_some() {
-            return Ok(());
+        self.tx
+            .run_as_plugin(self.policy.db_role.as_deref())
+            .await
+            .map_err(database)
+    }
+
+    /// What the next statement may return of the message's budgets.
+    fn budget(&self) -> Budget {
+        Budget {
+            rows_left: self.policy.max_rows.saturating_sub(self.rows),
+            bytes_left: self.policy.max_result_bytes.saturating_sub(self.bytes),
         }
-        // Without a role (a library caller's policy; `outboxd run` refuses
-        // a consumer plugin on Postgres without one) there is nothing to
-        // set, and no pid is read: the wall deadline then abandons the
-        // statement without cancelling it on the server.
-        let Some(role) = &self.policy.db_role else {
-            return Ok(());
-        };
-        let pid: i32 =
-            sqlx::query_scalar("SELECT pg_backend_pid() FROM set_config('role', $1, true)")
-                .bind(role)
-                .fetch_one(&mut **t)
-                .await
-                .map_err(database)?;
-        t.plugin_role = Some(pid);
-        Ok(())
-    }
-
-    /// Gives the host its own role back (before `emit`).
-    async fn run_as_host(&mut self) -> Result<(), DbError> {
-        self.tx.as_host().await.map_err(database)
-    }
-
-    fn rows_left(&self) -> u64 {
-        self.policy.max_rows.saturating_sub(self.rows)
     }
 
     async fn execute(
@@ -386,27 +269,12 @@ impl<'a> TxnServer<'a> {
         checked: Checked,
         params: Vec<Value>,
     ) -> Result<u64, DbError> {
-        let policy = self.policy;
-        let (max_bytes, rows_left) = (self.policy.max_result_bytes, self.rows_left());
-        match &mut *self.tx {
-            InboxTx::Postgres(t) => {
-                let text = pg_text(sql, checked, max_bytes, rows_left);
-                let q = bind_pg(sqlx::query(&text), params)?;
-                q.execute(&mut **t)
-                    .await
-                    .map(|r| r.rows_affected())
-                    .map_err(database)
-            }
-            InboxTx::Sqlite(t) => {
-                let q = bind_sqlite(sqlx::query(sql).persistent(false), params)?;
-                let active = guard::begin(t, sqlite_policy(policy))
-                    .await
-                    .map_err(database)?;
-                let result = q.execute(&mut **t).await.map(|r| r.rows_affected());
-                let refused = active.end(t).await.map_err(database)?;
-                result.map_err(|e| sqlite_error(e, refused))
-            }
-        }
+        let budget = self.budget();
+        let params = params.into_iter().map(to_core).collect();
+        self.tx
+            .plugin_execute(sql, checked, params, self.policy, budget)
+            .await
+            .map_err(|e| self.refusal(e))
     }
 
     async fn query(
@@ -415,95 +283,49 @@ impl<'a> TxnServer<'a> {
         checked: Checked,
         params: Vec<Value>,
     ) -> Result<Rows, DbError> {
-        use futures_util::TryStreamExt;
-        use sqlx::{Column, Row};
-        let left = self.rows_left();
-        let max_rows = self.policy.max_rows;
-        let max_bytes = self.policy.max_result_bytes;
-        let bytes_left = max_bytes.saturating_sub(self.bytes);
-        let over_rows = || {
-            DbError::BudgetExceeded(format!(
-                "more than {max_rows} rows returned for one message (consumers[].max_rows)"
-            ))
-        };
-        let over_bytes = || {
-            DbError::BudgetExceeded(format!(
-                "more than {max_bytes} bytes returned for one message (consumers[].max_result_bytes)"
-            ))
-        };
-        let mut out = Rows {
-            columns: Vec::new(),
-            rows: Vec::new(),
-        };
-        let mut bytes = 0u64;
-        let policy = self.policy;
-        match &mut *self.tx {
-            InboxTx::Postgres(t) => {
-                let text = pg_text(sql, checked, max_bytes, left);
-                let q = bind_pg(sqlx::query(&text), params)?;
-                let mut stream = q.fetch(&mut **t);
-                while let Some(row) = stream.try_next().await.map_err(database)? {
-                    if out.rows.len() as u64 >= left {
-                        return Err(over_rows());
-                    }
-                    if out.columns.is_empty() {
-                        out.columns = row.columns().iter().map(|c| c.name().into()).collect();
-                    }
-                    let values = pg_row(&row)?;
-                    bytes += values_size(&values);
-                    if bytes > bytes_left {
-                        return Err(over_bytes());
-                    }
-                    out.rows.push(values);
-                }
-            }
-            InboxTx::Sqlite(t) => {
-                let q = bind_sqlite(sqlx::query(sql).persistent(false), params)?;
-                let active = guard::begin(t, sqlite_policy(policy))
-                    .await
-                    .map_err(database)?;
-                let result: Result<(), Result<DbError, sqlx::Error>> = async {
-                    let mut stream = q.fetch(&mut **t);
-                    while let Some(row) = stream.try_next().await.map_err(Err)? {
-                        if out.rows.len() as u64 >= left {
-                            return Err(Ok(over_rows()));
-                        }
-                        if out.columns.is_empty() {
-                            out.columns = row.columns().iter().map(|c| c.name().into()).collect();
-                        }
-                        let values = sqlite_row(&row).map_err(Ok)?;
-                        bytes += values_size(&values);
-                        if bytes > bytes_left {
-                            return Err(Ok(over_bytes()));
-                        }
-                        out.rows.push(values);
-                    }
-                    Ok(())
-                }
-                .await;
-                let refused = active.end(t).await.map_err(database)?;
-                match result {
-                    Ok(()) => {}
-                    Err(Ok(e)) => return Err(e),
-                    Err(Err(e)) => return Err(sqlite_error(e, refused)),
-                }
-            }
-        }
+        let budget = self.budget();
+        let params = params.into_iter().map(to_core).collect();
+        let out = self
+            .tx
+            .plugin_query(sql, checked, params, self.policy, budget)
+            .await
+            .map_err(|e| self.refusal(e))?;
         self.rows += out.rows.len() as u64;
-        self.bytes += bytes;
-        Ok(out)
+        self.bytes += out.bytes;
+        Ok(Rows {
+            columns: out.columns,
+            rows: out
+                .rows
+                .into_iter()
+                .map(|r| r.into_iter().map(to_guest).collect())
+                .collect(),
+        })
     }
 
+    /// What the guest is told when a statement did not run to its end.
+    fn refusal(&self, e: PluginSqlError) -> DbError {
+        match e {
+            PluginSqlError::Database(e) => database(e),
+            PluginSqlError::Refused(why) => DbError::Refused(why),
+            PluginSqlError::Value(e) => e.into(),
+            PluginSqlError::OverRows => DbError::BudgetExceeded(format!(
+                "more than {} rows returned for one message (consumers[].max_rows)",
+                self.policy.max_rows
+            )),
+            PluginSqlError::OverBytes => DbError::BudgetExceeded(format!(
+                "more than {} bytes returned for one message (consumers[].max_result_bytes)",
+                self.policy.max_result_bytes
+            )),
+        }
+    }
+
+    /// Writes the plugin's event to the outbox, as the host.
     async fn emit(&mut self, event: wit::NewEvent) -> Result<String, DbError> {
         let payload: serde_json::Value = serde_json::from_slice(&event.payload)
             .map_err(|e| DbError::Refused(format!("emit: the payload is not valid JSON ({e})")))?;
         let mut new = crate::event::NewEvent::new(event.aggregate_id, event.event_type, payload);
         new.headers = event.headers.into_iter().collect();
-        let enqueued = match &mut *self.tx {
-            InboxTx::Postgres(t) => crate::store::enqueue(t.transaction(), new).await,
-            InboxTx::Sqlite(t) => crate::store::enqueue(t, new).await,
-        };
-        match enqueued {
+        match self.tx.enqueue(new).await {
             Ok(e) => Ok(e.id().to_string()),
             Err(crate::store::EnqueueError::Database(e)) => Err(database(e)),
             Err(e) => Err(DbError::Refused(format!("emit: {e}"))),
@@ -530,31 +352,6 @@ fn admitted_key(kind: DbKind, policy: &TxnPolicy, sql: &str) -> AdmittedKey {
         format!("{}\0{:?}\0{:?}", policy.consumer, t.read, t.write),
         sql.to_string(),
     )
-}
-
-/// Roughly what a row's values weigh in the host's memory.
-fn values_size(values: &[Value]) -> u64 {
-    values
-        .iter()
-        .map(|v| match v {
-            Value::Text(s) | Value::Json(s) | Value::Timestamp(s) | Value::Uuid(s) => {
-                s.len() as u64
-            }
-            Value::Bytes(b) => b.len() as u64,
-            _ => 8,
-        })
-        .sum::<u64>()
-        + 16
-}
-
-/// A SQLite error, with the authorizer's or the deadline's reason when one
-/// of them stopped the statement (SQLite itself only says `not authorized`
-/// or `interrupted`).
-fn sqlite_error(e: sqlx::Error, refused: Option<String>) -> DbError {
-    match refused {
-        Some(why) => DbError::Refused(why),
-        None => database(e),
-    }
 }
 
 fn database(e: sqlx::Error) -> DbError {

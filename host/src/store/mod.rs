@@ -13,6 +13,7 @@ pub mod locks;
 mod migrate;
 pub mod offsets;
 pub mod plugin_roles;
+pub mod plugin_sql;
 pub mod postgres;
 pub mod problem;
 pub mod sqlite;
