@@ -5,18 +5,14 @@
 
 use std::time::Instant;
 
-use wasmtime::Store;
-use wasmtime::component::{InstancePre, Resource};
+use wasmtime::component::Resource;
 
 use super::bindings::consumer::{Consumer, ConsumerPre};
 use super::bindings::transformer::outbox::plugin::types::{Message, PluginError as WitError};
-use super::engine::PluginEngine;
 use super::error::PluginError;
-use super::host::HostState;
-use super::loaded::{Loaded, World};
-use super::metrics::PluginMetrics;
+use super::loaded::Loaded;
 use super::transaction::{ActiveTransaction, TxnPolicy, TxnServer, link, next_request};
-use super::transformer::{PluginSpec, classify};
+use super::transformer::classify;
 use crate::store::InboxTx;
 
 /// A loaded consumer plugin. Share it with `Arc`; calls may overlap.
@@ -25,58 +21,16 @@ pub struct ConsumerPlugin {
     loaded: Loaded<Consumer>,
 }
 
-impl World for Consumer {
-    type Pre = ConsumerPre<HostState>;
-    const NAME: &'static str = "outbox:plugin/consumer@0.1.0";
-    const IMPORTS: &'static str = "a consumer may import only WASI p2, outbox:plugin/config and outbox:plugin/transaction@0.1.0";
-    const BUILD_HINT: &'static str = "build it with export_consumer!";
-
-    fn pre(instance: InstancePre<HostState>) -> wasmtime::Result<Self::Pre> {
-        ConsumerPre::new(instance)
-    }
-
-    fn instantiate(
-        pre: &Self::Pre,
-        store: &mut Store<HostState>,
-    ) -> impl std::future::Future<Output = wasmtime::Result<Self>> + Send {
-        pre.instantiate_async(store)
-    }
-}
+super::loaded::plugin_world!(
+    Consumer,
+    ConsumerPre,
+    ConsumerPlugin,
+    name: "outbox:plugin/consumer@0.1.0",
+    imports: "a consumer may import only WASI p2, outbox:plugin/config and outbox:plugin/transaction@0.1.0",
+    build: "build it with export_consumer!",
+);
 
 impl ConsumerPlugin {
-    /// Reads, checks, compiles (or loads from the cache) and pre-instantiates
-    /// the component once per version.
-    pub fn load(engine: &PluginEngine, spec: &PluginSpec) -> Result<Self, PluginError> {
-        Ok(Self {
-            loaded: Loaded::load(engine, spec)?,
-        })
-    }
-
-    /// The same as [`load`](Self::load) from bytes already read (a registry
-    /// version); `spec.path` only names the source in errors.
-    pub fn from_bytes(
-        engine: &PluginEngine,
-        spec: &PluginSpec,
-        wasm: &[u8],
-    ) -> Result<Self, PluginError> {
-        Ok(Self {
-            loaded: Loaded::from_bytes(engine, spec, wasm)?,
-        })
-    }
-
-    pub fn metrics(&self) -> &PluginMetrics {
-        &self.loaded.metrics
-    }
-
-    pub fn name(&self) -> &str {
-        &self.loaded.name
-    }
-
-    /// `name@version`, as dead letters record it.
-    pub fn label(&self) -> String {
-        self.loaded.label()
-    }
-
     /// Runs the plugin on one message inside `tx`. The caller rolls back on
     /// any error. Never panics; after a trap or a timeout the Store is dropped.
     pub async fn handle(

@@ -41,6 +41,81 @@ pub(crate) trait World: Sized + Send + 'static {
     ) -> impl Future<Output = wasmtime::Result<Self>> + Send;
 }
 
+/// Makes a bindgen world a [`World`], and gives its plugin type (a struct
+/// holding `loaded: Loaded<world>`) the constructors and the accessors both
+/// worlds share.
+macro_rules! plugin_world {
+    (
+        $bindings:ty, $pre:ident, $plugin:ident,
+        name: $name:literal, imports: $imports:literal, build: $hint:literal $(,)?
+    ) => {
+        impl $crate::plugin::loaded::World for $bindings {
+            type Pre = $pre<$crate::plugin::host::HostState>;
+            const NAME: &'static str = $name;
+            const IMPORTS: &'static str = $imports;
+            const BUILD_HINT: &'static str = $hint;
+
+            fn pre(
+                instance: wasmtime::component::InstancePre<$crate::plugin::host::HostState>,
+            ) -> wasmtime::Result<Self::Pre> {
+                $pre::new(instance)
+            }
+
+            fn instantiate(
+                pre: &Self::Pre,
+                store: &mut wasmtime::Store<$crate::plugin::host::HostState>,
+            ) -> impl std::future::Future<Output = wasmtime::Result<Self>> + Send {
+                pre.instantiate_async(store)
+            }
+        }
+
+        impl $plugin {
+            /// Reads, checks, compiles (or loads from the cache) and
+            /// pre-instantiates the component: everything that can be done
+            /// once per version.
+            pub fn load(
+                engine: &$crate::plugin::PluginEngine,
+                spec: &$crate::plugin::PluginSpec,
+            ) -> Result<Self, $crate::plugin::PluginError> {
+                Ok(Self {
+                    loaded: $crate::plugin::loaded::Loaded::load(engine, spec)?,
+                })
+            }
+
+            /// The same as [`load`](Self::load) from bytes already read (a
+            /// registry version); `spec.path` only names the source in
+            /// errors.
+            pub fn from_bytes(
+                engine: &$crate::plugin::PluginEngine,
+                spec: &$crate::plugin::PluginSpec,
+                wasm: &[u8],
+            ) -> Result<Self, $crate::plugin::PluginError> {
+                Ok(Self {
+                    loaded: $crate::plugin::loaded::Loaded::from_bytes(engine, spec, wasm)?,
+                })
+            }
+
+            pub fn name(&self) -> &str {
+                &self.loaded.name
+            }
+
+            pub fn version(&self) -> &str {
+                &self.loaded.version
+            }
+
+            pub fn metrics(&self) -> &$crate::plugin::PluginMetrics {
+                &self.loaded.metrics
+            }
+
+            /// `name@version`, as the outbox and dead letters record it.
+            pub fn label(&self) -> String {
+                self.loaded.label()
+            }
+        }
+    };
+}
+pub(crate) use plugin_world;
+
 /// A Store with a live instance, ready for the next call.
 pub(crate) struct Slot<W> {
     pub(crate) store: Store<HostState>,

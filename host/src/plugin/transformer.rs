@@ -3,19 +3,13 @@
 
 use std::time::Instant;
 
-use wasmtime::Store;
-use wasmtime::component::InstancePre;
-
 use super::bindings::transformer::outbox::plugin::types::{
     Event, OutgoingMessage, PluginError as WitError,
 };
 use super::bindings::transformer::{Transformer, TransformerPre};
-use super::engine::PluginEngine;
 use super::error::PluginError;
-use super::host::HostState;
 use super::limits::Limits;
-use super::loaded::{Loaded, World};
-use super::metrics::PluginMetrics;
+use super::loaded::Loaded;
 
 /// A `[[plugins]]` entry and its source are config data, in `outboxd-core`.
 pub use outboxd_core::config::{PluginSource, PluginSpec};
@@ -26,67 +20,22 @@ pub struct TransformerPlugin {
     loaded: Loaded<Transformer>,
 }
 
-impl World for Transformer {
-    type Pre = TransformerPre<HostState>;
-    const NAME: &'static str = "outbox:plugin/transformer@0.1.0";
-    const IMPORTS: &'static str =
-        "a transformer may import only WASI p2 and outbox:plugin/config@0.1.0";
-    const BUILD_HINT: &'static str = "build it against wit/outbox-plugin.wit";
-
-    fn pre(instance: InstancePre<HostState>) -> wasmtime::Result<Self::Pre> {
-        TransformerPre::new(instance)
-    }
-
-    fn instantiate(
-        pre: &Self::Pre,
-        store: &mut Store<HostState>,
-    ) -> impl std::future::Future<Output = wasmtime::Result<Self>> + Send {
-        pre.instantiate_async(store)
-    }
-}
+super::loaded::plugin_world!(
+    Transformer,
+    TransformerPre,
+    TransformerPlugin,
+    name: "outbox:plugin/transformer@0.1.0",
+    imports: "a transformer may import only WASI p2 and outbox:plugin/config@0.1.0",
+    build: "build it against wit/outbox-plugin.wit",
+);
 
 impl TransformerPlugin {
-    /// Reads, checks, compiles (or loads from the cache) and pre-instantiates
-    /// the component: everything that can be done once per version.
-    pub fn load(engine: &PluginEngine, spec: &PluginSpec) -> Result<Self, PluginError> {
-        Ok(Self {
-            loaded: Loaded::load(engine, spec)?,
-        })
-    }
-
-    pub fn from_bytes(
-        engine: &PluginEngine,
-        spec: &PluginSpec,
-        wasm: &[u8],
-    ) -> Result<Self, PluginError> {
-        Ok(Self {
-            loaded: Loaded::from_bytes(engine, spec, wasm)?,
-        })
-    }
-
-    pub fn name(&self) -> &str {
-        &self.loaded.name
-    }
-
-    pub fn version(&self) -> &str {
-        &self.loaded.version
-    }
-
     pub fn sha256(&self) -> &str {
         &self.loaded.sha256
     }
 
     pub fn limits(&self) -> &Limits {
         &self.loaded.limits
-    }
-
-    pub fn metrics(&self) -> &PluginMetrics {
-        &self.loaded.metrics
-    }
-
-    /// `name@version`, as recorded in the outbox.
-    pub fn label(&self) -> String {
-        self.loaded.label()
     }
 
     /// Runs the plugin on one event. Never panics and never leaves a failed
