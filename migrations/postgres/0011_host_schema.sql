@@ -26,7 +26,24 @@
 -- Roles other than the owner that held privileges on outboxd's tables keep
 -- them (they move with the tables) and get USAGE on the new schema, except
 -- PUBLIC: a consumer plugin's role must never reach the schema.
-CREATE SCHEMA IF NOT EXISTS outboxd;
+--
+-- Privileges: creating the schema needs CREATE on the database. A login
+-- without it runs this migration once an administrator has run
+-- `CREATE SCHEMA outboxd AUTHORIZATION <the host's login>` (CREATE SCHEMA
+-- IF NOT EXISTS would check the database privilege even then, so the
+-- schema is only created when it is missing).
+DO $$
+BEGIN
+  IF to_regnamespace('outboxd') IS NULL THEN
+    BEGIN
+      CREATE SCHEMA outboxd;
+    EXCEPTION WHEN insufficient_privilege THEN
+      RAISE EXCEPTION 'outboxd keeps its tables in a schema of its own, and % may not create it in database %', current_user, current_database()
+        USING ERRCODE = '42501',
+              HINT = format('as a superuser, run: CREATE SCHEMA outboxd AUTHORIZATION %I; then migrate again', current_user);
+    END;
+  END IF;
+END $$;
 REVOKE ALL ON SCHEMA outboxd FROM PUBLIC;
 
 DO $$

@@ -188,3 +188,49 @@ async fn a_new_database_keeps_outboxds_tables_out_of_the_applications_schema() {
             .expect("acl");
     assert!(!public_usage, "PUBLIC has no USAGE on outboxd's schema");
 }
+
+/// A host login that may not create schemas (no CREATE on the database)
+/// is told what to run; once an administrator has created `outboxd` for
+/// it, every migration runs under that login.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_login_without_create_on_the_database_migrates_into_a_schema_made_for_it() {
+    let t = TestDb::postgres_unmigrated().await;
+    let database = t.url.rsplit('/').next().expect("db name").to_string();
+    let login = format!("{database}_migrator");
+    t.exec(&format!(
+        "CREATE ROLE \"{login}\" LOGIN; GRANT CREATE ON SCHEMA public TO \"{login}\""
+    ))
+    .await;
+    let url = t.url.replacen("postgres@", &format!("{login}@"), 1);
+    let db = outboxd::store::Db::connect(&url, 2)
+        .await
+        .expect("connect as the login");
+    let err = migrate(&db)
+        .await
+        .expect_err("it may not create the schema");
+    let text = format!("{err:?}");
+    assert!(
+        text.contains("may not create it") && text.contains("CREATE SCHEMA outboxd AUTHORIZATION"),
+        "{text}"
+    );
+    t.exec(&format!("CREATE SCHEMA outboxd AUTHORIZATION \"{login}\""))
+        .await;
+    let report = migrate(&db)
+        .await
+        .expect("migrates into the schema made for it");
+    assert!(
+        report.applied.iter().any(|m| m == "0011_host_schema"),
+        "{report:?}"
+    );
+    let outboxd::store::Db::Postgres(host) = &t.db else {
+        unreachable!()
+    };
+    let moved: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_class WHERE relnamespace = 'outboxd'::regnamespace AND relkind = 'r'",
+    )
+    .fetch_one(host)
+    .await
+    .expect("count");
+    assert_eq!(moved, HOST_TABLES.len() as i64);
+    db.close().await;
+}
