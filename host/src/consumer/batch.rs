@@ -167,13 +167,13 @@ async fn attempt_with_savepoints<H: Handler>(
                 break;
             }
         };
-        tx.execute("SAVEPOINT outboxd_msg").await?;
+        tx.savepoint("outboxd_msg").await?;
         let (handled_by, result) = mark_and_handle(&mut tx, consumer, message_id, d, handler).await;
         let failed = result.is_err();
         if failed {
-            tx.execute("ROLLBACK TO SAVEPOINT outboxd_msg").await?;
+            tx.rollback_to("outboxd_msg").await?;
         }
-        tx.execute("RELEASE SAVEPOINT outboxd_msg").await?;
+        tx.release("outboxd_msg").await?;
         results.push(Attempt { result, handled_by });
         if failed {
             break;

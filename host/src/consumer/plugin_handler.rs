@@ -82,14 +82,14 @@ impl PluginHandler {
         message: &Message,
         candidate: &ConsumerPlugin,
     ) -> Result<(Result<(), PluginError>, Duration), HandlerError> {
-        tx.execute("SAVEPOINT outboxd_shadow").await?;
+        tx.savepoint("outboxd_shadow").await?;
         let start = Instant::now();
         let result = candidate
             .handle_cancellable(tx, message, &self.policy, self.cancel.as_ref())
             .await;
         let took = start.elapsed();
-        tx.execute("ROLLBACK TO SAVEPOINT outboxd_shadow").await?;
-        tx.execute("RELEASE SAVEPOINT outboxd_shadow").await?;
+        tx.rollback_to("outboxd_shadow").await?;
+        tx.release("outboxd_shadow").await?;
         Ok((result, took))
     }
 }

@@ -112,19 +112,30 @@ impl InboxTx {
         }
     }
 
-    /// Runs one of the host's statements on the transaction (a savepoint,
-    /// say), as the host. A savepoint is always taken as the host, so a
-    /// rollback to one (which must also work in an aborted transaction,
-    /// where `RESET ROLE` would fail) gives the host its role back by
-    /// itself.
-    pub async fn execute(&mut self, sql: &str) -> Result<(), sqlx::Error> {
-        if sql.starts_with("ROLLBACK TO") {
-            if let InboxTx::Postgres(t) = self {
-                t.plugin_role = None;
-            }
-        } else {
-            self.as_host().await?;
+    /// `SAVEPOINT name`, always taken as the host: so a rollback to it gives
+    /// the host its role back by itself.
+    pub async fn savepoint(&mut self, name: &'static str) -> Result<(), sqlx::Error> {
+        self.as_host().await?;
+        self.simple(&format!("SAVEPOINT {name}")).await
+    }
+
+    /// `ROLLBACK TO SAVEPOINT name`. It must work in an aborted
+    /// transaction, where `RESET ROLE` would fail, and needs none: the role
+    /// returns to the host's, which it was at the savepoint.
+    pub async fn rollback_to(&mut self, name: &'static str) -> Result<(), sqlx::Error> {
+        if let InboxTx::Postgres(t) = self {
+            t.plugin_role = None;
         }
+        self.simple(&format!("ROLLBACK TO SAVEPOINT {name}")).await
+    }
+
+    /// `RELEASE SAVEPOINT name`, as the host.
+    pub async fn release(&mut self, name: &'static str) -> Result<(), sqlx::Error> {
+        self.as_host().await?;
+        self.simple(&format!("RELEASE SAVEPOINT {name}")).await
+    }
+
+    async fn simple(&mut self, sql: &str) -> Result<(), sqlx::Error> {
         match self {
             InboxTx::Postgres(t) => sqlx::query(sql).execute(&mut **t).await.map(|_| ()),
             InboxTx::Sqlite(t) => sqlx::query(sql).execute(&mut **t).await.map(|_| ()),
