@@ -38,6 +38,18 @@ async fn homes(pool: &sqlx::PgPool) -> Vec<(String, String, String)> {
     .collect()
 }
 
+/// Where the host tables are after 0011: every one in `outboxd`, and the
+/// view `outbox` left in `public`.
+fn moved_layout() -> Vec<(String, String, String)> {
+    let mut want: Vec<(String, String, String)> = HOST_TABLES
+        .iter()
+        .map(|t| ("outboxd".to_string(), t.to_string(), "r".to_string()))
+        .collect();
+    want.push(("public".into(), "outbox".into(), "v".into()));
+    want.sort();
+    want
+}
+
 /// The statements a producer of the release before 0011 ran on its own
 /// connection (default search path): the Rust enqueue's insert with an
 /// operation key, and its lookup.
@@ -83,12 +95,7 @@ async fn an_earlier_releases_database_moves_into_outboxds_schema_and_its_produce
 
     let report = migrate(&t.db).await.expect("upgrade");
     assert_eq!(report.applied, ["0011_host_schema"]);
-    let mut want: Vec<(String, String, String)> = HOST_TABLES
-        .iter()
-        .map(|t| ("outboxd".to_string(), t.to_string(), "r".to_string()))
-        .collect();
-    want.push(("public".into(), "outbox".into(), "v".into()));
-    want.sort();
+    let want = moved_layout();
     assert_eq!(homes(host).await, want, "every table moved; a view is left");
     let moved: i64 =
         sqlx::query_scalar("SELECT count(*) FROM outboxd.outbox WHERE aggregate_id = 'before'")
@@ -162,12 +169,7 @@ async fn a_new_database_keeps_outboxds_tables_out_of_the_applications_schema() {
     let outboxd::store::Db::Postgres(host) = &t.db else {
         unreachable!()
     };
-    let mut want: Vec<(String, String, String)> = HOST_TABLES
-        .iter()
-        .map(|t| ("outboxd".to_string(), t.to_string(), "r".to_string()))
-        .collect();
-    want.push(("public".into(), "outbox".into(), "v".into()));
-    want.sort();
+    let want = moved_layout();
     assert_eq!(homes(host).await, want);
     // The example's tables, created through the host's connections, land
     // in the application's schema, where plugin roles are granted them.

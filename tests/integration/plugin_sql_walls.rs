@@ -476,10 +476,9 @@ async fn the_wall_deadline_cancels_the_statement_on_the_server() {
     );
 }
 
-/// `emit` runs as the host, even after the plugin's statements set its
-/// role: the role has no right on the outbox, and needs none.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn emit_runs_as_the_host_after_the_plugins_statements() {
+/// A Postgres database with the attacked tables, and the attack plugin
+/// under a provisioned role of its own.
+async fn attack_under_its_role() -> (TestDb, outboxd::consumer::PluginHandler) {
     let t = TestDb::postgres().await;
     seed_tables(&t).await;
     let mut c = attacked();
@@ -494,6 +493,14 @@ async fn emit_runs_as_the_host_after_the_plugins_statements() {
             ..TxnPolicy::default()
         },
     );
+    (t, h)
+}
+
+/// `emit` runs as the host, even after the plugin's statements set its
+/// role: the role has no right on the outbox, and needs none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn emit_runs_as_the_host_after_the_plugins_statements() {
+    let (t, h) = attack_under_its_role().await;
     let mut d = order(1, "emit");
     d.payload = serde_json::to_vec(&json!({
         "sql": "SELECT count(*) FROM customers",
@@ -571,20 +578,7 @@ async fn the_session_is_reset_before_the_connection_goes_back() {
 /// after the plugin's statements, which the plugin's role could not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_a_batch_the_host_writes_as_itself_between_the_plugins_statements() {
-    let t = TestDb::postgres().await;
-    seed_tables(&t).await;
-    let mut c = attacked();
-    let role = t.provision_plugin_role(&mut c).await.expect("role");
-    let h = handler(
-        "hostile-consumer-attack",
-        &[],
-        TxnPolicy {
-            consumer: "attacked".into(),
-            tables: grants(),
-            db_role: Some(role),
-            ..TxnPolicy::default()
-        },
-    );
+    let (t, h) = attack_under_its_role().await;
     let message = |i: i64, body: serde_json::Value| {
         let mut d = order(i, &format!("batch-{i}"));
         d.payload = serde_json::to_vec(&body).expect("json");
