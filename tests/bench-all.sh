@@ -28,15 +28,15 @@ psql "$base" -qc "CREATE DATABASE $db" >/dev/null
 url="${base%/*}/$db"
 
 bash plugins/build.sh
-cargo build --release -p outboxd
+cargo build --release -p outboxd -p outboxd-bench
 eval "$(bash tests/tansu.sh start)"
-bin=target/release/outboxd
+bin=target/release/outboxd-bench
 export OUTBOXD_LOG=error PGOPTIONS="--client-min-messages=warning"
 
 run() {
   local name=$1; shift
   printf '\n==> %s: %s\n' "$name" "$*"
-  "$bin" bench "$@" | tee "$out/$name.txt"
+  "$bin" "$@" | tee "$out/$name.txt"
 }
 
 # claim needs the empty database; the others empty the outbox first.
@@ -50,7 +50,7 @@ run consumer-4 consumer --url "$url" --plugin plugins/dist/billing.wasm --partit
 run latency latency --url "$url" --json "$out/latency.json"
 run memory memory --url "$url"
 run drain drain --url "$url" --json "$out/drain.json"
-printf '\n==> criterion: cargo bench -p outboxd --bench plugin_calls\n'
-cargo bench -p outboxd --bench plugin_calls | tee "$out/plugin_calls.txt"
+printf '\n==> criterion: cargo bench -p outboxd-bench --bench plugin_calls\n'
+cargo bench -p outboxd-bench --bench plugin_calls | tee "$out/plugin_calls.txt"
 psql "$base" -qc "DROP DATABASE IF EXISTS $db" >/dev/null
 echo "bench-all: results in $out/"

@@ -18,10 +18,15 @@ url="${OUTBOXD_TEST_DATABASE_URL%/*}/$db"
 trap 'psql "$OUTBOXD_TEST_DATABASE_URL" -qc "DROP DATABASE IF EXISTS $db" >/dev/null 2>&1 || true' EXIT
 
 export OUTBOXD_LOG=error PGOPTIONS="--client-min-messages=warning"
-# OUTBOXD_BIN: an already built binary (e.g. target/release/outboxd).
-bench() {
-  if [ -n "${OUTBOXD_BIN:-}" ]; then "$OUTBOXD_BIN" bench "$@"; else cargo run -q -p outboxd -- bench "$@"; fi
-}
+# The benchmarks are their own binary, outboxd-bench; `memory` measures the
+# outboxd binary beside it. OUTBOXD_BENCH_BIN: an already built one (e.g.
+# target/release/outboxd-bench, with target/release/outboxd next to it).
+if [ -z "${OUTBOXD_BENCH_BIN:-}" ]; then
+  cargo build -q -p outboxd --bin outboxd
+  cargo build -q -p outboxd-bench --bin outboxd-bench
+  OUTBOXD_BENCH_BIN=${CARGO_TARGET_DIR:-target}/debug/outboxd-bench
+fi
+bench() { "$OUTBOXD_BENCH_BIN" "$@"; }
 
 sink=(--sink null)
 if [ -n "${OUTBOXD_TEST_KAFKA:-}" ]; then
@@ -44,4 +49,4 @@ rm -rf "$wake_dir"
 bench sql-gate --iterations 200
 # The criterion micro-benchmarks of one plugin call, in criterion's test
 # mode (each benchmark runs once; `cargo bench` measures them).
-cargo test -q -p outboxd --bench plugin_calls
+cargo test -q -p outboxd-bench --bench plugin_calls

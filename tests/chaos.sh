@@ -30,8 +30,8 @@ trap 'bash tests/tansu.sh stop' EXIT
 
 profile=${CHAOS_PROFILE:-debug}
 case "$profile" in
-  debug) cargo build -q -p outboxd --bin outboxd --example chaos ;;
-  release) cargo build -q --release -p outboxd --bin outboxd --example chaos ;;
+  debug) cargo build -q -p outboxd --bin outboxd && cargo build -q -p outboxd-bench --example chaos ;;
+  release) cargo build -q --release -p outboxd --bin outboxd && cargo build -q --release -p outboxd-bench --example chaos ;;
   *) echo "CHAOS_PROFILE must be debug or release, not '$profile'" >&2; exit 2 ;;
 esac
 bash plugins/build.sh >/dev/null

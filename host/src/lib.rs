@@ -13,8 +13,11 @@
 //!   the consumer loop.
 //! - [`plugin`]: the Wasm plugin host (transformers in the relay), the only
 //!   module that touches wasmtime.
-//! - [`domain`]: the example order service and billing handler.
-//! - [`config`], [`cli`], [`demo`]: the daemon around all of it.
+//! - [`daemon`]: `outboxd run` as a library ([`daemon::Daemon`]), with the
+//!   native handlers a binary registers by name; [`config`] and [`cli`]
+//!   around it.
+//! - [`ops`], [`admin`], [`metrics`]: retention, dead events and
+//!   reconciliation; the admin API and dashboard; Prometheus metrics.
 //! - [`fault`], [`clock`]: seams that let tests crash and time-travel it.
 //!
 //! [`config`], [`event`], `consumer::sql_guard`, the message and header
@@ -23,15 +26,12 @@
 //! rdkafka; the host re-exports them where its modules expect them.
 
 pub mod admin;
-pub mod bench;
 pub mod broker;
 pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod consumer;
 pub mod daemon;
-pub mod demo;
-pub mod domain;
 pub mod fault;
 pub mod metrics;
 pub mod ops;

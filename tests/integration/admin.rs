@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use outboxd::config::Config;
-use outboxd::daemon::spawn_pipeline;
+use outboxd::daemon::Daemon;
 use outboxd::event::NewEvent;
 use outboxd::fault::Faults;
 use outboxd::store::{Db, enqueue};
@@ -106,7 +106,8 @@ async fn admin_api_probes_auth_metrics_and_dead_letters(t: TestDb) {
     t.relay(broker.clone()).step().await.expect("step");
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let (set, handles) = spawn_pipeline(&admin_config(&t.url), &t.db, Faults::none(), stop_rx)
+    let (set, handles) = Daemon::default()
+        .spawn_pipeline(&admin_config(&t.url), &t.db, Faults::none(), stop_rx)
         .await
         .expect("pipeline");
     let addr = handles.admin_addr.expect("admin enabled");
@@ -270,7 +271,8 @@ on_both!(admin_api_probes_auth_metrics_and_dead_letters);
 async fn readyz_reports_an_unreachable_database() {
     let t = TestDb::postgres().await;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let (set, handles) = spawn_pipeline(&admin_config(&t.url), &t.db, Faults::none(), stop_rx)
+    let (set, handles) = Daemon::default()
+        .spawn_pipeline(&admin_config(&t.url), &t.db, Faults::none(), stop_rx)
         .await
         .expect("pipeline");
     let addr = handles.admin_addr.expect("admin");

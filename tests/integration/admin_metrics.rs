@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use outboxd::daemon::spawn_pipeline;
+use outboxd::daemon::Daemon;
 use outboxd::fault::Faults;
 
 use super::admin::{TOKEN, admin_config, http, put};
@@ -14,10 +14,10 @@ use crate::support::TestDb;
 /// Retention and reconciliation run on their schedules inside the daemon,
 /// and report through the metrics.
 async fn scheduled_retention_and_reconciliation_run_inside_the_daemon(t: TestDb) {
-    outboxd::domain::orders::create_schema(&t.db)
+    outboxd_demo::orders::create_schema(&t.db)
         .await
         .expect("orders");
-    outboxd::domain::orders::create_order(&t.db, "o1", "c", 100)
+    outboxd_demo::orders::create_order(&t.db, "o1", "c", 100)
         .await
         .expect("order");
     t.exec("UPDATE orders SET status = 'confirmed' WHERE id = 'o1'")
@@ -42,7 +42,8 @@ async fn scheduled_retention_and_reconciliation_run_inside_the_daemon(t: TestDb)
         enqueue_missing: false,
     }];
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let (set, handles) = spawn_pipeline(&config, &t.db, Faults::none(), stop_rx)
+    let (set, handles) = Daemon::default()
+        .spawn_pipeline(&config, &t.db, Faults::none(), stop_rx)
         .await
         .expect("pipeline");
     let addr = handles.admin_addr.expect("admin");
@@ -87,7 +88,8 @@ async fn plugin_metrics_and_list_are_served() {
     route.transformers = vec!["cloudevents".into()];
     config.routes = vec![route];
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let (set, handles) = spawn_pipeline(&config, &t.db, Faults::none(), stop_rx)
+    let (set, handles) = Daemon::default()
+        .spawn_pipeline(&config, &t.db, Faults::none(), stop_rx)
         .await
         .expect("pipeline");
     let addr = handles.admin_addr.expect("admin");

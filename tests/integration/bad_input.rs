@@ -100,7 +100,7 @@ async fn a_read_only_database_is_refused_with_the_fix_and_loses_nothing(t: TestD
         &ro,
         "billing",
         &crate::consumer_plugins::order(0, "o1"),
-        &outboxd::domain::billing::BillingHandler,
+        &outboxd_demo::billing::BillingHandler,
     )
     .await
     .expect_err("the inbox cannot be written");

@@ -15,9 +15,9 @@ use outboxd::broker::kafka::{KafkaConsumer, KafkaConsumerConfig, KafkaPublisher}
 use outboxd::broker::{MessageSource, OutgoingMessage, Publisher, headers};
 use outboxd::clock::SystemClock;
 use outboxd::consumer::{Consumer, ConsumerConfig};
-use outboxd::domain::billing::{BillingHandler, create_schema};
 use outboxd::relay::{Relay, RelayConfig, Route, Router, StepOutcome};
 use outboxd::store::Db;
+use outboxd_demo::billing::{BillingHandler, create_schema};
 use rdkafka::mocking::MockCluster;
 use serde_json::json;
 use sqlx::Row;

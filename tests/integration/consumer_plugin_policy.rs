@@ -7,8 +7,8 @@ use crate::on_both;
 use crate::support::TestDb;
 use outboxd::consumer::inbox::process_batch;
 use outboxd::consumer::{ConsumerHandler, Processed, process};
-use outboxd::domain::billing;
 use outboxd::plugin::TxnPolicy;
+use outboxd_demo::billing;
 
 /// The host's tables are refused before they reach the database (the
 /// role's own wall is tested without the gate in plugin_sql_walls.rs), and

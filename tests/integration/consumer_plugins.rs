@@ -9,8 +9,8 @@ use std::sync::Arc;
 use outboxd::broker::{Delivery, headers};
 use outboxd::consumer::inbox::process_batch;
 use outboxd::consumer::{HandlerError, PluginHandler, Processed, process};
-use outboxd::domain::billing;
 use outboxd::plugin::{ConsumerPlugin, PluginSpec, TxnPolicy};
+use outboxd_demo::billing;
 
 use crate::on_both;
 use crate::plugins::{engine, plugin_path};

@@ -9,9 +9,9 @@ use std::time::Duration;
 use outboxd::broker::Delivery;
 use outboxd::broker::embedded::{EmbeddedConsumer, EmbeddedConsumerConfig, EmbeddedPublisher};
 use outboxd::consumer::{Consumer, ConsumerConfig};
-use outboxd::domain::billing;
 use outboxd::plugin::registry::{Deployed, Registry};
 use outboxd::relay::Rollout;
+use outboxd_demo::billing;
 use serde_json::json;
 
 use crate::consumer_swap::{consumer_host, deploy, pairs, registry_spec, wasm};

@@ -4,9 +4,9 @@
 use super::consumer_swap::{consumer_host, deploy, pairs, wasm};
 use crate::support::TestDb;
 use outboxd::broker::Delivery;
-use outboxd::domain::billing;
 use outboxd::plugin::registry::Registry;
 use outboxd::store::Db;
+use outboxd_demo::billing;
 use serde_json::json;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

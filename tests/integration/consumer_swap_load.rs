@@ -14,9 +14,9 @@ use outboxd::broker::embedded::{EmbeddedConsumer, EmbeddedConsumerConfig, Embedd
 use outboxd::consumer::{
     Consumer, ConsumerConfig, Handler, HandlerError, InboxTx, Pinned, PluginHandler,
 };
-use outboxd::domain::billing;
 use outboxd::plugin::registry::Registry;
 use outboxd::relay::{Relay, RelayConfig, Rollout, Route, Router, StepOutcome};
+use outboxd_demo::billing;
 use tokio::sync::watch;
 
 use crate::consumer_swap::{deploy, pairs, put_order, registry_spec, wasm};

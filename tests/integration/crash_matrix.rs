@@ -6,10 +6,10 @@
 //! retry or the next relay step converges without loss.
 
 use outboxd::consumer::{Processed, process};
-use outboxd::domain::billing::{self, BillingHandler};
-use outboxd::domain::orders::{self, ConfirmOrder, ConfirmOutcome, OrderError, OrderService};
 use outboxd::fault::{FaultAction, FaultPoint, Faults};
 use outboxd::relay::{RelayError, StepOutcome};
+use outboxd_demo::billing::{self, BillingHandler};
+use outboxd_demo::orders::{self, ConfirmOrder, ConfirmOutcome, OrderError, OrderService};
 
 use crate::on_both;
 use crate::support::{ScriptedPublisher, TestDb};

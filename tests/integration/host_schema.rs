@@ -173,7 +173,7 @@ async fn a_new_database_keeps_outboxds_tables_out_of_the_applications_schema() {
     assert_eq!(homes(host).await, want);
     // The example's tables, created through the host's connections, land
     // in the application's schema, where plugin roles are granted them.
-    outboxd::domain::billing::create_schema(&t.db)
+    outboxd_demo::billing::create_schema(&t.db)
         .await
         .expect("billing schema");
     let schema: String = sqlx::query_scalar(

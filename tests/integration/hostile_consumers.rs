@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use outboxd::broker::Delivery;
 use outboxd::consumer::{HandlerError, PluginHandler, process};
-use outboxd::domain::billing;
 use outboxd::plugin::{ConsumerPlugin, PluginSpec};
+use outboxd_demo::billing;
 use serde_json::{Value, json};
 
 use crate::consumer_plugins::{counts, order};

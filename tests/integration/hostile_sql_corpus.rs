@@ -11,9 +11,9 @@
 use std::process::Stdio;
 
 use outboxd::config::{ConsumerSection, TableGrants};
-use outboxd::domain::billing;
 use outboxd::event::NewEvent;
 use outboxd::store::Db;
+use outboxd_demo::billing;
 use serde_json::{Value, json};
 
 use crate::on_both;

@@ -193,16 +193,16 @@ async fn dead_events_can_be_listed_redriven_and_discarded(t: TestDb) {
 on_both!(dead_events_can_be_listed_redriven_and_discarded);
 
 async fn reconciliation_finds_and_enqueues_events_a_fixup_script_skipped(t: TestDb) {
-    outboxd::domain::orders::create_schema(&t.db)
+    outboxd_demo::orders::create_schema(&t.db)
         .await
         .expect("orders");
     for i in 0..3 {
-        outboxd::domain::orders::create_order(&t.db, &format!("o{i}"), "c", 100)
+        outboxd_demo::orders::create_order(&t.db, &format!("o{i}"), "c", 100)
             .await
             .expect("order");
     }
-    let svc = outboxd::domain::orders::OrderService::new(t.db.clone());
-    svc.confirm_order(&outboxd::domain::orders::ConfirmOrder {
+    let svc = outboxd_demo::orders::OrderService::new(t.db.clone());
+    svc.confirm_order(&outboxd_demo::orders::ConfirmOrder {
         order_id: "o0".into(),
         operation_key: None,
     })

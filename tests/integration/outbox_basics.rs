@@ -3,8 +3,8 @@
 //! inbox discards a duplicate delivery, and an event written with plain SQL
 //! is relayed (and, on Postgres, wakes listening relays).
 
-use outboxd::domain::orders::{self, ConfirmOrder, ConfirmOutcome, OrderService};
 use outboxd::relay::StepOutcome;
+use outboxd_demo::orders::{self, ConfirmOrder, ConfirmOutcome, OrderService};
 
 use crate::on_both;
 use crate::support::{ScriptedPublisher, TestDb};
@@ -107,7 +107,7 @@ on_both!(broker_down_loses_nothing_and_recovery_publishes_once);
 async fn duplicate_delivery_is_discarded_by_the_inbox(t: TestDb) {
     use outboxd::broker::{Delivery, headers};
     use outboxd::consumer::{Processed, process};
-    use outboxd::domain::billing::{self, BillingHandler};
+    use outboxd_demo::billing::{self, BillingHandler};
     billing::create_schema(&t.db).await.expect("billing schema");
     let d = Delivery {
         attempt: 0,

@@ -15,7 +15,36 @@ use crate::on_both;
 use crate::support::TestDb;
 
 pub(crate) fn outboxd(t: &TestDb) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_outboxd"));
+    configured(Command::new(env!("CARGO_BIN_EXE_outboxd")), t)
+}
+
+/// `outboxd-demo`, the example's binary: outboxd's command line with the
+/// example's `BillingHandler` registered as `builtin:billing`, as a user's
+/// own binary registers its native handlers. Built here (a no-op when it is
+/// current), since it belongs to another package of the workspace.
+pub(crate) fn outboxd_with_billing(t: &TestDb) -> Command {
+    static BUILT: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    let bin = BUILT.get_or_init(|| {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let status = std::process::Command::new(cargo)
+            .args([
+                "build",
+                "--quiet",
+                "-p",
+                "outboxd-demo",
+                "--bin",
+                "outboxd-demo",
+            ])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .expect("run cargo to build the example's binary (cargo build -p outboxd-demo)");
+        assert!(status.success(), "cargo build -p outboxd-demo failed");
+        std::path::Path::new(env!("CARGO_BIN_EXE_outboxd")).with_file_name("outboxd-demo")
+    });
+    configured(Command::new(bin), t)
+}
+
+fn configured(mut cmd: Command, t: &TestDb) -> Command {
     cmd.env("OUTBOXD__DATABASE__URL", &t.url)
         .env("OUTBOXD__RELAY__WORKERS", "1")
         .env("OUTBOXD__RELAY__BATCH_SIZE", "20")
@@ -243,6 +272,72 @@ async fn two_processes_racing_on_one_key_write_one_row(t: TestDb) {
     assert_eq!(t.count("SELECT count(*) FROM outbox").await, 5);
 }
 on_both!(two_processes_racing_on_one_key_write_one_row);
+
+/// The product ships no example: `outboxd run` knows no native handler, so
+/// a consumer naming one is refused at start, with the key and both fixes,
+/// and the example's `invoices` table is never created in the user's
+/// database. The example's own binary, which registers `billing`, runs the
+/// same config.
+async fn the_product_binary_registers_no_native_handler(t: TestDb) {
+    let consumers =
+        r#"[{name = "billing", topics = ["order.confirmed"], handler = "builtin:billing"}]"#;
+    let out = outboxd(&t)
+        .arg("run")
+        .env("OUTBOXD__CONSUMERS", consumers)
+        .output()
+        .await
+        .expect("run");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    for part in [
+        "consumers[0].handler",
+        "builtin:billing",
+        "this binary registers none",
+        "plugin:NAME",
+        "Daemon::builder().handler(\"billing\"",
+    ] {
+        assert!(err.contains(part), "`{part}` missing: {err}");
+    }
+    let invoices = if t.is_postgres() {
+        "SELECT count(*) FROM information_schema.tables WHERE table_name = 'invoices'"
+    } else {
+        "SELECT count(*) FROM sqlite_master WHERE name = 'invoices'"
+    };
+    assert_eq!(t.count(invoices).await, 0, "outboxd run created invoices");
+
+    outboxd_demo::billing::create_schema(&t.db)
+        .await
+        .expect("invoices");
+    outboxd_demo::orders::create_schema(&t.db)
+        .await
+        .expect("orders");
+    outboxd_demo::orders::create_order(&t.db, "o1", "c", 100)
+        .await
+        .expect("order");
+    outboxd_demo::orders::OrderService::new(t.db.clone())
+        .confirm_order(&outboxd_demo::orders::ConfirmOrder {
+            order_id: "o1".into(),
+            operation_key: None,
+        })
+        .await
+        .expect("confirm");
+    let mut child = outboxd_with_billing(&t)
+        .arg("run")
+        .env("OUTBOXD__CONSUMERS", consumers)
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn the example's binary");
+    wait_until(&t, "SELECT count(*) FROM invoices WHERE order_id = 'o1'", 1).await;
+    let pid = child.id().expect("pid").to_string();
+    Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .await
+        .expect("kill");
+    let status = child.wait().await.expect("wait");
+    assert!(status.success(), "{status}");
+}
+on_both!(the_product_binary_registers_no_native_handler);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_config_is_refused_with_the_key_and_the_fix() {

@@ -3,7 +3,7 @@
 //! and processes starting together. The relay and producer cases are in
 //! `process.rs`.
 
-use super::process::{kill_at_fault, outboxd, wait_until};
+use super::process::{kill_at_fault, outboxd, outboxd_with_billing, wait_until};
 use crate::on_both;
 use crate::support::TestDb;
 use outboxd::event::NewEvent;
@@ -34,7 +34,7 @@ async fn effects_beyond_stored_offsets(t: &TestDb) {
 /// stored redelivers that message on restart, and the inbox drops it: every
 /// order gets exactly one invoice.
 async fn consumer_killed_before_offset_commit_has_no_double_effect(t: TestDb) {
-    outboxd::domain::billing::create_schema(&t.db)
+    outboxd_demo::billing::create_schema(&t.db)
         .await
         .expect("billing");
     for i in 0..120 {
@@ -58,7 +58,7 @@ async fn consumer_killed_before_offset_commit_has_no_double_effect(t: TestDb) {
     }
     let consumers =
         r#"[{name = "billing", topics = ["order.confirmed"], handler = "builtin:billing"}]"#;
-    let child = outboxd(&t)
+    let child = outboxd_with_billing(&t)
         .arg("run")
         .env("OUTBOXD__CONSUMERS", consumers)
         .env("OUTBOXD_FAULT", "after-handle-before-commit-offset:hang:3")
@@ -68,7 +68,7 @@ async fn consumer_killed_before_offset_commit_has_no_double_effect(t: TestDb) {
     kill_at_fault(child).await;
     effects_beyond_stored_offsets(&t).await;
 
-    let mut child = outboxd(&t)
+    let mut child = outboxd_with_billing(&t)
         .arg("run")
         .env("OUTBOXD__CONSUMERS", consumers)
         .stderr(Stdio::null())
@@ -103,7 +103,7 @@ on_both!(consumer_killed_before_offset_commit_has_no_double_effect);
 /// committed but before their offsets were stored, and on restart every
 /// order still has exactly one invoice.
 async fn plugin_consumer_killed_mid_batch_has_exactly_one_effect(t: TestDb) {
-    outboxd::domain::billing::create_schema(&t.db)
+    outboxd_demo::billing::create_schema(&t.db)
         .await
         .expect("billing");
     for i in 0..120 {
@@ -194,7 +194,7 @@ async fn processes_starting_together_create_the_example_schema_once() {
     let mut set = tokio::task::JoinSet::new();
     for _ in 0..8 {
         let db = t.db.clone();
-        set.spawn(async move { outboxd::domain::billing::create_schema(&db).await });
+        set.spawn(async move { outboxd_demo::billing::create_schema(&db).await });
     }
     while let Some(joined) = set.join_next().await {
         joined

@@ -163,7 +163,7 @@ impl TestDb {
     /// granted them, not in outboxd's, which the host's connections search
     /// first.
     pub async fn exec_app(&self, sql: &str) {
-        outboxd::store::execute_in_app_schema(&self.db, sql, None)
+        outboxd::store::execute_in_app_schema(&self.db, sql)
             .await
             .expect(sql);
     }

@@ -6,7 +6,7 @@
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use outboxd::domain::billing;
+use outboxd_demo::billing;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::mpsc;
 

@@ -4,7 +4,6 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-mod bench;
 mod dead;
 mod plugin;
 mod registry;
@@ -14,6 +13,7 @@ use clap::{Parser, Subcommand};
 use tokio::sync::watch;
 
 use crate::config::{Config, LogFormat};
+use crate::daemon::Daemon;
 use crate::event::{Enqueued, NewEvent};
 use crate::fault::Faults;
 use crate::store::{Db, OutboxStore, migrate};
@@ -32,7 +32,7 @@ in order per aggregate, and consumers record each message id in an inbox in
 the same transaction as their effect, so a duplicate has no effect.
 
 Start here:
-  outboxd demo                      the whole pipeline on SQLite, no services
+  cargo run -p outboxd-demo         the example: the whole pipeline on SQLite
   outboxd migrate --config F        create or upgrade the tables
   outboxd run --config F            relay and consume until SIGTERM
   outboxd stats --config F          backlog, oldest age, dead events
@@ -99,17 +99,26 @@ enum Command {
         #[arg(long, default_value = "")]
         tenant: String,
     },
-    /// Run the whole pipeline on a fresh SQLite file and print a summary.
-    Demo(crate::demo::DemoArgs),
+    /// The example service's demo is its own binary, `outboxd-demo`
+    /// (`cargo run -p outboxd-demo`); this runs it when it is installed
+    /// next to `outboxd`.
+    Demo {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+        args: Vec<String>,
+    },
     /// Work with Wasm plugins without a database or a broker.
     #[command(subcommand)]
     Plugin(PluginCommand),
     /// Apply retention now: delete old published rows and inbox entries in
     /// small batches (dead rows are never deleted).
     Cleanup,
-    /// Benchmarks that print numbers (see BENCHMARKS.md).
-    #[command(subcommand)]
-    Bench(bench::BenchCommand),
+    /// Benchmarks that print numbers (see BENCHMARKS.md). They are their
+    /// own binary, `outboxd-bench`; this runs it when it is installed next
+    /// to `outboxd`.
+    Bench {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+        args: Vec<String>,
+    },
     /// Inspect and act on dead events (the relay gave up on them).
     #[command(subcommand)]
     Dead(DeadCommand),
@@ -122,7 +131,15 @@ enum Command {
     },
 }
 
+/// The `outboxd` binary: no native handlers, so its consumers are plugins.
 pub fn main() -> ExitCode {
+    main_with(Daemon::default())
+}
+
+/// The `outboxd` command line around `daemon`, for a binary of your own
+/// that registers native handlers
+/// (`main_with(Daemon::builder().handler("billing", BillingHandler).build())`).
+pub fn main_with(daemon: Daemon) -> ExitCode {
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -134,7 +151,7 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(dispatch(cli)) {
+    match runtime.block_on(dispatch(cli, daemon)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -169,42 +186,6 @@ fn log_filter() -> tracing_subscriber::EnvFilter {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn"))
 }
 
-/// The demo's logs go to a file, so the terminal shows only the demo's own
-/// lines; the summary names the file and counts its warnings.
-fn init_file_logging(path: &std::path::Path) -> anyhow::Result<crate::demo::DemoLog> {
-    use tracing_subscriber::layer::SubscriberExt;
-    let file = std::fs::File::create(path).map_err(|e| {
-        anyhow::anyhow!("cannot create the demo's log file {}: {e}", path.display())
-    })?;
-    let warnings = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let subscriber = tracing_subscriber::fmt()
-        .with_env_filter(log_filter())
-        .with_ansi(false)
-        .with_writer(std::sync::Mutex::new(file))
-        .finish()
-        .with(CountWarnings(warnings.clone()));
-    let _ = tracing::subscriber::set_global_default(subscriber);
-    Ok(crate::demo::DemoLog {
-        file: Some(path.to_path_buf()),
-        warnings,
-    })
-}
-
-/// Counts the WARN and ERROR events that reach the log.
-struct CountWarnings(std::sync::Arc<std::sync::atomic::AtomicUsize>);
-
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for CountWarnings {
-    fn on_event(
-        &self,
-        event: &tracing::Event<'_>,
-        _ctx: tracing_subscriber::layer::Context<'_, S>,
-    ) {
-        if *event.metadata().level() <= tracing::Level::WARN {
-            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
-    }
-}
-
 fn faults_from_env() -> anyhow::Result<Faults> {
     match std::env::var("OUTBOXD_FAULT") {
         Ok(spec) if !spec.is_empty() => {
@@ -214,23 +195,16 @@ fn faults_from_env() -> anyhow::Result<Faults> {
     }
 }
 
-async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
-    if let Command::Bench(cmd) = &cli.command {
-        init_logging(LogFormat::Human);
-        return bench::bench_command(cmd).await;
-    }
-    if let Command::Demo(args) = &cli.command {
-        let log = if args.verbose {
-            init_logging(if cli.log_json {
-                LogFormat::Json
-            } else {
-                LogFormat::Human
-            });
-            crate::demo::DemoLog::default()
-        } else {
-            init_file_logging(&args.log_file())?
-        };
-        return crate::demo::run(args.clone(), log).await;
+async fn dispatch(cli: Cli, daemon: Daemon) -> anyhow::Result<ExitCode> {
+    match &cli.command {
+        Command::Bench { args } => return forward("outboxd-bench", "outboxd-bench", args),
+        Command::Demo { args } => {
+            let args: Vec<String> = std::iter::once("demo".to_string())
+                .chain(args.iter().cloned())
+                .collect();
+            return forward("outboxd-demo", "outboxd-demo", &args);
+        }
+        _ => {}
     }
     if let Command::Plugin(cmd) = &cli.command
         && !matches!(cmd, PluginCommand::Registry(_))
@@ -248,7 +222,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Run => {
             let (tx, rx) = watch::channel(false);
             tokio::spawn(watch_signals(tx));
-            crate::daemon::run(config, faults, rx).await?;
+            daemon.run(config, faults, rx).await?;
             tracing::info!("stopped cleanly");
             Ok(ExitCode::SUCCESS)
         }
@@ -410,7 +384,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             crate::cli::registry::run(&config, db, &cmd).await
         }
-        Command::Demo(_) | Command::Bench(_) | Command::Plugin(_) => unreachable!("handled above"),
+        Command::Demo { .. } | Command::Bench { .. } | Command::Plugin(_) => {
+            unreachable!("handled above")
+        }
         Command::Cleanup => {
             let db = connect(&config).await?;
             let report =
@@ -472,4 +448,28 @@ async fn watch_signals(tx: watch::Sender<bool>) {
     tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
     eprintln!("second signal: exiting now");
     std::process::exit(130);
+}
+
+/// Runs `binary`, installed next to this executable, with `args`: the demo
+/// and the benchmarks live in crates of their own, so the product carries
+/// neither; `outboxd demo` and `outboxd bench` still find them.
+fn forward(binary: &str, package: &str, args: &[String]) -> anyhow::Result<ExitCode> {
+    let here = std::env::current_exe().context("cannot locate the running outboxd executable")?;
+    let path = here.with_file_name(binary);
+    if !path.is_file() {
+        anyhow::bail!(
+            "{binary} is not installed next to {}; run it from a checkout with `cargo run --release -p {package} -- {}` (or build it with `cargo build --release -p {package}`)",
+            here.display(),
+            args.join(" ")
+        );
+    }
+    let status = std::process::Command::new(&path)
+        .args(args)
+        .status()
+        .with_context(|| format!("cannot run {}", path.display()))?;
+    Ok(match status.code() {
+        Some(0) => ExitCode::SUCCESS,
+        Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        None => ExitCode::FAILURE,
+    })
 }

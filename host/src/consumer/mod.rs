@@ -15,7 +15,7 @@ pub mod runner;
 pub use outboxd_core::sql_guard;
 
 pub use crate::plugin::slot::{ActiveConsumer, ConsumerVersions};
-pub use configured::ConsumerHandler;
+pub use configured::{ConsumerHandler, NativeHandler, NativeHandlers};
 pub use inbox::{
     Attempt, Handler, HandlerError, InboxTx, PgInboxTx, Pinned, Processed, attempt, process,
 };

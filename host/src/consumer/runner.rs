@@ -21,8 +21,10 @@ use crate::store::Db;
 
 mod failures;
 
-/// At most this many latency samples are kept in [`ConsumerStats`].
-pub const MAX_LATENCY_SAMPLES: usize = 200_000;
+/// Called with every message whose effect committed (a duplicate is not
+/// one): what a caller measures around a consumer (the example's and the
+/// benchmarks' commit latency), so the product keeps no samples itself.
+pub type OnHandled = Arc<dyn Fn(&Delivery) + Send + Sync>;
 
 #[derive(Debug, Clone)]
 pub struct ConsumerConfig {
@@ -70,40 +72,6 @@ pub struct ConsumerStats {
     pub duplicates: AtomicU64,
     pub failed: AtomicU64,
     pub dead_lettered: AtomicU64,
-    /// Whether [`ConsumerStats::latencies_ms`] is kept: off unless a
-    /// reader (the demo, a benchmark) asks, so a production consumer takes
-    /// no lock per message; the metrics histogram covers lag either way.
-    keep_latencies: std::sync::atomic::AtomicBool,
-    /// Milliseconds from `created-at` to the effect's commit, per message,
-    /// once [`ConsumerStats::keep_latencies`] was called.
-    pub latencies_ms: std::sync::Mutex<Vec<f64>>,
-}
-
-impl ConsumerStats {
-    /// Keeps each handled message's commit latency from now on.
-    pub fn keep_latencies(&self) {
-        self.keep_latencies.store(true, Ordering::Relaxed);
-    }
-
-    /// The recorded commit latencies (ms), sorted, for [`percentile`].
-    pub fn sorted_latencies_ms(&self) -> Vec<f64> {
-        let mut v = self
-            .latencies_ms
-            .lock()
-            .map(|v| v.clone())
-            .unwrap_or_default();
-        v.sort_by(f64::total_cmp);
-        v
-    }
-}
-
-/// The `p` quantile (0..=1) of sorted samples, nearest rank; 0 when empty.
-pub fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[idx.min(sorted.len() - 1)]
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -125,6 +93,7 @@ pub struct Consumer<S, H> {
     /// Failed attempts per message not yet handled or dead-lettered.
     attempts: std::sync::Mutex<HashMap<(String, i32, i64), u32>>,
     dlq_topic: Option<DeadLetterTopic>,
+    on_handled: Option<OnHandled>,
 }
 
 impl<S: MessageSource, H: Handler> Consumer<S, H> {
@@ -139,7 +108,14 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
             metrics: None,
             attempts: std::sync::Mutex::default(),
             dlq_topic: None,
+            on_handled: None,
         }
+    }
+
+    /// Calls `hook` with every message whose effect committed.
+    pub fn with_on_handled(mut self, hook: OnHandled) -> Self {
+        self.on_handled = Some(hook);
+        self
     }
 
     /// Also publish dead letters to `<topic>.dlq` (Kafka).
@@ -297,12 +273,14 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
         match outcome {
             Processed::Handled => {
                 self.stats.handled.fetch_add(1, Ordering::Relaxed);
-                let lag = self.record_latency(d);
                 if let Some(m) = &self.metrics {
                     m.processed.fetch_add(1, Ordering::Relaxed);
-                    if let Some(ms) = lag {
+                    if let Some(ms) = lag_ms(d) {
                         m.lag.observe(ms / 1000.0);
                     }
+                }
+                if let Some(hook) = &self.on_handled {
+                    hook(d);
                 }
             }
             Processed::Duplicate => {
@@ -319,26 +297,6 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
         if let Some(m) = &self.metrics {
             m.failed.fetch_add(1, Ordering::Relaxed);
         }
-    }
-
-    fn record_latency(&self, d: &Delivery) -> Option<f64> {
-        let created = d
-            .header(headers::CREATED_AT)
-            .and_then(|v| std::str::from_utf8(v).ok())
-            .and_then(|s| chrono::DateTime::parse_from_rfc3339(s).ok())?;
-        let ms = (chrono::Utc::now() - created.with_timezone(&chrono::Utc))
-            .num_microseconds()
-            .unwrap_or(0) as f64
-            / 1000.0;
-        // Bounded: a long-running consumer keeps the first samples only;
-        // the metrics histogram covers the rest.
-        if self.stats.keep_latencies.load(Ordering::Relaxed)
-            && let Ok(mut v) = self.stats.latencies_ms.lock()
-            && v.len() < MAX_LATENCY_SAMPLES
-        {
-            v.push(ms);
-        }
-        Some(ms)
     }
 
     /// Runs until `shutdown` turns true, finishing the in-flight batch.
@@ -365,4 +323,19 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
             }
         }
     }
+}
+
+/// Milliseconds from a message's `created-at` header (the producer's
+/// commit) to now; `None` without a readable header.
+pub fn lag_ms(d: &Delivery) -> Option<f64> {
+    let created = d
+        .header(headers::CREATED_AT)
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .and_then(|s| chrono::DateTime::parse_from_rfc3339(s).ok())?;
+    Some(
+        (chrono::Utc::now() - created.with_timezone(&chrono::Utc))
+            .num_microseconds()
+            .unwrap_or(0) as f64
+            / 1000.0,
+    )
 }

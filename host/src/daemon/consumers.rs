@@ -1,5 +1,5 @@
-//! The `[[consumers]]` of `outboxd run`: each one's handler (the built-in
-//! example, a file plugin or a registry plugin's rollout slot) and its
+//! The `[[consumers]]` of `outboxd run`: each one's handler (a registered
+//! native handler, a file plugin or a registry plugin's rollout slot) and its
 //! source (the embedded transport, a Kafka consumer group, or statically
 //! assigned Kafka partitions).
 
@@ -14,8 +14,9 @@ use crate::broker::Publisher;
 use crate::broker::embedded::{EmbeddedConsumer, EmbeddedConsumerConfig, NOTIFY_CHANNEL};
 use crate::broker::kafka::{KafkaConsumer, KafkaConsumerConfig, KafkaPublisher};
 use crate::config::{Config, ConfigExt, ConsumerSection, TransportKind};
-use crate::consumer::{ActiveConsumer, Consumer, ConsumerConfig, ConsumerHandler, PluginHandler};
-use crate::domain::billing::{self, BillingHandler};
+use crate::consumer::{
+    ActiveConsumer, Consumer, ConsumerConfig, ConsumerHandler, NativeHandlers, PluginHandler,
+};
 use crate::fault::Faults;
 use crate::plugin::{ConsumerPlugin, PluginEngine};
 use crate::store::Db;
@@ -25,6 +26,13 @@ use crate::store::postgres::listen;
 /// before it looks again anyway (and renews its leases).
 const EMBEDDED_FETCH_WAIT: Duration = Duration::from_millis(500);
 
+/// Where consumers' handlers come from: the binary's native handlers (and
+/// its `on_handled` hook), and the rollout's slots for registry plugins.
+pub(super) struct HandlerSources<'a> {
+    pub daemon: &'a super::Daemon,
+    pub registry: &'a [ActiveConsumer],
+}
+
 /// Spawns one task per configured consumer; they stop when `shutdown` turns
 /// true.
 pub(super) async fn spawn_consumers(
@@ -32,7 +40,7 @@ pub(super) async fn spawn_consumers(
     config: &Config,
     db: &Db,
     faults: &Faults,
-    registry_consumers: &[ActiveConsumer],
+    sources: HandlerSources<'_>,
     handles: &mut PipelineHandles,
     shutdown: &watch::Receiver<bool>,
 ) -> Result<(), DaemonError> {
@@ -52,16 +60,12 @@ pub(super) async fn spawn_consumers(
                 .await
                 .map_err(DaemonError::Plugin)?;
         }
-        if c.plugin_name().is_none() {
-            // The built-in example handler writes `invoices`; plugins bring
-            // their own tables.
-            billing::create_schema(db).await?;
-        }
         let handler = Arc::new(consumer_handler(
             config,
             db,
-            c,
-            registry_consumers,
+            (i, c),
+            &sources.daemon.handlers,
+            sources.registry,
             &mut consumer_engine,
         )?);
         let consumer_cfg = ConsumerConfig {
@@ -103,6 +107,9 @@ pub(super) async fn spawn_consumers(
                 let mut consumer = Consumer::new(db.clone(), source, handler, consumer_cfg)
                     .with_faults(faults.clone())
                     .with_metrics(consumer_metrics);
+                if let Some(hook) = &sources.daemon.on_handled {
+                    consumer = consumer.with_on_handled(hook.clone());
+                }
                 handles
                     .consumer_stats
                     .push((c.name.clone(), consumer.stats()));
@@ -136,6 +143,9 @@ pub(super) async fn spawn_consumers(
                         let dlq = dlq.clone();
                         Box::pin(async move { dlq.publish(m).await })
                     }));
+                if let Some(hook) = &sources.daemon.on_handled {
+                    consumer = consumer.with_on_handled(hook.clone());
+                }
                 handles
                     .consumer_stats
                     .push((c.name.clone(), consumer.stats()));
@@ -147,21 +157,25 @@ pub(super) async fn spawn_consumers(
     Ok(())
 }
 
-/// Loads `consumers[].handler`: a registry plugin gets its rollout slot
+/// Resolves `consumers[].handler`: a native handler from the binary's
+/// registry (`native`); a registry plugin gets its rollout slot
 /// (`registry`), a file plugin is loaded here, on an engine created on first
 /// use.
 fn consumer_handler(
     config: &Config,
     db: &Db,
-    c: &ConsumerSection,
+    (i, c): (usize, &ConsumerSection),
+    native: &NativeHandlers,
     registry: &[ActiveConsumer],
     engine: &mut Option<PluginEngine>,
 ) -> Result<ConsumerHandler, DaemonError> {
     let name = match &c.handler {
         crate::config::HandlerRef::Plugin(name) => name.as_str(),
-        // Validation admits one built-in handler.
-        crate::config::HandlerRef::Builtin(_) => {
-            return Ok(ConsumerHandler::Billing(BillingHandler));
+        crate::config::HandlerRef::Builtin(name) => {
+            return native
+                .get(&format!("consumers[{i}].handler"), name)
+                .map(ConsumerHandler::Native)
+                .map_err(DaemonError::Handler);
         }
     };
     if let Some(slot) = registry.iter().find(|s| s.name() == name) {

@@ -15,13 +15,14 @@ use relays::spawn_relays_for;
 use crate::broker::embedded::EmbeddedPublisher;
 use crate::broker::kafka::{KafkaPublisher, KafkaSetupError};
 use crate::config::{Config, ConfigExt, TransportKind};
-use crate::consumer::{ActiveConsumer, ConsumerStats};
+use crate::consumer::runner::OnHandled;
+use crate::consumer::{ActiveConsumer, ConsumerStats, Handler, NativeHandlers};
 use crate::fault::Faults;
 use crate::metrics::Metrics;
 use crate::relay::{Chains, build_chains};
 use crate::store::{AnyStore, Db, migrate};
 
-/// What a running pipeline exposes to its caller (the demo and tests read it).
+/// What a running pipeline exposes to its caller (examples and tests read it).
 #[derive(Default)]
 pub struct PipelineHandles {
     pub consumer_stats: Vec<(String, Arc<ConsumerStats>)>,
@@ -44,30 +45,113 @@ pub enum DaemonError {
     Kafka(#[from] KafkaSetupError),
     #[error("{0}")]
     Plugin(String),
+    /// A `builtin:NAME` consumer whose name this binary did not register.
+    #[error("{0}")]
+    Handler(String),
 }
 
-/// Connects, migrates (when allowed) and runs until `shutdown` turns true.
-pub async fn run(
-    config: Config,
-    faults: Faults,
-    shutdown: watch::Receiver<bool>,
-) -> Result<(), DaemonError> {
-    let db = Db::connect_with(
-        &config.database.url,
-        config.database.max_connections,
-        config.database.sqlite_synchronous,
-    )
-    .await?;
-    if config.database.migrate_on_start {
-        let report = migrate(&db).await?;
-        if !report.applied.is_empty() {
-            tracing::info!(applied = ?report.applied, "migrations applied");
-        }
+/// `outboxd run` as a library: the pipeline a [`Config`] describes, with
+/// the native handlers its `builtin:NAME` consumers may name.
+///
+/// ```no_run
+/// # use outboxd::consumer::{Handler, HandlerError, InboxTx};
+/// # use outboxd::broker::Delivery;
+/// struct Audit;
+/// impl Handler for Audit {
+///     async fn handle(&self, _tx: &mut InboxTx, _d: &Delivery) -> Result<(), HandlerError> {
+///         Ok(())
+///     }
+/// }
+/// let daemon = outboxd::daemon::Daemon::builder().handler("audit", Audit).build();
+/// # let _ = daemon;
+/// ```
+#[derive(Clone, Default)]
+pub struct Daemon {
+    handlers: NativeHandlers,
+    on_handled: Option<OnHandled>,
+}
+
+impl std::fmt::Debug for Daemon {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Daemon")
+            .field("handlers", &self.handlers)
+            .field("on_handled", &self.on_handled.is_some())
+            .finish()
     }
-    let (set, _handles) = spawn_pipeline(&config, &db, faults, shutdown).await?;
-    let result = join_all_workers(set).await;
-    db.close().await;
-    result
+}
+
+/// Builds a [`Daemon`]: `Daemon::builder().handler("billing", BillingHandler).build()`.
+#[derive(Default)]
+pub struct DaemonBuilder {
+    daemon: Daemon,
+}
+
+impl std::fmt::Debug for DaemonBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.daemon.fmt(f)
+    }
+}
+
+impl DaemonBuilder {
+    /// Registers `handler` for the consumers whose `handler = "builtin:NAME"`.
+    pub fn handler(mut self, name: impl Into<String>, handler: impl Handler) -> Self {
+        self.daemon.handlers.register(name, handler);
+        self
+    }
+
+    /// Calls `hook` with every message a consumer's effect committed, on
+    /// every consumer: how the example and the benchmarks measure commit
+    /// latency around the product.
+    pub fn on_handled(mut self, hook: OnHandled) -> Self {
+        self.daemon.on_handled = Some(hook);
+        self
+    }
+
+    pub fn build(self) -> Daemon {
+        self.daemon
+    }
+}
+
+impl Daemon {
+    pub fn builder() -> DaemonBuilder {
+        DaemonBuilder::default()
+    }
+
+    /// Connects, migrates (when allowed) and runs until `shutdown` turns true.
+    pub async fn run(
+        &self,
+        config: Config,
+        faults: Faults,
+        shutdown: watch::Receiver<bool>,
+    ) -> Result<(), DaemonError> {
+        let db = Db::connect_with(
+            &config.database.url,
+            config.database.max_connections,
+            config.database.sqlite_synchronous,
+        )
+        .await?;
+        if config.database.migrate_on_start {
+            let report = migrate(&db).await?;
+            if !report.applied.is_empty() {
+                tracing::info!(applied = ?report.applied, "migrations applied");
+            }
+        }
+        let (set, _handles) = self.spawn_pipeline(&config, &db, faults, shutdown).await?;
+        let result = join_all_workers(set).await;
+        db.close().await;
+        result
+    }
+
+    /// Spawns relay workers and consumers; they stop when `shutdown` turns true.
+    pub async fn spawn_pipeline(
+        &self,
+        config: &Config,
+        db: &Db,
+        faults: Faults,
+        shutdown: watch::Receiver<bool>,
+    ) -> Result<(JoinSet<Result<(), String>>, PipelineHandles), DaemonError> {
+        spawn_pipeline(config, db, faults, self, shutdown).await
+    }
 }
 
 /// Waits for every task; the first failure is returned after all stop.
@@ -86,11 +170,11 @@ pub async fn join_all_workers(mut set: JoinSet<Result<(), String>>) -> Result<()
     }
 }
 
-/// Spawns relay workers and consumers; they stop when `shutdown` turns true.
-pub async fn spawn_pipeline(
+async fn spawn_pipeline(
     config: &Config,
     db: &Db,
     faults: Faults,
+    daemon: &Daemon,
     shutdown: watch::Receiver<bool>,
 ) -> Result<(JoinSet<Result<(), String>>, PipelineHandles), DaemonError> {
     let mut set = JoinSet::new();
@@ -171,7 +255,10 @@ pub async fn spawn_pipeline(
         config,
         db,
         &faults,
-        &registry_consumers,
+        consumers::HandlerSources {
+            daemon,
+            registry: &registry_consumers,
+        },
         &mut handles,
         &shutdown,
     )

@@ -184,27 +184,21 @@ pub fn host_pg_options(url: &str) -> Result<PgConnectOptions, StoreError> {
     )))
 }
 
-/// Runs `sql` (DDL of the application's own tables: the demo's, the
-/// examples', the benchmarks') so that what it creates lands in the
+/// Runs `sql` (DDL of the application's own tables: the examples', the
+/// benchmarks', the tests') so that what it creates lands in the
 /// application's schema, not in outboxd's, which comes first on the host's
-/// connections. On Postgres it runs in one transaction, after
-/// `lock_key`'s advisory lock when given (two concurrent `CREATE TABLE IF
-/// NOT EXISTS` can both miss the table, and one then fails on the catalog's
-/// unique index).
-pub async fn execute_in_app_schema(
-    db: &Db,
-    sql: &str,
-    lock_key: Option<i64>,
-) -> Result<(), sqlx::Error> {
+/// connections. On Postgres it runs in one transaction, after an advisory
+/// lock that one such creator holds at a time: two concurrent `CREATE TABLE
+/// IF NOT EXISTS` can both miss the table, and one then fails on the
+/// catalog's unique index.
+pub async fn execute_in_app_schema(db: &Db, sql: &str) -> Result<(), sqlx::Error> {
     match db {
         Db::Postgres(p) => {
             let mut tx = p.begin().await?;
-            if let Some(key) = lock_key {
-                sqlx::query("SELECT pg_advisory_xact_lock($1)")
-                    .bind(key)
-                    .execute(&mut *tx)
-                    .await?;
-            }
+            sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                .bind(super::locks::APP_SCHEMA_LOCK_KEY)
+                .execute(&mut *tx)
+                .await?;
             sqlx::query(APP_SEARCH_PATH).execute(&mut *tx).await?;
             tx.execute(sql).await?;
             tx.commit().await

@@ -14,7 +14,7 @@
 //!   above any partition number (at most 1024) and any seed used before, so
 //!   a partition's key is never the key another lock form computes from the
 //!   same text.
-//! - **Fixed locks** (the migration runner, the billing schema) are bigint
+//! - **Fixed locks** (the migration runner, application DDL) are bigint
 //!   constants; a hashed key equal to one is a 2^-64 chance, and would only
 //!   make a migration wait for one publish.
 //!
@@ -54,8 +54,10 @@ SELECT pg_advisory_xact_lock_shared(hashtextextended($1, $2)),
 /// (a session lock, released by the runner).
 pub const MIGRATION_LOCK_KEY: i64 = 7_262_817_391;
 
-/// One creator at a time of the example billing handler's schema.
-pub const BILLING_SCHEMA_LOCK_KEY: i64 = 7_262_817_392;
+/// One creator at a time of application tables made through
+/// [`super::execute_in_app_schema`] (the same key the example's billing
+/// schema used before it moved out of the product).
+pub const APP_SCHEMA_LOCK_KEY: i64 = 7_262_817_392;
 
 #[cfg(test)]
 mod tests {

@@ -14,8 +14,9 @@ pub struct ConsumerSection {
     /// The consumer's name in the inbox and its consumer group.
     pub name: String,
     pub topics: Vec<String>,
-    /// `builtin:billing`, or `plugin:NAME` for a consumer plugin of the
-    /// `[[plugins]]` section.
+    /// `plugin:NAME` for a consumer plugin of the `[[plugins]]` section, or
+    /// `builtin:NAME` for a native handler registered in this binary
+    /// (`Daemon::builder().handler(NAME, …)`; the `outboxd` binary has none).
     pub handler: HandlerRef,
     /// Messages of one partition per transaction, each in a savepoint.
     #[serde(default = "one")]
@@ -158,7 +159,7 @@ fn default_max_result_bytes() -> u64 {
 }
 
 /// What `consumers[].handler` names, parsed once from its TOML text: a
-/// handler built into this binary (`builtin:NAME`) or a consumer plugin of
+/// native handler registered in this binary (`builtin:NAME`) or a consumer plugin of
 /// the `[[plugins]]` section (`plugin:NAME`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HandlerRef {
@@ -191,7 +192,7 @@ impl<'de> Deserialize<'de> for HandlerRef {
         let text = String::deserialize(d)?;
         if !(text.starts_with("plugin:") || text.starts_with("builtin:")) {
             return Err(serde::de::Error::custom(format!(
-                "unknown handler `{text}`; use builtin:billing or plugin:NAME"
+                "unknown handler `{text}`; use plugin:NAME (a [[plugins]] entry) or builtin:NAME (a handler registered in this binary)"
             )));
         }
         Ok(HandlerRef::from_config(&text))

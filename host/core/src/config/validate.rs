@@ -227,16 +227,22 @@ impl Config {
                     );
                 }
                 Some(_) => {}
-                None if c.handler != HandlerRef::Builtin("billing".into()) => {
-                    return bad(
-                        &format!("consumers[{i}].handler"),
-                        format!(
-                            "unknown handler `{}`; use builtin:billing or plugin:NAME",
-                            c.handler
-                        ),
-                    );
+                // Which native handlers exist is the binary's business: the
+                // daemon refuses an unregistered name at start, naming the
+                // ones it has. Here only the name's shape is checked.
+                None => {
+                    if let HandlerRef::Builtin(name) = &c.handler
+                        && !is_plain_identifier(name)
+                    {
+                        return bad(
+                            &format!("consumers[{i}].handler"),
+                            format!(
+                                "`{}` is not a handler name; use plugin:NAME (a [[plugins]] entry) or builtin:NAME (lowercase letters, digits and _)",
+                                c.handler
+                            ),
+                        );
+                    }
                 }
-                None => {}
             }
             c.validate_grants(i, DbKind::from_url(&self.database.url).ok())?;
             if let Some(role) = &c.db_role

@@ -18,10 +18,10 @@ use serde::Serialize;
 
 use super::BenchError;
 use super::pipeline::{self, PARTITIONS, Pipeline, PipelineConfig};
-use crate::broker::embedded::EmbeddedPublisher;
-use crate::consumer::runner::percentile;
-use crate::relay::RelayConfig;
-use crate::store::{Db, migrate};
+use outboxd::broker::embedded::EmbeddedPublisher;
+use outboxd::relay::RelayConfig;
+use outboxd::store::{Db, migrate};
+use outboxd_demo::latency::percentile;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct LatencyBenchArgs {
@@ -100,6 +100,7 @@ async fn run_one(
     let total = produced.load(Ordering::Relaxed);
     pipe.wait_handled(total, Duration::from_secs(120)).await;
     let stats = pipe.stats.clone();
+    let latencies = pipe.latencies.clone();
     pipe.stop().await;
     let handled = stats.handled.load(Ordering::Relaxed);
     if handled != total {
@@ -107,7 +108,7 @@ async fn run_one(
             "{mode} at {rate}/s: produced {total} events, the consumer handled {handled}"
         )));
     }
-    let lat = stats.sorted_latencies_ms();
+    let lat = latencies.sorted_ms();
     let (relay_p50_ms, relay_p99_ms): (f64, f64) = sqlx::query_as(
         "SELECT coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms), 'NaN'::float8),
                 coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms), 'NaN'::float8)

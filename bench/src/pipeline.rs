@@ -12,17 +12,18 @@ use std::time::{Duration, Instant};
 use sqlx::PgPool;
 
 use super::BenchError;
-use crate::broker::embedded::{self, EmbeddedConsumer, EmbeddedConsumerConfig};
-use crate::broker::{Delivery, Publisher};
-use crate::clock::SystemClock;
-use crate::consumer::inbox::{Handler, HandlerError, InboxTx};
-use crate::consumer::runner::ConsumerStats;
-use crate::consumer::{Consumer, ConsumerConfig};
-use crate::event::NewEvent;
-use crate::relay::worker::{self, WorkerConfig};
-use crate::relay::{Relay, RelayConfig, Route, Router};
-use crate::store::Db;
-use crate::store::postgres::{PgStore, listen, listen_for_events};
+use outboxd::broker::embedded::{self, EmbeddedConsumer, EmbeddedConsumerConfig};
+use outboxd::broker::{Delivery, Publisher};
+use outboxd::clock::SystemClock;
+use outboxd::consumer::inbox::{Handler, HandlerError, InboxTx};
+use outboxd::consumer::runner::ConsumerStats;
+use outboxd::consumer::{Consumer, ConsumerConfig};
+use outboxd::event::NewEvent;
+use outboxd::relay::worker::{self, WorkerConfig};
+use outboxd::relay::{Relay, RelayConfig, Route, Router};
+use outboxd::store::Db;
+use outboxd::store::postgres::{PgStore, listen, listen_for_events};
+use outboxd_demo::latency::LatencySamples;
 
 /// Partitions of the benchmark topic (publisher and consumer agree).
 pub(crate) const PARTITIONS: i32 = 4;
@@ -81,6 +82,8 @@ pub(crate) struct Pipeline {
     stop: tokio::sync::watch::Sender<bool>,
     tasks: tokio::task::JoinSet<()>,
     pub stats: Arc<ConsumerStats>,
+    /// Commit latency of every handled message.
+    pub latencies: Arc<LatencySamples>,
 }
 
 impl Pipeline {
@@ -147,14 +150,20 @@ impl Pipeline {
                 ..ConsumerConfig::default()
             },
         );
+        let latencies = Arc::new(LatencySamples::default());
+        consumer = consumer.with_on_handled(latencies.hook());
         let stats = consumer.stats();
-        stats.keep_latencies();
         tasks.spawn(async move {
             if let Err(e) = consumer.run(stop_rx).await {
                 tracing::error!(error = %e, "bench consumer stopped");
             }
         });
-        Ok(Self { stop, tasks, stats })
+        Ok(Self {
+            stop,
+            tasks,
+            stats,
+            latencies,
+        })
     }
 
     /// Messages the consumer has handled (duplicates not counted).
@@ -247,7 +256,7 @@ pub(crate) async fn produce(
 
 async fn enqueue_one(pool: &PgPool, ev: NewEvent) -> Result<(), sqlx::Error> {
     let mut tx = pool.begin().await?;
-    crate::store::enqueue(&mut tx, ev)
+    outboxd::store::enqueue(&mut tx, ev)
         .await
         .map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
     tx.commit().await

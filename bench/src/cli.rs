@@ -1,37 +1,37 @@
-//! `outboxd bench …`: the benchmark subcommands (see BENCHMARKS.md).
+//! `outboxd-bench …` (also `outboxd bench …`): the benchmark subcommands (see BENCHMARKS.md).
 
 use std::process::ExitCode;
 
 use clap::Subcommand;
 
 #[derive(Debug, Subcommand)]
-pub(super) enum BenchCommand {
+pub enum BenchCommand {
     /// Claim-query latency with many published rows and a pending backlog.
-    Claim(crate::bench::ClaimBenchArgs),
+    Claim(crate::ClaimBenchArgs),
     /// Relay throughput over batch sizes and workers, against a sequential
     /// poll-and-mark relay (each send awaited, one UPDATE per row).
-    Relay(crate::bench::RelayBenchArgs),
+    Relay(crate::RelayBenchArgs),
     /// Consumer throughput: per message against batched, native against plugin.
-    Consumer(crate::bench::ConsumerBenchArgs),
+    Consumer(crate::ConsumerBenchArgs),
     /// End-to-end latency at fixed arrival rates, LISTEN/NOTIFY against polling.
-    Latency(crate::bench::LatencyBenchArgs),
+    Latency(crate::LatencyBenchArgs),
     /// Peak RSS of `outboxd run` draining backlogs of several sizes.
-    Memory(crate::bench::MemoryBenchArgs),
+    Memory(crate::MemoryBenchArgs),
     /// The outage arithmetic, measured: backlog and drain time after a
     /// broker outage, against backlog = rate × T, drain = backlog / (capacity − rate).
-    Drain(crate::bench::DrainBenchArgs),
+    Drain(crate::DrainBenchArgs),
     /// How soon a SQLite commit wakes relays and consumers, in this process
     /// and from another, and what an idle watcher costs.
-    SqliteWake(crate::bench::SqliteWakeArgs),
+    SqliteWake(crate::SqliteWakeArgs),
     /// What the lexical guard and the capability gate cost per consumer
     /// plugin statement.
-    SqlGate(crate::bench::SqlGateBenchArgs),
+    SqlGate(crate::SqlGateBenchArgs),
 }
 
-pub(super) async fn bench_command(cmd: &BenchCommand) -> anyhow::Result<ExitCode> {
+pub async fn bench_command(cmd: &BenchCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         BenchCommand::Claim(args) => {
-            let r = crate::bench::claim(args).await?;
+            let r = crate::claim(args).await?;
             println!(
                 "claim latency: {} published + {} pending rows, batch {}: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms over {} claims (fill {:.1} s)",
                 r.published_rows,
@@ -45,21 +45,21 @@ pub(super) async fn bench_command(cmd: &BenchCommand) -> anyhow::Result<ExitCode
             );
             println!("{}", serde_json::to_string(&r)?);
         }
-        BenchCommand::Consumer(args) => crate::bench::consumer(args).await?,
+        BenchCommand::Consumer(args) => crate::consumer(args).await?,
         BenchCommand::Memory(args) => {
-            crate::bench::memory(args).await?;
+            crate::memory(args).await?;
         }
         BenchCommand::Latency(args) => {
-            crate::bench::latency(args).await?;
+            crate::latency(args).await?;
         }
         BenchCommand::Relay(args) => {
-            crate::bench::relay(args).await?;
+            crate::relay(args).await?;
         }
         BenchCommand::Drain(args) => {
-            crate::bench::drain(args).await?;
+            crate::drain(args).await?;
         }
-        BenchCommand::SqliteWake(args) => crate::bench::sqlite_wake(args).await?,
-        BenchCommand::SqlGate(args) => crate::bench::sql_gate(args).await?,
+        BenchCommand::SqliteWake(args) => crate::sqlite_wake(args).await?,
+        BenchCommand::SqlGate(args) => crate::sql_gate(args).await?,
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use sqlx::Connection;
 use sqlx::sqlite::SqliteConnection;
 
-use crate::store::{Db, migrate, sqlite_watch};
+use outboxd::store::{Db, migrate, sqlite_watch};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct SqliteWakeArgs {

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::BenchError;
-use crate::store::postgres::PgStore;
-use crate::store::{ClaimedBatch, Db, OutboxStore, migrate};
+use outboxd::store::postgres::PgStore;
+use outboxd::store::{ClaimedBatch, Db, OutboxStore, migrate};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct ClaimBenchArgs {

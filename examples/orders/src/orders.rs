@@ -6,9 +6,11 @@
 use serde_json::json;
 use sqlx::{Executor, Row, Transaction};
 
-use crate::event::{EventId, NewEvent};
-use crate::fault::{FaultPoint, Faults, InjectedFault};
-use crate::store::{Db, EnqueueError, OutboxDatabase, enqueue, fingerprint, lookup_operation};
+use outboxd::event::{EventId, NewEvent};
+use outboxd::fault::{FaultPoint, Faults, InjectedFault};
+use outboxd::store::{
+    Db, DbKind, EnqueueError, OutboxDatabase, enqueue, fingerprint, lookup_operation,
+};
 
 pub const ORDER_CONFIRMED: &str = "order.confirmed";
 
@@ -33,11 +35,11 @@ CREATE TABLE IF NOT EXISTS orders (
 /// Creates the example `orders` table (it belongs to the example service,
 /// not to outboxd's migrations).
 pub async fn create_schema(db: &Db) -> Result<(), sqlx::Error> {
-    let sql = match db {
-        Db::Postgres(_) => PG_SCHEMA,
-        Db::Sqlite(_) => SQLITE_SCHEMA,
+    let sql = match db.kind() {
+        DbKind::Postgres => PG_SCHEMA,
+        DbKind::Sqlite => SQLITE_SCHEMA,
     };
-    crate::store::execute_in_app_schema(db, sql, None).await
+    outboxd::store::execute_in_app_schema(db, sql).await
 }
 
 /// Adds a pending order.

@@ -1,7 +1,7 @@
 //! Plugin benchmark: per-event transform cost and relay throughput with and
 //! without the cloudevents plugin. Run after `bash plugins/build.sh`:
 //!
-//! `cargo run --release -p outboxd --example plugin_bench`
+//! `cargo run --release -p outboxd-bench --example plugin_bench`
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -14,15 +14,15 @@ use sqlx::{PgPool, Row};
 use super::BenchError;
 use super::relay_report::{Cell, RelayBenchRow, print_ratios, print_row, row};
 use super::relay_sink::{Sink, Verifying, check};
-use crate::broker::Publisher;
-use crate::broker::embedded::EmbeddedPublisher;
-use crate::broker::kafka::KafkaPublisher;
-use crate::clock::SystemClock;
-use crate::plugin::{EngineConfig, PluginEngine, PluginSpec};
-use crate::relay::worker::{self, WorkerConfig};
-use crate::relay::{Chains, Relay, RelayConfig, Route, Router, build_chains};
-use crate::store::postgres::PgStore;
-use crate::store::{Db, migrate};
+use outboxd::broker::Publisher;
+use outboxd::broker::embedded::EmbeddedPublisher;
+use outboxd::broker::kafka::KafkaPublisher;
+use outboxd::clock::SystemClock;
+use outboxd::plugin::{EngineConfig, PluginEngine, PluginSpec};
+use outboxd::relay::worker::{self, WorkerConfig};
+use outboxd::relay::{Chains, Relay, RelayConfig, Route, Router, build_chains};
+use outboxd::store::postgres::PgStore;
+use outboxd::store::{Db, migrate};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct RelayBenchArgs {
@@ -167,9 +167,9 @@ async fn run_baseline<P: Publisher>(
                 .bind(seq)
                 .fetch_one(&mut *tx)
                 .await?;
-            let event = crate::event::OutboxEvent {
+            let event = outboxd::event::OutboxEvent {
                 seq,
-                id: crate::event::EventId(ev.get(3)),
+                id: outboxd::event::EventId(ev.get(3)),
                 aggregate_id: ev.get(0),
                 event_type: ev.get(1),
                 payload: ev.get(2),
@@ -205,7 +205,7 @@ pub async fn relay(args: &RelayBenchArgs) -> Result<Vec<RelayBenchRow>, BenchErr
                 ("acks".to_string(), "all".to_string()),
                 ("linger.ms".to_string(), "1".to_string()),
             ]);
-            crate::broker::kafka::ensure_topics(&props, &[TOPIC.to_string()], 4)
+            outboxd::broker::kafka::ensure_topics(&props, &[TOPIC.to_string()], 4)
                 .await
                 .map_err(|e| BenchError::Refused(format!("--brokers {}: {e}", args.brokers)))?;
             let p = KafkaPublisher::new(&props, Duration::from_secs(8))

@@ -18,13 +18,13 @@ use std::time::{Duration, Instant};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use outboxd::broker::{Delivery, headers};
 use outboxd::consumer::{Handler, InboxTx};
-use outboxd::domain::billing::BillingHandler;
 use outboxd::plugin::bindings::transformer::outbox::plugin::types::Message;
 use outboxd::plugin::{
     ConsumerPlugin, EngineConfig, GuestEvent, PluginEngine, PluginSpec, TransformerPlugin,
     TxnPolicy,
 };
 use outboxd::store::{Db, migrate};
+use outboxd_demo::billing::BillingHandler;
 
 const SIZES: [usize; 3] = [256, 4096, 65_536];
 
@@ -106,7 +106,7 @@ fn handle(c: &mut Criterion) {
         let url = format!("sqlite://{}", dir.path().join("bench.db").display());
         let db = Db::connect(&url, 2).await.expect("db");
         migrate(&db).await.expect("migrate");
-        outboxd::domain::billing::create_schema(&db)
+        outboxd_demo::billing::create_schema(&db)
             .await
             .expect("invoices");
         db

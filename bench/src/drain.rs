@@ -31,9 +31,9 @@ use super::BenchError;
 use super::drain_report::{DrainReport, print};
 use super::outage::{OutagePublisher, SAMPLE_EVERY, Samples, TableSample};
 use super::pipeline::{self, AGGREGATES, PARTITIONS, Pipeline, PipelineConfig};
-use crate::broker::embedded::EmbeddedPublisher;
-use crate::relay::{Backoff, RelayConfig};
-use crate::store::{Db, migrate};
+use outboxd::broker::embedded::EmbeddedPublisher;
+use outboxd::relay::{Backoff, RelayConfig};
+use outboxd::store::{Db, migrate};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct DrainBenchArgs {

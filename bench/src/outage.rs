@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use sqlx::PgPool;
 
 use super::BenchError;
-use crate::broker::{OutgoingMessage, PublishError, Publisher};
+use outboxd::broker::{OutgoingMessage, PublishError, Publisher};
 
 /// Publishes through `inner`, except while the outage is on: then every
 /// publish fails at once with a retryable "broker unavailable" error.
@@ -155,7 +155,7 @@ pub(crate) const SAMPLE_EVERY: Duration = Duration::from_millis(500);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::broker::NullPublisher;
+    use outboxd::broker::NullPublisher;
 
     fn msg() -> OutgoingMessage {
         OutgoingMessage {

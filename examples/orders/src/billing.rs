@@ -4,9 +4,9 @@
 
 use serde::Deserialize;
 
-use crate::broker::Delivery;
-use crate::consumer::{Handler, HandlerError, InboxTx};
-use crate::store::Db;
+use outboxd::broker::Delivery;
+use outboxd::consumer::{Handler, HandlerError, InboxTx};
+use outboxd::store::{Db, DbKind};
 
 const PG_SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS invoices (
@@ -32,14 +32,11 @@ CREATE TABLE IF NOT EXISTS invoices (
 /// `CREATE TABLE IF NOT EXISTS` can both miss the table and one then fails
 /// on the catalog's unique index, so creators take an advisory lock first.
 pub async fn create_schema(db: &Db) -> Result<(), sqlx::Error> {
-    let (sql, lock) = match db {
-        Db::Postgres(_) => (
-            PG_SCHEMA,
-            Some(crate::store::locks::BILLING_SCHEMA_LOCK_KEY),
-        ),
-        Db::Sqlite(_) => (SQLITE_SCHEMA, None),
+    let sql = match db.kind() {
+        DbKind::Postgres => PG_SCHEMA,
+        DbKind::Sqlite => SQLITE_SCHEMA,
     };
-    crate::store::execute_in_app_schema(db, sql, lock).await
+    outboxd::store::execute_in_app_schema(db, sql).await
 }
 
 #[derive(Debug, Deserialize)]
@@ -59,7 +56,9 @@ fn order_from(payload: &[u8]) -> Result<OrderConfirmed, serde_json::Error> {
     serde_json::from_value(inner)
 }
 
-/// The built-in billing handler used until the billing plugin replaces it.
+/// The example's native billing handler: what the billing plugin does, in
+/// Rust. A binary registers it as `builtin:billing` with
+/// `Daemon::builder().handler("billing", BillingHandler)`.
 #[derive(Debug, Default, Clone)]
 pub struct BillingHandler;
 

@@ -112,8 +112,8 @@ async fn main() -> anyhow::Result<()> {
         .await?;
     let db = Db::Postgres(pool.clone());
     migrate(&db).await?;
-    outboxd::domain::orders::create_schema(&db).await?;
-    outboxd::store::execute_in_app_schema(&db, producers::BUSINESS_SCHEMA, None).await?;
+    outboxd_demo::orders::create_schema(&db).await?;
+    outboxd::store::execute_in_app_schema(&db, producers::BUSINESS_SCHEMA).await?;
     let props = [("bootstrap.servers".to_string(), args.bootstrap.clone())].into();
     outboxd::broker::kafka::ensure_topics(&props, &[cluster::TOPIC.to_string()], 4)
         .await

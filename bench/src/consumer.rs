@@ -9,12 +9,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::BenchError;
-use crate::broker::{Delivery, headers};
-use crate::consumer::inbox::{Handler, process, process_batch};
-use crate::consumer::{PluginHandler, Processed};
-use crate::domain::billing::{self, BillingHandler};
-use crate::plugin::{ConsumerPlugin, EngineConfig, PluginEngine, PluginSpec, TxnPolicy};
-use crate::store::{Db, migrate};
+use outboxd::broker::{Delivery, headers};
+use outboxd::consumer::inbox::{Handler, process, process_batch};
+use outboxd::consumer::{PluginHandler, Processed};
+use outboxd::plugin::{ConsumerPlugin, EngineConfig, PluginEngine, PluginSpec, TxnPolicy};
+use outboxd::store::{Db, migrate};
+use outboxd_demo::billing::{self, BillingHandler};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct ConsumerBenchArgs {
@@ -122,24 +122,24 @@ async fn run<H: Handler>(
 /// and the output says so).
 async fn plugin_role(
     db: &Db,
-    tables: &crate::config::TableGrants,
+    tables: &outboxd::config::TableGrants,
 ) -> Result<Option<String>, BenchError> {
     let Db::Postgres(pool) = db else {
         return Ok(None);
     };
-    if !crate::store::plugin_roles::may_create_roles(pool).await? {
+    if !outboxd::store::plugin_roles::may_create_roles(pool).await? {
         println!("  (this login may not create roles: the plugin's SQL runs as the host)");
         return Ok(None);
     }
     let role = "outboxd_bench_billing".to_string();
-    let mut c = crate::config::ConsumerSection::new(
+    let mut c = outboxd::config::ConsumerSection::new(
         "billing",
         vec!["order.confirmed".into()],
         "plugin:billing",
     );
     c.tables = tables.clone();
     c.db_role = Some(role.clone());
-    crate::store::plugin_roles::provision(pool, std::slice::from_ref(&c))
+    outboxd::store::plugin_roles::provision(pool, std::slice::from_ref(&c))
         .await
         .map_err(BenchError::Refused)?;
     println!("  plugin SQL runs as role {role}");
@@ -162,7 +162,7 @@ pub async fn consumer(args: &ConsumerBenchArgs) -> Result<(), BenchError> {
     let plugin =
         ConsumerPlugin::load(&engine, &spec).map_err(|e| BenchError::Refused(e.to_string()))?;
     let plugin_ref = Arc::new(plugin);
-    let tables = crate::config::TableGrants {
+    let tables = outboxd::config::TableGrants {
         read: vec![],
         write: vec!["invoices".into()],
     };

@@ -1,4 +1,6 @@
-//! `outboxd bench`: benchmarks that print numbers (never timed tests).
+//! outboxd's benchmarks, kept out of the product: scenarios that print
+//! numbers (never timed tests), run as `outboxd-bench SCENARIO …` (and
+//! through `outboxd bench …` when both binaries are installed together).
 //!
 //! - `claim`: the claim query on a table with millions of published rows.
 //! - `consumer`: inbox throughput, per-message against savepoint batches,
@@ -16,6 +18,7 @@
 //!   (in this process and from another), and the idle watcher's CPU.
 
 mod claim;
+pub mod cli;
 mod consumer;
 mod drain;
 mod drain_report;
@@ -42,7 +45,7 @@ pub use sqlite_wake::{SqliteWakeArgs, sqlite_wake};
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
     #[error(transparent)]
-    Store(#[from] crate::store::StoreError),
+    Store(#[from] outboxd::store::StoreError),
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
     #[error("{0}")]

@@ -9,7 +9,7 @@ use serde::Serialize;
 use sqlx::PgPool;
 
 use super::BenchError;
-use crate::store::{Db, migrate};
+use outboxd::store::{Db, migrate};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct MemoryBenchArgs {
@@ -22,6 +22,10 @@ pub struct MemoryBenchArgs {
     /// Extra `OUTBOXD__…` settings for the child, as KEY=VALUE.
     #[arg(long = "env", value_parser = parse_kv)]
     pub env: Vec<(String, String)>,
+    /// The `outboxd` binary to measure; by default the one next to this
+    /// benchmark's executable (`cargo build -p outboxd` puts it there).
+    #[arg(long, value_name = "PATH")]
+    pub outboxd: Option<std::path::PathBuf>,
 }
 
 fn parse_kv(s: &str) -> Result<(String, String), String> {
@@ -67,8 +71,18 @@ pub async fn memory(args: &MemoryBenchArgs) -> Result<Vec<MemoryRow>, BenchError
         ));
     };
     migrate(&db).await?;
-    let exe = std::env::current_exe()
-        .map_err(|e| BenchError::Refused(format!("cannot find the outboxd binary: {e}")))?;
+    let exe = match &args.outboxd {
+        Some(path) => path.clone(),
+        None => std::env::current_exe()
+            .map_err(|e| BenchError::Refused(format!("cannot find the outboxd binary: {e}")))?
+            .with_file_name("outboxd"),
+    };
+    if !exe.is_file() {
+        return Err(BenchError::Refused(format!(
+            "{} is not a file: build outboxd first (cargo build [--release] -p outboxd) or pass --outboxd PATH",
+            exe.display()
+        )));
+    }
     println!("peak RSS of `outboxd run` draining a backlog (Postgres, embedded transport)");
     println!("| backlog | drain s | peak RSS MiB |");
     let mut rows = Vec::new();

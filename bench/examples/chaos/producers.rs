@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use outboxd::domain::orders::{self, ConfirmOrder, OrderService};
 use outboxd::store::Db;
+use outboxd_demo::orders::{self, ConfirmOrder, OrderService};
 use sqlx::PgPool;
 use tokio::sync::watch;
 use tokio::task::JoinSet;

@@ -1,4 +1,4 @@
-//! `outboxd demo`: the whole pipeline on a fresh SQLite file, with nothing
+//! The demo: the whole pipeline on a fresh SQLite file, with nothing
 //! else installed. An order service confirms orders through
 //! `confirm_order`, the relay publishes over the embedded transport, and
 //! billing records invoices through the inbox. Some events are published
@@ -15,16 +15,17 @@ use anyhow::Context;
 use sqlx::Row;
 use tokio::sync::watch;
 
-use crate::broker::Publisher;
-use crate::broker::embedded::EmbeddedPublisher;
-use crate::clock::SystemClock;
-use crate::config::{Config, ConsumerSection, SqliteSynchronous};
-use crate::daemon::{join_all_workers, spawn_pipeline};
-use crate::domain::billing;
-use crate::domain::orders::{self, ConfirmOrder, ConfirmOutcome, OrderError, OrderService};
-use crate::relay::{Relay, RelayConfig, Router};
-use crate::store::sqlite::{SqliteStore, from_micros};
-use crate::store::{Db, migrate};
+use crate::billing;
+use crate::latency::{LatencySamples, percentile};
+use crate::orders::{self, ConfirmOrder, ConfirmOutcome, OrderError, OrderService};
+use outboxd::broker::Publisher;
+use outboxd::broker::embedded::EmbeddedPublisher;
+use outboxd::clock::SystemClock;
+use outboxd::config::{Config, ConsumerSection, SqliteSynchronous};
+use outboxd::daemon::join_all_workers;
+use outboxd::relay::{Relay, RelayConfig, Router};
+use outboxd::store::sqlite::{SqliteStore, from_micros};
+use outboxd::store::{Db, migrate};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct DemoArgs {
@@ -45,7 +46,7 @@ pub struct DemoArgs {
     #[arg(long, value_name = "BOOTSTRAP")]
     pub kafka: Option<String>,
     /// The transformer component the relay runs on every event (a
-    /// CloudEvents envelope by default; built from plugins/ when missing).
+    /// CloudEvents envelope by default, embedded in this binary).
     #[arg(long, value_name = "WASM")]
     pub transformer: Option<PathBuf>,
     /// Run without plugins: events published as they are, and the built-in
@@ -87,47 +88,33 @@ pub struct DemoLog {
     pub warnings: Arc<std::sync::atomic::AtomicUsize>,
 }
 
-/// A plugin of this checkout's plugins/, built when missing.
-fn built_plugin(name: &str) -> anyhow::Result<PathBuf> {
-    let plugins = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../plugins");
-    let wasm = plugins.join(format!("dist/{name}.wasm"));
-    if wasm.exists() {
-        return Ok(wasm);
-    }
-    println!("  building the {name} plugin (cargo, wasm32-wasip2) ...");
-    let target = std::process::Command::new("bash")
-        .arg(plugins.join("wasm-target.sh"))
-        .status()
-        .context("running plugins/wasm-target.sh (bash) to add the wasm32-wasip2 target")?;
-    anyhow::ensure!(
-        target.success(),
-        "the wasm32-wasip2 target is missing (see the message above), or pass --no-plugin"
-    );
-    let status = std::process::Command::new("cargo")
-        .args([
-            "build",
-            "--release",
-            "--target",
-            "wasm32-wasip2",
-            "-p",
-            name,
-        ])
-        .arg("--quiet")
-        .current_dir(&plugins)
-        .env("CARGO_TARGET_DIR", plugins.join("target"))
-        .status()
-        .with_context(|| format!("running cargo to build plugins/{name}"))?;
-    anyhow::ensure!(
-        status.success(),
-        "building plugins/{name} failed; try `bash plugins/build.sh`, or pass --no-plugin"
-    );
-    std::fs::create_dir_all(plugins.join("dist"))?;
-    let built = plugins.join(format!(
-        "target/wasm32-wasip2/release/{}.wasm",
-        name.replace('-', "_")
-    ));
-    std::fs::copy(built, &wasm)?;
-    Ok(wasm)
+/// The demo's plugins, compiled from `plugins/` when this crate was built
+/// (`build.rs`): the demo needs no source tree at run time.
+const EMBEDDED: [(&str, &[u8]); 2] = [
+    (
+        "cloudevents",
+        include_bytes!(concat!(env!("OUT_DIR"), "/cloudevents.wasm")),
+    ),
+    (
+        "billing",
+        include_bytes!(concat!(env!("OUT_DIR"), "/billing.wasm")),
+    ),
+];
+
+/// Writes the embedded plugin `name` next to the demo's database, where the
+/// plugin host loads it from like any `[[plugins]] path`.
+fn embedded_plugin(args: &DemoArgs, name: &str) -> anyhow::Result<PathBuf> {
+    let bytes = EMBEDDED
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, b)| *b)
+        .with_context(|| format!("no embedded plugin is named {name}"))?;
+    let dir = args.db.with_extension("plugins");
+    std::fs::create_dir_all(&dir)
+        .with_context(|| format!("creating {} for the demo's plugins", dir.display()))?;
+    let path = dir.join(format!("{name}.wasm"));
+    std::fs::write(&path, bytes).with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
 }
 
 pub async fn run(args: DemoArgs, log: DemoLog) -> anyhow::Result<ExitCode> {
@@ -190,16 +177,16 @@ pub async fn run(args: DemoArgs, log: DemoLog) -> anyhow::Result<ExitCode> {
         let run = &uuid::Uuid::new_v4().simple().to_string()[..8];
         topic = format!("outboxd-demo-{run}");
         consumer = format!("billing-{run}");
-        config.transport.kind = crate::config::TransportKind::Kafka;
+        config.transport.kind = outboxd::config::TransportKind::Kafka;
         config
             .transport
             .kafka
             .insert("bootstrap.servers".into(), bootstrap.clone());
-        config.routes = vec![crate::relay::Route::new(
+        config.routes = vec![outboxd::relay::Route::new(
             orders::ORDER_CONFIRMED,
             topic.clone(),
         )];
-        crate::broker::kafka::ensure_topics(
+        outboxd::broker::kafka::ensure_topics(
             &config.transport.kafka,
             std::slice::from_ref(&topic),
             4,
@@ -210,15 +197,15 @@ pub async fn run(args: DemoArgs, log: DemoLog) -> anyhow::Result<ExitCode> {
     if !args.no_plugin {
         let wasm = match &args.transformer {
             Some(p) => p.clone(),
-            None => built_plugin("cloudevents")?,
+            None => embedded_plugin(&args, "cloudevents")?,
         };
         println!(
             "  the relay runs the transformer plugin {} on every event",
             wasm.display()
         );
-        config.plugins = vec![crate::plugin::PluginSpec::new("cloudevents", wasm)];
+        config.plugins = vec![outboxd::plugin::PluginSpec::new("cloudevents", wasm)];
         let route_topic = topic.clone();
-        config.routes = vec![crate::relay::Route::new(
+        config.routes = vec![outboxd::relay::Route::new(
             orders::ORDER_CONFIRMED,
             route_topic,
         )];
@@ -229,11 +216,11 @@ pub async fn run(args: DemoArgs, log: DemoLog) -> anyhow::Result<ExitCode> {
     let handler = if args.no_plugin {
         "builtin:billing".to_string()
     } else {
-        let billing = built_plugin("billing")?;
+        let billing = embedded_plugin(&args, "billing")?;
         println!("  billing is the consumer plugin {}", billing.display());
         config
             .plugins
-            .push(crate::plugin::PluginSpec::new("billing", billing));
+            .push(outboxd::plugin::PluginSpec::new("billing", billing));
         "plugin:billing".to_string()
     };
     // Billing handles up to 32 messages in one inbox transaction: one
@@ -245,11 +232,13 @@ pub async fn run(args: DemoArgs, log: DemoLog) -> anyhow::Result<ExitCode> {
     billing.tables.write = vec!["invoices".into()];
     config.consumers = vec![billing];
     let (stop_tx, stop_rx) = watch::channel(false);
-    let (set, handles) =
-        spawn_pipeline(&config, &db, crate::fault::Faults::none(), stop_rx).await?;
+    // Every handled message's commit latency, for the summary's percentiles.
+    let latencies = Arc::new(LatencySamples::default());
+    let daemon = crate::daemon().on_handled(latencies.hook()).build();
+    let (set, handles) = daemon
+        .spawn_pipeline(&config, &db, outboxd::fault::Faults::none(), stop_rx)
+        .await?;
     let stats = handles.consumer_stats[0].1.clone();
-    // Before the first order: the summary's latency percentiles.
-    stats.keep_latencies();
 
     // The order service: confirm every order, and retry 10% of them as an
     // impatient client would; retries must not create events.
@@ -301,7 +290,7 @@ pub async fn run(args: DemoArgs, log: DemoLog) -> anyhow::Result<ExitCode> {
     let _ = stop_tx.send(true);
     join_all_workers(set).await?;
 
-    let ok = summary(pool, written, retries, redelivered, &stats).await?;
+    let ok = summary(pool, written, retries, redelivered, &stats, &latencies).await?;
     match &log.file {
         Some(file) => println!(
             "  log: {} ({} warnings; --verbose shows the logs here)",
@@ -389,7 +378,7 @@ async fn sum_confirmations(
     Ok((written, retries))
 }
 
-fn progress(written: usize, published: usize, stats: &crate::consumer::ConsumerStats) {
+fn progress(written: usize, published: usize, stats: &outboxd::consumer::ConsumerStats) {
     use std::io::Write;
     print!(
         "\r  written {written:>7} | published {published:>7} | consumed {:>7} | duplicates dropped {:>5}",
@@ -406,7 +395,7 @@ async fn republish_some(db: &Db, config: &Config, count: usize) -> anyhow::Resul
     // This relay only builds the messages, exactly as the real one does.
     let relay = Relay::new(
         store,
-        crate::broker::NullPublisher,
+        outboxd::broker::NullPublisher,
         router,
         RelayConfig::default(),
         Arc::new(SystemClock),
@@ -417,9 +406,9 @@ async fn republish_some(db: &Db, config: &Config, count: usize) -> anyhow::Resul
         .await?;
     let mut messages = Vec::with_capacity(rows.len());
     for r in &rows {
-        let ev = crate::event::OutboxEvent {
+        let ev = outboxd::event::OutboxEvent {
             seq: r.get(0),
-            id: crate::event::EventId(uuid::Uuid::parse_str(r.get::<&str, _>(1))?),
+            id: outboxd::event::EventId(uuid::Uuid::parse_str(r.get::<&str, _>(1))?),
             aggregate_id: r.get(2),
             event_type: r.get(3),
             payload: r.get(4),
@@ -430,14 +419,14 @@ async fn republish_some(db: &Db, config: &Config, count: usize) -> anyhow::Resul
         messages.push(relay.message_for(&ev));
     }
     match config.transport.kind {
-        crate::config::TransportKind::Embedded => {
+        outboxd::config::TransportKind::Embedded => {
             let p = EmbeddedPublisher::new(db.clone(), config.transport.partitions);
             for m in messages {
                 p.publish(m).await?;
             }
         }
-        crate::config::TransportKind::Kafka => {
-            let p = crate::broker::kafka::KafkaPublisher::new(
+        outboxd::config::TransportKind::Kafka => {
+            let p = outboxd::broker::kafka::KafkaPublisher::new(
                 &config.transport.kafka,
                 Duration::from_secs(10),
             )?;
@@ -454,7 +443,8 @@ async fn summary(
     written: usize,
     retries: usize,
     redelivered: usize,
-    stats: &crate::consumer::ConsumerStats,
+    stats: &outboxd::consumer::ConsumerStats,
+    latencies: &LatencySamples,
 ) -> anyhow::Result<bool> {
     let row = sqlx::query(
         "SELECT
@@ -469,7 +459,7 @@ async fn summary(
     .await?;
     let (confirmed, published, invoices, missing, doubled): (i64, i64, i64, i64, i64) =
         (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
-    let lat = stats.sorted_latencies_ms();
+    let lat = latencies.sorted_ms();
     let ok = missing == 0 && doubled == 0 && invoices == confirmed && confirmed as usize == written;
     println!("\noutboxd demo summary");
     println!("  orders confirmed = events written   {written}");
@@ -486,8 +476,8 @@ async fn summary(
     );
     println!(
         "  end-to-end latency (commit→invoice) p50 {:.1} ms, p99 {:.1} ms",
-        crate::consumer::runner::percentile(&lat, 0.50),
-        crate::consumer::runner::percentile(&lat, 0.99)
+        percentile(&lat, 0.50),
+        percentile(&lat, 0.99)
     );
     println!(
         "  invoices: {invoices} for {confirmed} confirmed orders; lost {missing}, duplicated {doubled}"

@@ -7,9 +7,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::BenchError;
-use crate::broker::embedded::EmbeddedPublisher;
-use crate::broker::kafka::KafkaPublisher;
-use crate::broker::{OutgoingMessage, PublishError, Publisher};
+use outboxd::broker::embedded::EmbeddedPublisher;
+use outboxd::broker::kafka::KafkaPublisher;
+use outboxd::broker::{OutgoingMessage, PublishError, Publisher};
 
 /// Where the benchmark's messages go.
 pub(super) enum Sink {
