@@ -1,22 +1,30 @@
-//! The host side of the `transaction` resource a consumer plugin borrows
-//! during `handle`. The plugin never holds the database transaction: its
-//! calls travel through a [`Mailbox`] to [`TxnServer`], which owns the borrow of
-//! the host's [`InboxTx`] for the length of one call and checks, budgets
-//! and runs each statement.
+//! The `outbox:plugin/transaction` import, which only the consumer world
+//! has: the resource a consumer plugin borrows during `handle`. Shaped
+//! after wasmtime's `wasi-config`: the state ([`TxnState`]), a borrowed
+//! view ([`TransactionView`]) implementing the generated `Host` traits, and
+//! an [`add_to_linker`].
+//!
+//! The plugin never holds the database transaction: its calls travel
+//! through a [`Mailbox`] to [`TxnServer`], which owns the borrow of the
+//! host's [`InboxTx`] for the length of one call and checks, budgets and
+//! runs each statement.
 
-use wasmtime::component::Resource;
+use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
 
-use super::bindings::consumer::outbox::plugin::transaction::{self as wit, DbError, Rows, Value};
-use super::host::HostState;
-use super::sql_values::{to_core, to_guest};
+use crate::plugin::bindings::consumer::outbox::plugin::transaction::{
+    self as wit, DbError, Rows, Value,
+};
+use crate::plugin::error::PluginError;
+use crate::plugin::sql_values::{to_core, to_guest};
 use crate::store::InboxTx;
 use crate::store::plugin_sql::{Budget, PluginSqlError};
 use outboxd_core::db_url::DbKind;
 use outboxd_core::sql_gate::{self, Checked};
 use outboxd_core::sql_guard::check_statement;
 
-/// The resource the guest borrows. It carries nothing: the live link to
-/// the transaction is [`HostState::txn`], set only during a call.
+/// The resource table's entry behind the handle the guest borrows. It
+/// carries nothing: the live link to the transaction is [`TxnState`], set
+/// only during a call.
 #[derive(Debug)]
 pub struct ActiveTransaction;
 
@@ -88,9 +96,55 @@ fn inactive() -> DbError {
     )
 }
 
-impl HostState {
+/// The transaction part of a consumer's Store: while a `handle` call runs,
+/// the link to the host's transaction and the table entry behind the
+/// guest's handle; `None` between calls.
+#[derive(Default)]
+pub struct TxnState {
+    link: Option<TxnLink>,
+    entry: Option<Resource<ActiveTransaction>>,
+}
+
+/// What a `transaction` call sees of the Store: the link, and the table
+/// that holds the guest's handle.
+pub struct TransactionView<'a> {
+    state: &'a mut TxnState,
+    table: &'a mut ResourceTable,
+}
+
+impl<'a> TransactionView<'a> {
+    pub fn new(state: &'a mut TxnState, table: &'a mut ResourceTable) -> Self {
+        Self { state, table }
+    }
+
+    /// Lends the guest the transaction behind `link` for one `handle`
+    /// call: the handle it borrows. [`end_loan`](Self::end_loan) takes it
+    /// back.
+    pub(crate) fn lend(
+        &mut self,
+        link: TxnLink,
+    ) -> Result<Resource<wit::Transaction>, PluginError> {
+        self.state.link = Some(link);
+        let entry = self
+            .table
+            .push(ActiveTransaction)
+            .map_err(|e| PluginError::Trap(format!("cannot create the transaction handle: {e}")))?;
+        let handle = Resource::new_borrow(entry.rep());
+        self.state.entry = Some(entry);
+        Ok(handle)
+    }
+
+    /// Ends the loan: later calls through a kept handle find no
+    /// transaction.
+    pub(crate) fn end_loan(&mut self) {
+        self.state.link = None;
+        if let Some(entry) = self.state.entry.take() {
+            let _ = self.table.delete(entry);
+        }
+    }
+
     async fn request(&mut self, op: Op) -> Result<Reply, DbError> {
-        let link = self.txn.clone().ok_or_else(inactive)?;
+        let link = self.state.link.clone().ok_or_else(inactive)?;
         match link.request.lock() {
             Ok(mut slot) => *slot = Some(op),
             Err(_) => return Err(inactive()),
@@ -105,12 +159,12 @@ impl HostState {
     }
 }
 
-impl wit::Host for HostState {}
+impl wit::Host for TransactionView<'_> {}
 
-impl wit::HostTransaction for HostState {
+impl wit::HostTransaction for TransactionView<'_> {
     async fn execute(
         &mut self,
-        _tx: Resource<ActiveTransaction>,
+        _tx: Resource<wit::Transaction>,
         sql: String,
         params: Vec<Value>,
     ) -> wasmtime::Result<Result<u64, DbError>> {
@@ -123,7 +177,7 @@ impl wit::HostTransaction for HostState {
 
     async fn query(
         &mut self,
-        _tx: Resource<ActiveTransaction>,
+        _tx: Resource<wit::Transaction>,
         sql: String,
         params: Vec<Value>,
     ) -> wasmtime::Result<Result<Rows, DbError>> {
@@ -136,7 +190,7 @@ impl wit::HostTransaction for HostState {
 
     async fn emit(
         &mut self,
-        _tx: Resource<ActiveTransaction>,
+        _tx: Resource<wit::Transaction>,
         event: wit::NewEvent,
     ) -> wasmtime::Result<Result<String, DbError>> {
         Ok(match self.request(Op::Emit(event)).await {
@@ -146,11 +200,29 @@ impl wit::HostTransaction for HostState {
         })
     }
 
-    async fn drop(&mut self, rep: Resource<ActiveTransaction>) -> wasmtime::Result<()> {
+    async fn drop(&mut self, rep: Resource<wit::Transaction>) -> wasmtime::Result<()> {
         // The guest only ever borrows the resource; the host deletes it.
-        let _ = self.table.delete(rep);
+        let _ = self
+            .table
+            .delete(Resource::<ActiveTransaction>::new_own(rep.rep()));
         Ok(())
     }
+}
+
+/// Links `outbox:plugin/transaction`; `view` finds the transaction state
+/// in a Store's data. Only the consumer world's Linker calls this.
+pub fn add_to_linker<T: Send + 'static>(
+    linker: &mut Linker<T>,
+    view: fn(&mut T) -> TransactionView<'_>,
+) -> Result<(), PluginError> {
+    wit::add_to_linker::<T, HasTransaction>(linker, view)
+        .map_err(|e| PluginError::Invalid(format!("cannot link outbox:plugin/transaction: {e}")))
+}
+
+struct HasTransaction;
+
+impl HasData for HasTransaction {
+    type Data<'a> = TransactionView<'a>;
 }
 
 /// Runs one message's plugin statements against the host's transaction.
