@@ -1,5 +1,7 @@
-//! The outboxd guest SDK: write a transformer or a consumer plugin as one
-//! function. Consumers: see [`Consumer`] and [`export_consumer!`].
+//! The outboxd guest SDK: write a transformer plugin as one function.
+//! Consumers use `outboxd-guest-consumer` (in `consumer/`), which builds on
+//! this crate: the consumer world's bindings live there, so a transformer,
+//! which does not depend on it, never imports `outbox:plugin/transaction`.
 //!
 //! ```ignore
 //! use outboxd_guest::{Event, Message, Result, Transformer};
@@ -21,13 +23,13 @@
 //! `outbox:plugin/transformer@0.1.0` world. The generated bindings live in
 //! the hidden [`wit`] module; plugins use the types below instead.
 
-mod consumer;
+mod delivery;
 mod error;
 mod event;
 
 pub mod config;
 
-pub use consumer::{Consumer, DbError, Delivery, NewEvent, Rows, Transaction, Value};
+pub use delivery::Delivery;
 pub use error::{Error, Result};
 pub use event::{Event, Message};
 
@@ -52,26 +54,10 @@ pub mod wit {
             default_bindings_module: "outboxd_guest::wit::transformer",
         });
     }
-
-    pub mod consumer {
-        wit_bindgen::generate!({
-            world: "consumer",
-            path: "../wit",
-            pub_export_macro: true,
-            export_macro_name: "__export_consumer_world",
-            default_bindings_module: "outboxd_guest::wit::consumer",
-            with: {
-                "outbox:plugin/types@0.1.0": crate::wit::transformer::outbox::plugin::types,
-                "outbox:plugin/config@0.1.0": crate::wit::transformer::outbox::plugin::config,
-            },
-        });
-    }
 }
 
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::consumer::run_consumer;
-
     use crate::wit::transformer::outbox::plugin::types as wit;
 
     /// The adapter the export macro calls: converts, runs, converts back.
@@ -105,29 +91,6 @@ macro_rules! export_transformer {
 
         $crate::wit::transformer::__export_transformer_world!(
             __OutboxdTransformerExport with_types_in $crate::wit::transformer
-        );
-    };
-}
-
-/// Exports a [`Consumer`] as the component's `handle` function.
-#[macro_export]
-macro_rules! export_consumer {
-    ($ty:ty) => {
-        #[doc(hidden)]
-        struct __OutboxdConsumerExport;
-
-        impl $crate::wit::consumer::Guest for __OutboxdConsumerExport {
-            fn handle(
-                tx: &$crate::wit::consumer::outbox::plugin::transaction::Transaction,
-                message: $crate::wit::transformer::outbox::plugin::types::Message,
-            ) -> ::core::result::Result<(), $crate::wit::transformer::outbox::plugin::types::PluginError>
-            {
-                $crate::__private::run_consumer::<$ty>(tx, message)
-            }
-        }
-
-        $crate::wit::consumer::__export_consumer_world!(
-            __OutboxdConsumerExport with_types_in $crate::wit::consumer
         );
     };
 }

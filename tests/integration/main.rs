@@ -42,6 +42,7 @@ mod outbox_basics;
 mod plugin_chains;
 mod plugin_limits;
 mod plugin_sql_walls;
+mod plugin_worlds;
 mod plugins;
 mod process;
 mod process_consumers;

@@ -6,8 +6,9 @@
 
 use std::sync::Arc;
 
+use super::bindings::{GuestEvent, GuestMessage};
+use super::error::PluginError;
 use super::transformer::TransformerPlugin;
-use super::{GuestEvent, GuestMessage, PluginError};
 
 /// Which plugin of a chain failed, and how.
 #[derive(Debug, Clone, thiserror::Error)]

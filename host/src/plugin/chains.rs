@@ -5,8 +5,10 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
+use super::chain::{Chain, TopicPolicy};
+use super::engine::PluginEngine;
 use super::shadow::ShadowStats;
-use super::{Chain, PluginEngine, PluginSpec, TopicPolicy, TransformerPlugin};
+use super::transformer::{PluginSpec, TransformerPlugin};
 use outboxd_core::route::{Route, Router};
 
 /// What one route runs: its chain and, while a candidate is in shadow, the

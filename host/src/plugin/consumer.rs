@@ -1,18 +1,17 @@
 //! One consumer plugin version: compiled and pre-instantiated once, then
 //! called per message in a sandboxed Store that is reused until it fails.
 //! During the call the plugin borrows the host's transaction (see
-//! [`super::transaction`]); it never holds a connection.
+//! [`super::host::transaction`]); it never holds a connection.
 
 use std::time::Instant;
 
-use wasmtime::component::Resource;
-
 use super::bindings::consumer::{Consumer, ConsumerPre};
 use super::bindings::transformer::outbox::plugin::types::{Message, PluginError as WitError};
-use super::error::PluginError;
+use super::error::{PluginError, classify};
+use super::host::transaction::server::TxnServer;
+use super::host::transaction::{TxnPolicy, link, next_request};
+use super::host::{ConsumerState, StoreState};
 use super::loaded::Loaded;
-use super::transaction::{ActiveTransaction, TxnPolicy, TxnServer, link, next_request};
-use super::transformer::classify;
 use crate::store::InboxTx;
 
 /// A loaded consumer plugin. Share it with `Arc`; calls may overlap.
@@ -25,9 +24,11 @@ super::loaded::plugin_world!(
     Consumer,
     ConsumerPre,
     ConsumerPlugin,
+    data: ConsumerState,
+    linker: consumers,
     name: "outbox:plugin/consumer@0.1.0",
     imports: "a consumer may import only WASI p2, outbox:plugin/config and outbox:plugin/transaction@0.1.0",
-    build: "build it with export_consumer!",
+    build: "build it with outboxd-guest-consumer's export_consumer!",
 );
 
 impl ConsumerPlugin {
@@ -70,14 +71,7 @@ impl ConsumerPlugin {
     ) -> Result<(), PluginError> {
         let mut slot = self.loaded.slot().await?;
         let mailbox = link();
-        slot.store.data_mut().txn = Some(mailbox.clone());
-        let resource = slot
-            .store
-            .data_mut()
-            .table
-            .push(ActiveTransaction)
-            .map_err(|e| PluginError::Trap(format!("cannot create the transaction handle: {e}")))?;
-        let borrowed = Resource::<ActiveTransaction>::new_borrow(resource.rep());
+        let handle = slot.store.data_mut().transaction().lend(mailbox.clone())?;
         let mut server = TxnServer::new(tx, policy);
         // The epoch deadline stops guest code; this bounds a host call that
         // hangs (a lock wait on SQLite, say) as well.
@@ -88,9 +82,7 @@ impl ConsumerPlugin {
             .saturating_mul(2)
             .saturating_add(policy.statement_timeout);
         let result = {
-            let call = slot
-                .bindings
-                .call_handle(&mut slot.store, borrowed, message);
+            let call = slot.bindings.call_handle(&mut slot.store, handle, message);
             tokio::pin!(call);
             let serve = async {
                 loop {
@@ -112,8 +104,7 @@ impl ConsumerPlugin {
                 self.loaded.limits.timeout.as_millis() as u64
             ));
         };
-        slot.store.data_mut().txn = None;
-        let _ = slot.store.data_mut().table.delete(resource);
+        slot.store.data_mut().transaction().end_loan();
         self.loaded.drain_logs(&slot.store);
         let outcome = match result {
             Ok(Ok(())) => match server.failure.take() {
@@ -131,7 +122,7 @@ impl ConsumerPlugin {
                 message: with_failure(message, server.failure.take()),
             }),
             Err(e) => {
-                let hit = slot.store.data().memory.hit;
+                let hit = slot.store.data().sandbox().memory.hit;
                 return Err(classify(e, hit, &self.loaded.limits));
             }
         };

@@ -3,9 +3,11 @@
 //! plus the size cap, a compatible WIT version, and a transformer's sample
 //! events or a consumer's link check. A refused version changes nothing.
 
+use super::consumer::ConsumerPlugin;
+use super::engine::PluginEngine;
 use super::harness::SampleEvent;
 use super::transformer::{PluginSpec, TransformerPlugin};
-use super::{ConsumerPlugin, PluginEngine, validate};
+use super::validate;
 
 /// Components larger than this are refused.
 pub const MAX_COMPONENT_BYTES: usize = 32 * 1024 * 1024;

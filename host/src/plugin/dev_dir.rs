@@ -9,8 +9,9 @@ use std::time::{Duration, SystemTime};
 
 use tokio::sync::watch;
 
+use super::engine::PluginEngine;
 use super::registry::{Deployed, Registry};
-use super::{PluginEngine, PluginSpec};
+use super::transformer::PluginSpec;
 
 /// Scans `dir` once: deploys and activates every new or changed file.
 /// `seen` remembers modification times between scans.

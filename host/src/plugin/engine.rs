@@ -1,15 +1,16 @@
-//! The shared engine: one wasmtime `Engine` and `Linker` for every plugin,
-//! plus the thread that advances the epoch clock the call deadlines use.
+//! The shared engine: one wasmtime `Engine` for every plugin, a `Linker`
+//! per world, and the thread that advances the epoch clock the call
+//! deadlines use.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
-use wasmtime::component::{HasSelf, Linker};
+use wasmtime::component::Linker;
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
-use super::PluginError;
-use super::bindings::transformer::Transformer;
-use super::host::HostState;
+use super::error::PluginError;
+use super::host::{ConsumerState, StoreState, TransformerState};
 
 /// One epoch tick. Deadlines are whole ticks, so a 50 ms deadline fires
 /// between 50 and 52 ms.
@@ -29,7 +30,10 @@ pub struct EngineConfig {
 #[derive(Clone)]
 pub struct PluginEngine {
     pub(crate) engine: Engine,
-    pub(crate) linker: std::sync::Arc<Linker<HostState>>,
+    /// WASI and `config`: what a transformer may import.
+    pub(crate) transformers: Arc<Linker<TransformerState>>,
+    /// The same plus `transaction`.
+    pub(crate) consumers: Arc<Linker<ConsumerState>>,
     pub(crate) config: EngineConfig,
 }
 
@@ -65,25 +69,13 @@ impl PluginEngine {
         }
         let engine = Engine::new(&wasm)
             .map_err(|e| PluginError::Invalid(format!("cannot create the Wasm engine: {e}")))?;
-        let mut linker = Linker::<HostState>::new(&engine);
-        // Every WASI p2 interface is linked so that any WASI-capable
-        // toolchain's output instantiates; what they can reach is decided by
-        // the context in `HostState::new` (no dirs, no network, no env).
-        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
-            .map_err(|e| PluginError::Invalid(format!("cannot link WASI: {e}")))?;
-        Transformer::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
-            .map_err(|e| PluginError::Invalid(format!("cannot link outbox:plugin: {e}")))?;
-        // Consumers also import the transaction interface; `config` and
-        // `types` are shared with the transformer world and already linked.
-        super::bindings::consumer::outbox::plugin::transaction::add_to_linker::<
-            HostState,
-            HasSelf<HostState>,
-        >(&mut linker, |s| s)
-        .map_err(|e| PluginError::Invalid(format!("cannot link outbox:plugin/transaction: {e}")))?;
+        let transformers = Arc::new(TransformerState::linker(&engine)?);
+        let consumers = Arc::new(ConsumerState::linker(&engine)?);
         spawn_ticker(&engine);
         Ok(Self {
             engine,
-            linker: std::sync::Arc::new(linker),
+            transformers,
+            consumers,
             config,
         })
     }

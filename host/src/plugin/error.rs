@@ -1,5 +1,7 @@
 //! [`PluginError`]: every way a plugin call can fail, typed by what the
-//! caller does about it.
+//! caller does about it, and [`classify`], which types a wasmtime error.
+
+use super::limits::Limits;
 
 /// A failed plugin call. Anything but `Guest` discards the Store.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -19,8 +21,8 @@ pub enum PluginError {
     /// The call returned more messages than allowed.
     #[error("{count} messages exceed the fan-out cap of {cap} (limits.max_outputs)")]
     TooManyOutputs { count: usize, cap: usize },
-    /// An output names a topic its route does not allow (see
-    /// [`super::chain::TopicPolicy`]).
+    /// An output names a topic its route does not allow (see the chain's
+    /// `TopicPolicy`).
     #[error(
         "output topic `{topic}` is not allowed: {route_key} publishes to `{route_topic}`; \
          add `{topic}` to {route_key}.allowed_topics if this plugin may send there"
@@ -122,5 +124,26 @@ impl ErrorKind {
             ErrorKind::Instantiate => "instantiate",
             ErrorKind::Transaction => "transaction",
         }
+    }
+}
+
+/// Turns a wasmtime error from a call or an instantiation into a
+/// [`PluginError`]; `memory_hit` says whether the Store's memory cap
+/// refused a growth, which is what the trap that follows is about.
+pub(crate) fn classify(e: wasmtime::Error, memory_hit: bool, limits: &Limits) -> PluginError {
+    if let Some(wasmtime::Trap::Interrupt) = e.downcast_ref::<wasmtime::Trap>() {
+        return PluginError::Timeout(limits.timeout.as_millis() as u64);
+    }
+    if memory_hit {
+        return PluginError::OutOfMemory {
+            cap_bytes: limits.memory_bytes(),
+        };
+    }
+    // The cause alone: the wasm backtrace around it can fill a dead
+    // reason's 500 characters by itself (a stack overflow has thousands of
+    // frames) and cut the cause off.
+    match e.downcast_ref::<wasmtime::Trap>() {
+        Some(trap) => PluginError::Trap(trap.to_string()),
+        None => PluginError::Trap(format!("{e:#}")),
     }
 }

@@ -1,32 +1,33 @@
 //! What every loaded plugin version has, whatever its world: read, checked,
 //! compiled (or loaded from the cache) and pre-instantiated once; its name,
 //! version, limits and config; and a pool of idle Stores with live
-//! instances, reused until a call fails. [`TransformerPlugin`] and
-//! [`ConsumerPlugin`] are this plus their call.
-//!
-//! [`TransformerPlugin`]: super::TransformerPlugin
-//! [`ConsumerPlugin`]: super::ConsumerPlugin
+//! instances, reused until a call fails. The pool is one code for both
+//! worlds, generic over the world's Store data ([`World::Data`]).
+//! `TransformerPlugin` and `ConsumerPlugin` are this plus their call.
 
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
+use outboxd_core::config::PluginSpec;
 use sha2::{Digest, Sha256};
 use wasmtime::Store;
-use wasmtime::component::InstancePre;
+use wasmtime::component::{InstancePre, Linker};
 
+use super::cache;
 use super::engine::{EPOCH_TICK, PluginEngine};
-use super::error::PluginError;
-use super::host::HostState;
+use super::error::{PluginError, classify};
+use super::host::StoreState;
+use super::host::log::{LineBudget, drain};
 use super::limits::Limits;
-use super::log::{LineBudget, drain};
 use super::metrics::PluginMetrics;
-use super::transformer::{PluginSpec, classify};
-use super::{cache, validate};
 
-/// A WIT world a plugin may export: its pre-instantiated form and how to
-/// instantiate it, and the words of the errors that refuse a component.
+/// A WIT world a plugin may export: its Store data and Linker, its
+/// pre-instantiated form and how to instantiate it, and the words of the
+/// errors that refuse a component.
 pub(crate) trait World: Sized + Send + 'static {
+    /// What this world's Store holds.
+    type Data: StoreState;
     type Pre: Send + Sync + 'static;
     /// `outbox:plugin/transformer@0.1.0`, say.
     const NAME: &'static str;
@@ -34,10 +35,12 @@ pub(crate) trait World: Sized + Send + 'static {
     const IMPORTS: &'static str;
     /// How to build one.
     const BUILD_HINT: &'static str;
-    fn pre(instance: InstancePre<HostState>) -> wasmtime::Result<Self::Pre>;
+    /// This world's Linker in `engine`.
+    fn linker(engine: &PluginEngine) -> &Linker<Self::Data>;
+    fn pre(instance: InstancePre<Self::Data>) -> wasmtime::Result<Self::Pre>;
     fn instantiate(
         pre: &Self::Pre,
-        store: &mut Store<HostState>,
+        store: &mut Store<Self::Data>,
     ) -> impl Future<Output = wasmtime::Result<Self>> + Send;
 }
 
@@ -47,23 +50,31 @@ pub(crate) trait World: Sized + Send + 'static {
 macro_rules! plugin_world {
     (
         $bindings:ty, $pre:ident, $plugin:ident,
+        data: $data:ty, linker: $linker:ident,
         name: $name:literal, imports: $imports:literal, build: $hint:literal $(,)?
     ) => {
         impl $crate::plugin::loaded::World for $bindings {
-            type Pre = $pre<$crate::plugin::host::HostState>;
+            type Data = $data;
+            type Pre = $pre<$data>;
             const NAME: &'static str = $name;
             const IMPORTS: &'static str = $imports;
             const BUILD_HINT: &'static str = $hint;
 
+            fn linker(
+                engine: &$crate::plugin::engine::PluginEngine,
+            ) -> &wasmtime::component::Linker<$data> {
+                &engine.$linker
+            }
+
             fn pre(
-                instance: wasmtime::component::InstancePre<$crate::plugin::host::HostState>,
+                instance: wasmtime::component::InstancePre<$data>,
             ) -> wasmtime::Result<Self::Pre> {
                 $pre::new(instance)
             }
 
             fn instantiate(
                 pre: &Self::Pre,
-                store: &mut wasmtime::Store<$crate::plugin::host::HostState>,
+                store: &mut wasmtime::Store<$data>,
             ) -> impl std::future::Future<Output = wasmtime::Result<Self>> + Send {
                 pre.instantiate_async(store)
             }
@@ -74,9 +85,9 @@ macro_rules! plugin_world {
             /// pre-instantiates the component: everything that can be done
             /// once per version.
             pub fn load(
-                engine: &$crate::plugin::PluginEngine,
-                spec: &$crate::plugin::PluginSpec,
-            ) -> Result<Self, $crate::plugin::PluginError> {
+                engine: &$crate::plugin::engine::PluginEngine,
+                spec: &outboxd_core::config::PluginSpec,
+            ) -> Result<Self, $crate::plugin::error::PluginError> {
                 Ok(Self {
                     loaded: $crate::plugin::loaded::Loaded::load(engine, spec)?,
                 })
@@ -86,10 +97,10 @@ macro_rules! plugin_world {
             /// registry version); `spec.path` only names the source in
             /// errors.
             pub fn from_bytes(
-                engine: &$crate::plugin::PluginEngine,
-                spec: &$crate::plugin::PluginSpec,
+                engine: &$crate::plugin::engine::PluginEngine,
+                spec: &outboxd_core::config::PluginSpec,
                 wasm: &[u8],
-            ) -> Result<Self, $crate::plugin::PluginError> {
+            ) -> Result<Self, $crate::plugin::error::PluginError> {
                 Ok(Self {
                     loaded: $crate::plugin::loaded::Loaded::from_bytes(engine, spec, wasm)?,
                 })
@@ -103,7 +114,7 @@ macro_rules! plugin_world {
                 &self.loaded.version
             }
 
-            pub fn metrics(&self) -> &$crate::plugin::PluginMetrics {
+            pub fn metrics(&self) -> &$crate::plugin::metrics::PluginMetrics {
                 &self.loaded.metrics
             }
 
@@ -117,8 +128,8 @@ macro_rules! plugin_world {
 pub(crate) use plugin_world;
 
 /// A Store with a live instance, ready for the next call.
-pub(crate) struct Slot<W> {
-    pub(crate) store: Store<HostState>,
+pub(crate) struct Slot<W: World> {
+    pub(crate) store: Store<W::Data>,
     pub(crate) bindings: W,
 }
 
@@ -178,7 +189,7 @@ impl<W: World> Loaded<W> {
                 spec.path.display()
             ))
         };
-        validate::check_is_component(wasm).map_err(invalid)?;
+        check_is_component(wasm).map_err(invalid)?;
         let sha256 = hex::encode(Sha256::digest(wasm));
         let component = cache::load_or_compile(
             &engine.engine,
@@ -187,7 +198,7 @@ impl<W: World> Loaded<W> {
             wasm,
         )
         .map_err(|e| invalid(format!("does not compile: {e}")))?;
-        let instance_pre = engine.linker.instantiate_pre(&component).map_err(|e| {
+        let instance_pre = W::linker(engine).instantiate_pre(&component).map_err(|e| {
             invalid(format!(
                 "imports something outboxd does not provide ({e}); {}",
                 W::IMPORTS
@@ -236,7 +247,7 @@ impl<W: World> Loaded<W> {
             Some(slot) => slot,
             None => self.instantiate().await?,
         };
-        slot.store.data_mut().memory.hit = false;
+        slot.store.data_mut().sandbox_mut().memory.hit = false;
         slot.store
             .set_epoch_deadline(self.deadline_ticks(self.limits.timeout));
         Ok(slot)
@@ -256,9 +267,9 @@ impl<W: World> Loaded<W> {
     async fn instantiate(&self) -> Result<Slot<W>, PluginError> {
         let mut store = Store::new(
             &self.engine.engine,
-            HostState::new(self.limits.memory_bytes(), self.config.clone()),
+            W::Data::new(self.limits.memory_bytes(), self.config.clone()),
         );
-        store.limiter(|s| &mut s.memory);
+        store.limiter(|s| &mut s.sandbox_mut().memory);
         store.epoch_deadline_trap();
         // Start-up code (a Python interpreter's, say) gets ten call budgets.
         store.set_epoch_deadline(self.deadline_ticks(self.limits.timeout.saturating_mul(10)));
@@ -266,7 +277,7 @@ impl<W: World> Loaded<W> {
         match W::instantiate(&self.pre, &mut store).await {
             Ok(bindings) => Ok(Slot { store, bindings }),
             Err(e) => {
-                let hit = store.data().memory.hit;
+                let hit = store.data().sandbox().memory.hit;
                 self.drain_logs(&store);
                 Err(match classify(e, hit, &self.limits) {
                     PluginError::Trap(m) => PluginError::Instantiate(m),
@@ -277,9 +288,28 @@ impl<W: World> Loaded<W> {
     }
 
     /// Passes what the guest printed to the log, within its budget.
-    pub(crate) fn drain_logs(&self, store: &Store<HostState>) {
-        let data = store.data();
+    pub(crate) fn drain_logs(&self, store: &Store<W::Data>) {
+        let data = store.data().sandbox();
         drain(&self.name, "stdout", &data.stdout, &self.log_budget);
         drain(&self.name, "stderr", &data.stderr, &self.log_budget);
     }
+}
+
+/// A core Wasm module starts with this version/layer word; a component
+/// with `0d 00 01 00`.
+const COMPONENT_LAYER: [u8; 4] = [0x0d, 0x00, 0x01, 0x00];
+
+/// The first check of any plugin file, before it is compiled: is it a
+/// component at all.
+pub fn check_is_component(wasm: &[u8]) -> Result<(), String> {
+    if wasm.len() < 8 || &wasm[..4] != b"\0asm" {
+        return Err("not a WebAssembly file (no \\0asm header)".into());
+    }
+    if wasm[4..8] != COMPONENT_LAYER {
+        return Err(
+            "a core Wasm module, not a component; build for wasm32-wasip2 (or run `wasm-tools component new`)"
+                .into(),
+        );
+    }
+    Ok(())
 }

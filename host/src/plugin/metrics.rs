@@ -97,28 +97,3 @@ impl PluginMetrics {
         }
     }
 }
-
-impl crate::metrics::PluginReport for super::TransformerPlugin {
-    fn name(&self) -> &str {
-        super::TransformerPlugin::name(self)
-    }
-
-    fn version(&self) -> &str {
-        super::TransformerPlugin::version(self)
-    }
-
-    fn counters(&self) -> crate::metrics::PluginCounters {
-        let m = self.metrics();
-        let s = m.snapshot();
-        crate::metrics::PluginCounters {
-            calls: s.calls,
-            errors: s.errors,
-            total_time: s.total_time,
-            memory_high_water: m.memory_high_water(),
-        }
-    }
-
-    fn latency(&self) -> &crate::metrics::Histogram {
-        self.metrics().latency()
-    }
-}

@@ -4,15 +4,16 @@
 //! # Layout
 //!
 //! - [`bindings`]: the only `bindgen!` in outboxd, over `wit/`.
-//! - [`engine`]: the shared `Engine`, `Linker` and epoch ticker.
+//! - [`engine`]: the shared `Engine`, a `Linker` per world, the epoch ticker.
 //! - [`transformer`]: one plugin version, prepared once (`Component` plus
 //!   `InstancePre`), called per event in a reused, sandboxed Store.
 //! - [`chain`]: runs a route's chain of transformers over one event.
 //! - [`consumer`]: one consumer plugin version, called per message with a
-//!   borrowed [`transaction`] whose SQL values are converted by
+//!   borrowed [`host::transaction`] whose SQL values are converted by
 //!   [`sql_values`].
-//! - [`limits`], [`host`], [`log`]: the sandbox — memory cap, locked-down
-//!   WASI, captured and rate-limited guest output.
+//! - [`host`]: what a plugin's Store holds, one module per host capability
+//!   (the sandbox's WASI and guest output, `config`, `transaction`), and
+//!   one Store type and Linker per world; [`limits`]: the memory cap.
 //! - [`cache`]: compiled components on disk, keyed by sha256.
 //! - [`dev_dir`]: a directory whose files are deployed and activated (dev).
 //! - [`registry`]: plugin versions stored in the database (deploy, activate,
@@ -36,29 +37,25 @@ pub mod harness;
 pub mod host;
 pub mod limits;
 mod loaded;
-pub mod log;
 pub mod metrics;
 pub mod registry;
 pub mod rollout;
 pub mod shadow;
 pub mod slot;
 pub mod sql_values;
-pub mod transaction;
 pub mod transformer;
 pub mod validate;
 
-pub use bindings::transformer::outbox::plugin::types::{
-    Event as GuestEvent, OutgoingMessage as GuestMessage,
-};
+pub use bindings::{GuestEvent, GuestMessage};
 pub use chain::{Chain, ChainError, TopicPolicy};
 pub use chains::{ChainTable, Chains, RouteChain, Shadow, build_chains};
 pub use consumer::ConsumerPlugin;
 pub use engine::{EngineConfig, PluginEngine};
 pub use error::{ErrorKind, PluginError};
+pub use host::transaction::TxnPolicy;
 pub use limits::Limits;
 pub use metrics::{MetricsSnapshot, PluginMetrics};
 pub use registry::{Deployed, PluginRecord, Registry, RegistryError};
 pub use rollout::{Refreshed, Rollout};
 pub use slot::{ActiveConsumer, ConsumerVersions};
-pub use transaction::TxnPolicy;
 pub use transformer::{PluginSource, PluginSpec, TransformerPlugin};

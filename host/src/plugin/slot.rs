@@ -5,7 +5,7 @@
 
 use std::sync::{Arc, RwLock};
 
-use super::ConsumerPlugin;
+use super::consumer::ConsumerPlugin;
 use super::shadow::ShadowStats;
 
 /// What a consumer runs: its active version and, while a candidate is in

@@ -7,7 +7,8 @@ use super::bindings::transformer::outbox::plugin::types::{
     Event, OutgoingMessage, PluginError as WitError,
 };
 use super::bindings::transformer::{Transformer, TransformerPre};
-use super::error::PluginError;
+use super::error::{PluginError, classify};
+use super::host::{StoreState, TransformerState};
 use super::limits::Limits;
 use super::loaded::Loaded;
 
@@ -24,8 +25,11 @@ super::loaded::plugin_world!(
     Transformer,
     TransformerPre,
     TransformerPlugin,
+    data: TransformerState,
+    linker: transformers,
     name: "outbox:plugin/transformer@0.1.0",
-    imports: "a transformer may import only WASI p2 and outbox:plugin/config@0.1.0",
+    imports: "a transformer may import only WASI p2 and outbox:plugin/config@0.1.0; \
+              outbox:plugin/transaction is for consumers, which export `handle`",
     build: "build it against wit/outbox-plugin.wit",
 );
 
@@ -56,7 +60,7 @@ impl TransformerPlugin {
         let result = slot.bindings.call_transform(&mut slot.store, event).await;
         self.loaded
             .metrics
-            .memory_used(slot.store.data().memory.used());
+            .memory_used(slot.store.data().sandbox().memory.used());
         self.loaded.drain_logs(&slot.store);
         let outcome = match result {
             Ok(Ok(messages)) => self.check_output(messages),
@@ -70,7 +74,7 @@ impl TransformerPlugin {
             }),
             Err(e) => {
                 // The instance may be in any state: drop the Store.
-                let hit = slot.store.data().memory.hit;
+                let hit = slot.store.data().sandbox().memory.hit;
                 return Err(classify(e, hit, &self.loaded.limits));
             }
         };
@@ -110,22 +114,27 @@ pub fn message_bytes(m: &OutgoingMessage) -> usize {
             .sum::<usize>()
 }
 
-/// Turns a wasmtime error from a call or an instantiation into a
-/// [`PluginError`].
-pub(crate) fn classify(e: wasmtime::Error, memory_hit: bool, limits: &Limits) -> PluginError {
-    if let Some(wasmtime::Trap::Interrupt) = e.downcast_ref::<wasmtime::Trap>() {
-        return PluginError::Timeout(limits.timeout.as_millis() as u64);
+impl crate::metrics::PluginReport for TransformerPlugin {
+    fn name(&self) -> &str {
+        TransformerPlugin::name(self)
     }
-    if memory_hit {
-        return PluginError::OutOfMemory {
-            cap_bytes: limits.memory_bytes(),
-        };
+
+    fn version(&self) -> &str {
+        TransformerPlugin::version(self)
     }
-    // The cause alone: the wasm backtrace around it can fill a dead
-    // reason's 500 characters by itself (a stack overflow has thousands of
-    // frames) and cut the cause off.
-    match e.downcast_ref::<wasmtime::Trap>() {
-        Some(trap) => PluginError::Trap(trap.to_string()),
-        None => PluginError::Trap(format!("{e:#}")),
+
+    fn counters(&self) -> crate::metrics::PluginCounters {
+        let m = self.metrics();
+        let s = m.snapshot();
+        crate::metrics::PluginCounters {
+            calls: s.calls,
+            errors: s.errors,
+            total_time: s.total_time,
+            memory_high_water: m.memory_high_water(),
+        }
+    }
+
+    fn latency(&self) -> &crate::metrics::Histogram {
+        self.metrics().latency()
     }
 }

@@ -4,29 +4,17 @@
 use serde::Serialize;
 use wasmtime::component::Component;
 
-use super::PluginError;
 use super::engine::PluginEngine;
+use super::error::PluginError;
 use super::transformer::{PluginSpec, TransformerPlugin};
+
+pub use super::loaded::check_is_component;
 
 /// The WIT package the host implements.
 pub const WIT_PACKAGE: &str = "outbox:plugin@0.1.0";
 
-/// A core Wasm module starts with this version/layer word; a component
-/// with `0d 00 01 00`.
-const COMPONENT_LAYER: [u8; 4] = [0x0d, 0x00, 0x01, 0x00];
-
-pub fn check_is_component(wasm: &[u8]) -> Result<(), String> {
-    if wasm.len() < 8 || &wasm[..4] != b"\0asm" {
-        return Err("not a WebAssembly file (no \\0asm header)".into());
-    }
-    if wasm[4..8] != COMPONENT_LAYER {
-        return Err(
-            "a core Wasm module, not a component; build for wasm32-wasip2 (or run `wasm-tools component new`)"
-                .into(),
-        );
-    }
-    Ok(())
-}
+/// The interface only a consumer's Linker provides.
+const TRANSACTION: &str = "outbox:plugin/transaction@0.1.0";
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub enum Verdict {
@@ -56,21 +44,22 @@ impl Validation {
     }
 }
 
-fn verdict(import: &str) -> Verdict {
+/// Whether a component of `world` may import `import`.
+fn verdict(import: &str, world: Option<&str>) -> Verdict {
     let (name, _version) = import.split_once('@').unwrap_or((import, ""));
     if !import.contains(':') {
-        // A component-level type import (the guest SDK imports the
-        // `transaction` resource type); the type-checked link below is what
-        // decides whether it fits.
+        // A component-level type import (a consumer imports the
+        // `transaction` resource type its `handle` borrows); the
+        // type-checked link below is what decides whether it fits.
         return Verdict::Allowed;
     }
     if import.starts_with("outbox:plugin/") {
-        // `transaction` is linked for every plugin; outside a consumer's
-        // `handle` call every use of it returns a db-error.
-        return if import == "outbox:plugin/config@0.1.0"
+        // `transaction` is in the consumer's Linker only: a transformer's
+        // Store has no transaction to lend.
+        let allowed = import == "outbox:plugin/config@0.1.0"
             || import == "outbox:plugin/types@0.1.0"
-            || import == "outbox:plugin/transaction@0.1.0"
-        {
+            || (import == TRANSACTION && world != Some("transformer"));
+        return if allowed {
             Verdict::Allowed
         } else {
             Verdict::Missing
@@ -91,10 +80,6 @@ pub fn validate(engine: &PluginEngine, wasm: &[u8]) -> Result<Validation, Plugin
     let component = Component::new(engine.engine(), wasm)
         .map_err(|e| PluginError::Invalid(format!("does not compile: {e:#}")))?;
     let ty = component.component_type();
-    let imports: Vec<(String, Verdict)> = ty
-        .imports(engine.engine())
-        .map(|(name, _)| (name.to_string(), verdict(name)))
-        .collect();
     let exports: Vec<String> = ty
         .exports(engine.engine())
         .map(|(name, _)| name.to_string())
@@ -106,6 +91,10 @@ pub fn validate(engine: &PluginEngine, wasm: &[u8]) -> Result<Validation, Plugin
     } else {
         None
     };
+    let imports: Vec<(String, Verdict)> = ty
+        .imports(engine.engine())
+        .map(|(name, _)| (name.to_string(), verdict(name, world)))
+        .collect();
     let wit_version = imports
         .iter()
         .find_map(|(name, _)| name.strip_prefix("outbox:plugin/"))
@@ -114,8 +103,13 @@ pub fn validate(engine: &PluginEngine, wasm: &[u8]) -> Result<Validation, Plugin
     let mut problems: Vec<String> = imports
         .iter()
         .filter(|(_, v)| *v == Verdict::Missing)
-        .map(|(name, _)| {
-            format!("import `{name}` is not provided by outboxd ({WIT_PACKAGE}, WASI p2)")
+        .map(|(name, _)| match (name.as_str(), world) {
+            (TRANSACTION, Some("transformer")) => format!(
+                "import `{TRANSACTION}` is for consumers only: a transformer's Store has no \
+                 transaction (build it with a guest SDK that keeps the consumer world out of \
+                 transformers, or export `handle` to be a consumer)"
+            ),
+            _ => format!("import `{name}` is not provided by outboxd ({WIT_PACKAGE}, WASI p2)"),
         })
         .collect();
     match world {
@@ -130,7 +124,7 @@ pub fn validate(engine: &PluginEngine, wasm: &[u8]) -> Result<Validation, Plugin
         Some("consumer") if problems.is_empty() => {
             // The same type-checked link the consumer runner does.
             let linked = engine
-                .linker
+                .consumers
                 .instantiate_pre(&component)
                 .map_err(|e| e.to_string())
                 .and_then(|pre| {

@@ -7,7 +7,7 @@
 //! key to pass to an external billing API, so a retry after a crash cannot
 //! charge twice there either.
 
-use outboxd_guest::{Consumer, Delivery, Error, Result, Transaction};
+use outboxd_guest_consumer::{Consumer, Delivery, Error, Result, Transaction};
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -64,4 +64,4 @@ impl Consumer for Billing {
     }
 }
 
-outboxd_guest::export_consumer!(Billing);
+outboxd_guest_consumer::export_consumer!(Billing);

@@ -3,7 +3,7 @@
 //! and only if the invoice does. Config `fail_after_emit = "true"` returns
 //! a retryable error after emitting (the tests' rolled-back handler).
 
-use outboxd_guest::{Consumer, Delivery, Error, NewEvent, Result, Transaction, config};
+use outboxd_guest_consumer::{Consumer, Delivery, Error, NewEvent, Result, Transaction, config};
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -29,7 +29,7 @@ impl Consumer for Invoicing {
             ],
         )?;
         let invoice_id = match rows.rows.first().and_then(|r| r.first()) {
-            Some(outboxd_guest::Value::Int(id)) => *id,
+            Some(outboxd_guest_consumer::Value::Int(id)) => *id,
             other => return Err(Error::permanent(format!("unexpected RETURNING: {other:?}"))),
         };
         let event = NewEvent::json(
@@ -50,4 +50,4 @@ impl Consumer for Invoicing {
     }
 }
 
-outboxd_guest::export_consumer!(Invoicing);
+outboxd_guest_consumer::export_consumer!(Invoicing);

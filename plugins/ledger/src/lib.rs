@@ -7,7 +7,7 @@
 //! The table (created by the soak):
 //! `ledger(id identity, message_id, aggregate_id, seq, shape, writer)`.
 
-use outboxd_guest::{Consumer, Delivery, Error, Result, Transaction};
+use outboxd_guest_consumer::{Consumer, Delivery, Error, Result, Transaction};
 use serde::Deserialize;
 
 #[cfg(not(feature = "v2"))]
@@ -71,4 +71,4 @@ impl Consumer for Ledger {
     }
 }
 
-outboxd_guest::export_consumer!(Ledger);
+outboxd_guest_consumer::export_consumer!(Ledger);

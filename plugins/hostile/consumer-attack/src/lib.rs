@@ -9,7 +9,7 @@
 //! statement. Without `sql`: writes one invoice for `order_id` (the
 //! innocent effect).
 
-use outboxd_guest::{Consumer, Delivery, NewEvent, Result, Transaction};
+use outboxd_guest_consumer::{Consumer, Delivery, NewEvent, Result, Transaction};
 use serde::Deserialize;
 
 #[derive(Deserialize, Default)]
@@ -54,4 +54,4 @@ impl Consumer for Attack {
     }
 }
 
-outboxd_guest::export_consumer!(Attack);
+outboxd_guest_consumer::export_consumer!(Attack);

@@ -2,7 +2,7 @@
 //! error. The statement budget stops the calls and the deadline stops the
 //! loop.
 
-use outboxd_guest::{Consumer, Delivery, Result, Transaction};
+use outboxd_guest_consumer::{Consumer, Delivery, Result, Transaction};
 
 struct Forever;
 
@@ -19,4 +19,4 @@ impl Consumer for Forever {
     }
 }
 
-outboxd_guest::export_consumer!(Forever);
+outboxd_guest_consumer::export_consumer!(Forever);

@@ -11,7 +11,7 @@
 //!
 //! Without any of them it only writes the invoice.
 
-use outboxd_guest::{Consumer, Delivery, Result, Transaction, config};
+use outboxd_guest_consumer::{Consumer, Delivery, Result, Transaction, config};
 use serde::Deserialize;
 
 #[derive(Deserialize, Default)]
@@ -44,7 +44,10 @@ fn recurse(n: u64) -> u64 {
 fn not_utf8_sql() -> String {
     let bytes = b"SELECT '\xFF\xFE'".to_vec();
     // SAFETY: deliberately unsound; only handed to the host, never read here.
-    #[allow(unsafe_code, reason = "a hostile plugin: the invalid string is the test")]
+    #[allow(
+        unsafe_code,
+        reason = "a hostile plugin: the invalid string is the test"
+    )]
     unsafe {
         String::from_utf8_unchecked(bytes)
     }
@@ -82,4 +85,4 @@ impl Consumer for Misbehave {
     }
 }
 
-outboxd_guest::export_consumer!(Misbehave);
+outboxd_guest_consumer::export_consumer!(Misbehave);

@@ -9,7 +9,7 @@
 //! tables; outside the plugin's role too). The database's: `slow` (past
 //! the statement timeout). The host's: `rows` (past the row budget).
 
-use outboxd_guest::{Consumer, Delivery, Result, Transaction, config};
+use outboxd_guest_consumer::{Consumer, Delivery, Result, Transaction, config};
 
 struct Escape;
 
@@ -63,4 +63,4 @@ impl Consumer for Escape {
     }
 }
 
-outboxd_guest::export_consumer!(Escape);
+outboxd_guest_consumer::export_consumer!(Escape);

@@ -2,7 +2,7 @@
 //! `"false"`: a test redelivers the same message to a fixed version of the
 //! plugin and sees it succeed once.
 
-use outboxd_guest::{Consumer, Delivery, Result, Transaction};
+use outboxd_guest_consumer::{Consumer, Delivery, Result, Transaction};
 
 struct TrapAfterWrite;
 
@@ -13,11 +13,11 @@ impl Consumer for TrapAfterWrite {
              VALUES ('trap', 'trap', 1, $1, 0)",
             &[message.id.as_str().into()],
         )?;
-        if outboxd_guest::config::get("trap").as_deref() != Some("false") {
+        if outboxd_guest_consumer::config::get("trap").as_deref() != Some("false") {
             panic!("trapping after a write");
         }
         Ok(())
     }
 }
 
-outboxd_guest::export_consumer!(TrapAfterWrite);
+outboxd_guest_consumer::export_consumer!(TrapAfterWrite);

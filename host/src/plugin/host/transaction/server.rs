@@ -1,157 +1,19 @@
-//! The host side of the `transaction` resource a consumer plugin borrows
-//! during `handle`. The plugin never holds the database transaction: its
-//! calls travel through a [`Mailbox`] to [`TxnServer`], which owns the borrow of
-//! the host's [`InboxTx`] for the length of one call and checks, budgets
-//! and runs each statement.
+//! The host's side of a lent transaction: runs one message's plugin
+//! statements against the host's [`InboxTx`], each through the lexical
+//! guard, the capability gate and the statement and result budgets, and
+//! answers the guest through the [`Mailbox`](super::Mailbox).
 
-use wasmtime::component::Resource;
-
-use super::bindings::consumer::outbox::plugin::transaction::{self as wit, DbError, Rows, Value};
-use super::host::HostState;
-use super::sql_values::{to_core, to_guest};
+use super::{Op, Reply, TxnLink};
+use crate::plugin::bindings::consumer::outbox::plugin::transaction::{
+    self as wit, DbError, Rows, Value,
+};
+use crate::plugin::sql_values::{to_core, to_guest};
 use crate::store::InboxTx;
 use crate::store::plugin_sql::{Budget, PluginSqlError};
+use outboxd_core::config::TxnPolicy;
 use outboxd_core::db_url::DbKind;
 use outboxd_core::sql_gate::{self, Checked};
 use outboxd_core::sql_guard::check_statement;
-
-/// The resource the guest borrows. It carries nothing: the live link to
-/// the transaction is [`HostState::txn`], set only during a call.
-#[derive(Debug)]
-pub struct ActiveTransaction;
-
-/// Set from `[[consumers]]`, so it is config data, in `outboxd-core`.
-pub use outboxd_core::config::TxnPolicy;
-
-pub(crate) enum Op {
-    Execute(String, Vec<Value>),
-    Query(String, Vec<Value>),
-    Emit(wit::NewEvent),
-}
-
-pub(crate) enum Reply {
-    Affected(u64),
-    Rows(Rows),
-    Emitted(String),
-}
-
-/// The one statement in flight between the guest and [`TxnServer`], and
-/// its answer.
-///
-/// No waker is involved: the guest's call and the server run in the same
-/// task, and the loop in `ConsumerPlugin::call` polls them in turn. A host
-/// call leaves its request here and returns `Pending` with the wasm call
-/// suspended; the loop finds the request as soon as the call returns,
-/// serves it and polls the call again, which then finds the reply. A
-/// channel would wake the task on every send, and on tokio's multi-thread
-/// runtime each wake can hand the task to another worker thread: that cost
-/// more than the statement itself.
-#[derive(Default)]
-pub(crate) struct Mailbox {
-    request: std::sync::Mutex<Option<Op>>,
-    reply: std::sync::Mutex<Option<Result<Reply, DbError>>>,
-}
-
-impl Mailbox {
-    /// The request the guest left, if any.
-    pub(crate) fn take_request(&self) -> Option<Op> {
-        self.request.lock().ok()?.take()
-    }
-
-    fn put_reply(&self, reply: Result<Reply, DbError>) {
-        if let Ok(mut slot) = self.reply.lock() {
-            *slot = Some(reply);
-        }
-    }
-}
-
-/// The guest's way to the transaction while a `handle` call runs.
-pub(crate) type TxnLink = std::sync::Arc<Mailbox>;
-
-pub(crate) fn link() -> TxnLink {
-    TxnLink::default()
-}
-
-/// Resolves once the loop has left a request in `link`, without
-/// registering a waker (see [`Mailbox`]): it is polled right after the
-/// guest's call returned `Pending`, which is when a request appears.
-pub(crate) fn next_request(link: &TxnLink) -> impl std::future::Future<Output = Op> + '_ {
-    std::future::poll_fn(move |_| match link.take_request() {
-        Some(op) => std::task::Poll::Ready(op),
-        None => std::task::Poll::Pending,
-    })
-}
-
-fn inactive() -> DbError {
-    DbError::Refused(
-        "no transaction is active: the transaction is valid only during `handle`".into(),
-    )
-}
-
-impl HostState {
-    async fn request(&mut self, op: Op) -> Result<Reply, DbError> {
-        let link = self.txn.clone().ok_or_else(inactive)?;
-        match link.request.lock() {
-            Ok(mut slot) => *slot = Some(op),
-            Err(_) => return Err(inactive()),
-        }
-        std::future::poll_fn(
-            |_| match link.reply.lock().ok().and_then(|mut r| r.take()) {
-                Some(reply) => std::task::Poll::Ready(reply),
-                None => std::task::Poll::Pending,
-            },
-        )
-        .await
-    }
-}
-
-impl wit::Host for HostState {}
-
-impl wit::HostTransaction for HostState {
-    async fn execute(
-        &mut self,
-        _tx: Resource<ActiveTransaction>,
-        sql: String,
-        params: Vec<Value>,
-    ) -> wasmtime::Result<Result<u64, DbError>> {
-        Ok(match self.request(Op::Execute(sql, params)).await {
-            Ok(Reply::Affected(n)) => Ok(n),
-            Ok(_) => Err(inactive()),
-            Err(e) => Err(e),
-        })
-    }
-
-    async fn query(
-        &mut self,
-        _tx: Resource<ActiveTransaction>,
-        sql: String,
-        params: Vec<Value>,
-    ) -> wasmtime::Result<Result<Rows, DbError>> {
-        Ok(match self.request(Op::Query(sql, params)).await {
-            Ok(Reply::Rows(r)) => Ok(r),
-            Ok(_) => Err(inactive()),
-            Err(e) => Err(e),
-        })
-    }
-
-    async fn emit(
-        &mut self,
-        _tx: Resource<ActiveTransaction>,
-        event: wit::NewEvent,
-    ) -> wasmtime::Result<Result<String, DbError>> {
-        Ok(match self.request(Op::Emit(event)).await {
-            Ok(Reply::Emitted(id)) => Ok(id),
-            Ok(_) => Err(inactive()),
-            Err(e) => Err(e),
-        })
-    }
-
-    async fn drop(&mut self, rep: Resource<ActiveTransaction>) -> wasmtime::Result<()> {
-        // The guest only ever borrows the resource; the host deletes it.
-        let _ = self.table.delete(rep);
-        Ok(())
-    }
-}
 
 /// Runs one message's plugin statements against the host's transaction.
 ///

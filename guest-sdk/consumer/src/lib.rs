@@ -1,7 +1,13 @@
-//! Consumer plugins: a message in, effects through the host's transaction.
+//! The outboxd guest SDK for consumer plugins: a message in, effects
+//! through the host's transaction.
+//!
+//! It is a crate of its own so that only consumers carry the consumer
+//! world's bindings: a transformer built with `outboxd-guest` alone never
+//! imports `outbox:plugin/transaction`, which the host refuses to link for
+//! transformers.
 //!
 //! ```ignore
-//! use outboxd_guest::{Consumer, Delivery, Result, Transaction};
+//! use outboxd_guest_consumer::{Consumer, Delivery, Result, Transaction};
 //!
 //! struct Audit;
 //!
@@ -15,32 +21,44 @@
 //!     }
 //! }
 //!
-//! outboxd_guest::export_consumer!(Audit);
+//! outboxd_guest_consumer::export_consumer!(Audit);
 //! ```
 
-use serde::de::DeserializeOwned;
+use crate::wit::consumer::outbox::plugin::transaction as txn;
 
-use crate::Error;
-use crate::wit::consumer::outbox::plugin::transaction as wit;
-use crate::wit::transformer::outbox::plugin::types;
+pub use outboxd_guest::{Delivery, Error, Result, config};
+pub use txn::{DbError, Rows, Value};
 
-pub use wit::{DbError, Rows, Value};
-
-/// A message as the consumer receives it. `id` is the message id the inbox
-/// deduplicates on: pass it as the idempotency key of any external call.
-pub type Delivery = types::Message;
+/// The generated bindings. Not a stable API: use the crate's own types.
+#[doc(hidden)]
+#[allow(unsafe_code)] // The generated ABI glue needs it.
+pub mod wit {
+    pub mod consumer {
+        wit_bindgen::generate!({
+            world: "consumer",
+            path: "../../wit",
+            pub_export_macro: true,
+            export_macro_name: "__export_consumer_world",
+            default_bindings_module: "outboxd_guest_consumer::wit::consumer",
+            with: {
+                "outbox:plugin/types@0.1.0": outboxd_guest::wit::transformer::outbox::plugin::types,
+                "outbox:plugin/config@0.1.0": outboxd_guest::wit::transformer::outbox::plugin::config,
+            },
+        });
+    }
+}
 
 /// A consumer: applies one message's effect through `tx`. The host commits
 /// only if this returns `Ok` and no statement failed; otherwise every
 /// effect (and the inbox mark) is rolled back.
 pub trait Consumer {
-    fn handle(tx: &Transaction<'_>, message: Delivery) -> crate::Result<()>;
+    fn handle(tx: &Transaction<'_>, message: Delivery) -> Result<()>;
 }
 
 /// The host's transaction, borrowed for one `handle` call. There is no
 /// commit or rollback: the host decides from the result.
 pub struct Transaction<'a> {
-    inner: &'a wit::Transaction,
+    inner: &'a txn::Transaction,
 }
 
 /// A new outbox event, enqueued atomically with the handler's effects.
@@ -59,7 +77,7 @@ impl NewEvent {
         aggregate_id: impl Into<String>,
         event_type: impl Into<String>,
         payload: &T,
-    ) -> crate::Result<Self> {
+    ) -> Result<Self> {
         Ok(Self {
             aggregate_id: aggregate_id.into(),
             event_type: event_type.into(),
@@ -87,32 +105,12 @@ impl Transaction<'_> {
 
     /// Enqueues an outbox event in the same transaction; returns its id.
     pub fn emit(&self, event: NewEvent) -> Result<String, DbError> {
-        self.inner.emit(&wit::NewEvent {
+        self.inner.emit(&txn::NewEvent {
             aggregate_id: event.aggregate_id,
             event_type: event.event_type,
             payload: event.payload,
             headers: event.headers,
         })
-    }
-}
-
-impl Delivery {
-    /// The payload parsed as JSON into `T`; a mismatch is permanent.
-    pub fn json<T: DeserializeOwned>(&self) -> crate::Result<T> {
-        serde_json::from_slice(&self.payload).map_err(|e| {
-            Error::Permanent(format!(
-                "message {} on {}: payload does not match the expected JSON shape: {e}",
-                self.id, self.topic
-            ))
-        })
-    }
-
-    /// The first header with this name.
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
     }
 }
 
@@ -180,9 +178,39 @@ impl<T: Into<Value>> From<Option<T>> for Value {
 }
 
 #[doc(hidden)]
-pub fn run_consumer<C: Consumer>(
-    tx: &wit::Transaction,
-    message: Delivery,
-) -> Result<(), types::PluginError> {
-    C::handle(&Transaction { inner: tx }, message).map_err(Into::into)
+pub mod __private {
+    pub use outboxd_guest::wit::transformer::outbox::plugin::types::PluginError;
+
+    use super::{Consumer, Delivery, Transaction, txn};
+
+    /// The adapter the export macro calls: wraps the borrowed handle, runs,
+    /// converts the error.
+    pub fn run_consumer<C: Consumer>(
+        tx: &txn::Transaction,
+        message: Delivery,
+    ) -> Result<(), PluginError> {
+        C::handle(&Transaction { inner: tx }, message).map_err(Into::into)
+    }
+}
+
+/// Exports a [`Consumer`] as the component's `handle` function.
+#[macro_export]
+macro_rules! export_consumer {
+    ($ty:ty) => {
+        #[doc(hidden)]
+        struct __OutboxdConsumerExport;
+
+        impl $crate::wit::consumer::Guest for __OutboxdConsumerExport {
+            fn handle(
+                tx: &$crate::wit::consumer::outbox::plugin::transaction::Transaction,
+                message: $crate::Delivery,
+            ) -> ::core::result::Result<(), $crate::__private::PluginError> {
+                $crate::__private::run_consumer::<$ty>(tx, message)
+            }
+        }
+
+        $crate::wit::consumer::__export_consumer_world!(
+            __OutboxdConsumerExport with_types_in $crate::wit::consumer
+        );
+    };
 }
