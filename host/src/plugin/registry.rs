@@ -15,16 +15,13 @@ use sqlx::Row;
 use super::harness::SampleEvent;
 use super::transformer::PluginSpec;
 use super::{PluginEngine, deploy_check};
-use crate::store::Db;
+use crate::store::{Channel, Db};
 
 mod desired;
 mod lifecycle;
 
 pub use super::deploy_check::MAX_COMPONENT_BYTES;
 pub use desired::{Desired, DesiredRow};
-
-/// The channel a state change is announced on, in its own transaction.
-pub const NOTIFY_CHANNEL: &str = "outboxd_plugins";
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
@@ -91,35 +88,7 @@ impl Deployed {
     }
 }
 
-/// Runs the same statements on either database in one transaction; on
-/// Postgres the change is announced on [`NOTIFY_CHANNEL`] in that same
-/// transaction, so no host hears of a change it cannot read yet.
-macro_rules! in_tx {
-    ($db:expr, notify = $name:expr, |$tx:ident| $body:block) => {
-        match $db {
-            Db::Postgres(pool) => {
-                let mut $tx = pool.begin().await?;
-                let out = $body;
-                sqlx::query("SELECT pg_notify($1, $2)")
-                    .bind(NOTIFY_CHANNEL)
-                    .bind($name)
-                    .execute(&mut *$tx)
-                    .await?;
-                $tx.commit().await?;
-                out
-            }
-            Db::Sqlite(pool) => {
-                let mut $tx = pool.begin().await?;
-                let out = $body;
-                $tx.commit().await?;
-                out
-            }
-        }
-    };
-}
-
-use crate::store::on_pool;
-use in_tx;
+use crate::store::{in_announced_tx, on_pool};
 
 const RECORD_COLUMNS: &str = "name, CAST(version AS BIGINT) AS version, sha256, world, wit_version, CAST(length(component) AS BIGINT) AS size_bytes, deployed_by, state, shadow, auto_promote_after";
 
@@ -193,7 +162,7 @@ impl Registry {
                 "implements the {world} world, but the stored versions of `{name}` are {other}s; deploy it under another name"
             )));
         }
-        let created = in_tx!(&self.db, notify = &name, |tx| {
+        let created = in_announced_tx!(&self.db, Channel::Plugins, &name, |tx| {
             let existing =
                 sqlx::query("SELECT version FROM plugins WHERE name = $1 AND sha256 = $2")
                     .bind(&name)
@@ -234,12 +203,9 @@ impl Registry {
 
     /// Every version of every plugin, by name then version.
     pub async fn list(&self) -> Result<Vec<PluginRecord>, RegistryError> {
-        let deployed_us = match self.db {
-            Db::Postgres(_) => "CAST(EXTRACT(EPOCH FROM deployed_at) * 1000000 AS BIGINT)",
-            Db::Sqlite(_) => "deployed_at",
-        };
         let sql = format!(
-            "SELECT {RECORD_COLUMNS}, {deployed_us} AS deployed_us FROM plugins ORDER BY name, version"
+            "SELECT {RECORD_COLUMNS}, {deployed_us} AS deployed_us FROM plugins ORDER BY name, version",
+            deployed_us = self.db.epoch_micros("deployed_at"),
         );
         let mut records: Vec<PluginRecord> = on_pool!(&self.db, |p| {
             sqlx::query(&sql)

@@ -1,11 +1,11 @@
 //! The state changes an operator makes: activate a version, roll back to
 //! the previous one, retire one, run a candidate in shadow. Each is one
-//! transaction, announced on [`NOTIFY_CHANNEL`] on Postgres.
+//! transaction, announced on [`Channel::Plugins`](crate::store::Channel::Plugins).
 
 use sqlx::Row;
 
-use super::{NOTIFY_CHANNEL, PluginRecord, Registry, RegistryError, in_tx, on_pool};
-use crate::store::Db;
+use super::{PluginRecord, Registry, RegistryError};
+use crate::store::{Channel, in_announced_tx, on_pool};
 
 impl Registry {
     /// Makes `version` the one active version of `name`, atomically, and
@@ -23,7 +23,7 @@ impl Registry {
                 reason: format!("version {version} is retired and cannot be activated"),
             });
         }
-        in_tx!(&self.db, notify = name, |tx| {
+        in_announced_tx!(&self.db, Channel::Plugins, name, |tx| {
             sqlx::query(
                 "UPDATE plugins SET state = 'candidate' WHERE name = $1 AND state = 'active'",
             )
@@ -120,7 +120,7 @@ impl Registry {
                 reason: format!("only a candidate can run in shadow; version {version} is not one"),
             });
         }
-        in_tx!(&self.db, notify = name, |tx| {
+        in_announced_tx!(&self.db, Channel::Plugins, name, |tx| {
             if on {
                 sqlx::query("UPDATE plugins SET shadow = $2 WHERE name = $1")
                     .bind(name)
@@ -146,7 +146,7 @@ impl Registry {
         sql: &str,
         shadow: bool,
     ) -> Result<PluginRecord, RegistryError> {
-        in_tx!(&self.db, notify = name, |tx| {
+        in_announced_tx!(&self.db, Channel::Plugins, name, |tx| {
             sqlx::query(sql)
                 .bind(name)
                 .bind(version as i32)
