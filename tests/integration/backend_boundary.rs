@@ -1,12 +1,13 @@
 //! The architecture invariant "only `store/` knows which database it runs
 //! on", checked on the source: no file of `host/src` outside `store/`
-//! matches on the backend (`Db::Postgres`, `InboxTx::Sqlite`, `DbKind::`…)
-//! or names a backend's pool, connection or store module.
+//! matches on the backend (`Db::Postgres`, `InboxTx::Sqlite`, `DbKind::`…),
+//! names a backend's pool, connection or store module, or runs a statement
+//! of its own.
 
 use std::path::{Path, PathBuf};
 
-/// What only `store/` may write: a match on the backend, or a handle that
-/// is one backend's.
+/// What only `store/` may write: a match on the backend, a handle that is
+/// one backend's, or a statement (whose text one backend may refuse).
 const BACKEND_NAMES: &[&str] = &[
     "Db::Postgres",
     "Db::Sqlite",
@@ -22,6 +23,10 @@ const BACKEND_NAMES: &[&str] = &[
     "SqliteConnection",
     "store::postgres::",
     "store::sqlite::",
+    "sqlx::query(",
+    "sqlx::query_as(",
+    "sqlx::query_scalar(",
+    "sqlx::raw_sql(",
 ];
 
 /// Code that is leaving the product crate (the benchmarks, the demo and

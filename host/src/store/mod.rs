@@ -19,6 +19,7 @@ pub mod plugin_sql;
 pub mod postgres;
 pub mod problem;
 pub mod reconcile;
+pub mod registry;
 pub mod retention;
 pub mod sqlite;
 mod sqlite_busy;
