@@ -87,8 +87,9 @@ pub struct EmbeddedConsumer {
     /// Committed offset of each owned partition.
     committed: HashMap<(String, i32), i64>,
     renewed_at: Option<Instant>,
-    /// Postgres: ticks when something was published ([`NOTIFY_CHANNEL`]);
-    /// an empty fetch waits for it, up to `fetch_wait`.
+    /// Ticks when something may have been published (Postgres's NOTIFY on
+    /// [`NOTIFY_CHANNEL`], SQLite's commit watcher); an empty fetch waits
+    /// for it, up to `fetch_wait`.
     wake: Option<(tokio::sync::watch::Receiver<u64>, Duration)>,
 }
 
@@ -105,9 +106,10 @@ impl EmbeddedConsumer {
     }
 
     /// Makes an empty fetch wait up to `fetch_wait` for `wake` to tick (a
-    /// publish notification; see [`Db::listen`] and
-    /// [`crate::store::Channel::Transport`]) and then look again, so a message is handed out
-    /// as soon as it is committed, without polling fast.
+    /// publish notification: [`Db::listen`] on
+    /// [`crate::store::Channel::Transport`]) and then look again, so a
+    /// message is handed out as soon as it is committed, without polling
+    /// fast.
     pub fn with_wake(
         mut self,
         wake: tokio::sync::watch::Receiver<u64>,
