@@ -6,6 +6,7 @@ mod support;
 mod admin;
 mod admin_metrics;
 mod advisory_locks;
+mod backend_boundary;
 mod backoff;
 mod bad_input;
 mod bad_kafka_input;

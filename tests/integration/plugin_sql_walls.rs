@@ -453,7 +453,7 @@ async fn the_wall_deadline_cancels_the_statement_on_the_server() {
     }
     let start = Instant::now();
     let err = plugin
-        .handle_cancellable(&mut tx, &message, &policy, Some(pool))
+        .handle_cancellable(&mut tx, &message, &policy, Some(&t.db))
         .await
         .expect_err("past the wall deadline");
     assert!(err.to_string().contains("timed out"), "{err}");

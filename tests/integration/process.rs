@@ -339,6 +339,29 @@ async fn the_product_binary_registers_no_native_handler(t: TestDb) {
 }
 on_both!(the_product_binary_registers_no_native_handler);
 
+/// `outboxd plugin-roles` asks the store whether the database has roles:
+/// on Postgres it prints their SQL (none here: no plugin consumer is
+/// configured), on SQLite it says that the authorizer needs none.
+async fn plugin_roles_are_printed_only_where_the_database_has_roles(t: TestDb) {
+    let out = outboxd(&t)
+        .args(["plugin-roles", "--print"])
+        .output()
+        .await
+        .expect("run plugin-roles");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        printed.contains("SQLite needs no roles"),
+        !t.is_postgres(),
+        "{printed}"
+    );
+}
+on_both!(plugin_roles_are_printed_only_where_the_database_has_roles);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_config_is_refused_with_the_key_and_the_fix() {
     let dir = tempfile::tempdir().expect("dir");

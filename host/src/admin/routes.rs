@@ -59,15 +59,8 @@ fn internal(e: impl std::fmt::Display) -> Response {
         .into_response()
 }
 
-async fn ping(db: &Db) -> Result<(), sqlx::Error> {
-    match db {
-        Db::Postgres(p) => sqlx::query("SELECT 1").execute(p).await.map(|_| ()),
-        Db::Sqlite(p) => sqlx::query("SELECT 1").execute(p).await.map(|_| ()),
-    }
-}
-
 async fn readyz(State(s): State<AdminState>) -> Response {
-    let db = tokio::time::timeout(Duration::from_secs(3), ping(&s.db)).await;
+    let db = tokio::time::timeout(Duration::from_secs(3), s.db.ping()).await;
     let db = match db {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(format!("database: {e}")),

@@ -18,41 +18,17 @@
 
 use std::sync::{Arc, Mutex};
 
-use sqlx::{PgPool, SqlitePool};
 use tokio::sync::oneshot;
 
-use super::{OutgoingMessage, PublishError};
+use super::PublishError;
 use crate::store::Db;
+use crate::store::transport::{TransportMessage, store_messages};
 
 type Reply = oneshot::Sender<Result<(), PublishError>>;
 
-/// One message as it will be stored.
-pub(super) struct GroupRow {
-    pub topic: String,
-    pub partition: i32,
-    pub key: Vec<u8>,
-    pub payload: Vec<u8>,
-    pub headers: String,
-    pub message_id: uuid::Uuid,
-}
-
-impl GroupRow {
-    pub(super) fn new(msg: OutgoingMessage, partition: i32) -> Self {
-        let headers = super::embedded::headers_json(&msg.headers);
-        Self {
-            topic: msg.topic,
-            partition,
-            key: msg.key,
-            payload: msg.payload,
-            headers,
-            message_id: msg.message_id,
-        }
-    }
-}
-
 #[derive(Default)]
 struct Queue {
-    rows: Vec<(GroupRow, Reply)>,
+    rows: Vec<(TransportMessage, Reply)>,
     writing: bool,
 }
 
@@ -75,7 +51,7 @@ fn unavailable() -> PublishError {
 impl GroupCommit {
     /// Writes `row` together with whatever else is being published now, and
     /// resolves once it is committed (or failed).
-    pub(super) async fn publish(&self, db: &Db, row: GroupRow) -> Result<(), PublishError> {
+    pub(super) async fn publish(&self, db: &Db, row: TransportMessage) -> Result<(), PublishError> {
         let (reply, answer) = oneshot::channel();
         let start = {
             let mut q = self.queue.lock().map_err(|_| unavailable())?;
@@ -102,7 +78,7 @@ async fn write_until_empty(queue: &Mutex<Queue>, db: &Db) {
             Ok(mut q) => std::mem::take(&mut q.rows),
             Err(_) => return,
         };
-        let (rows, replies): (Vec<GroupRow>, Vec<Reply>) = group.into_iter().unzip();
+        let (rows, replies): (Vec<TransportMessage>, Vec<Reply>) = group.into_iter().unzip();
         match write(db, &rows).await {
             Err(e) if e.is_permanent() && rows.len() > 1 => {
                 for (row, reply) in rows.iter().zip(replies) {
@@ -118,76 +94,16 @@ async fn write_until_empty(queue: &Mutex<Queue>, db: &Db) {
     }
 }
 
-async fn write(db: &Db, rows: &[GroupRow]) -> Result<(), PublishError> {
-    match db {
-        Db::Postgres(pool) => write_pg(pool, rows).await,
-        Db::Sqlite(pool) => write_sqlite(pool, rows).await,
-    }
+async fn write(db: &Db, rows: &[TransportMessage]) -> Result<(), PublishError> {
+    store_messages(db, rows).await.map_err(db_error)
 }
 
-/// One transaction of plain INSERTs: SQLite has one writer at a time, so
-/// the `offset` (an AUTOINCREMENT key) follows commit order by itself.
-async fn write_sqlite(pool: &SqlitePool, rows: &[GroupRow]) -> Result<(), PublishError> {
-    let mut tx = pool.begin().await.map_err(super::embedded::db_error)?;
-    for r in rows {
-        sqlx::query(
-            "INSERT INTO transport_messages (topic, partition, message_key, payload, headers, message_id)
-             VALUES ($1, $2, $3, $4, $5, $6)",
-        )
-        .bind(&r.topic)
-        .bind(r.partition)
-        .bind(&r.key)
-        .bind(&r.payload)
-        .bind(&r.headers)
-        .bind(r.message_id.to_string())
-        .execute(&mut *tx)
-        .await
-        .map_err(super::embedded::db_error)?;
+fn db_error(e: sqlx::Error) -> PublishError {
+    // A database that is down is worth retrying; a constraint violation is not.
+    match &e {
+        sqlx::Error::Database(d) if d.is_check_violation() || d.is_foreign_key_violation() => {
+            PublishError::Permanent(format!("embedded transport rejected the message: {e}"))
+        }
+        _ => PublishError::Retryable(format!("embedded transport: {e}")),
     }
-    tx.commit().await.map_err(super::embedded::db_error)
-}
-
-/// One transaction: the partitions' advisory locks in a fixed order (so two
-/// writers cannot deadlock), then every row in one INSERT. Offsets are
-/// identity values drawn at insert time; holding each partition's lock
-/// until commit makes offset order commit order within a partition, so a
-/// consumer's cursor never skips a late commit.
-async fn write_pg(pool: &PgPool, rows: &[GroupRow]) -> Result<(), PublishError> {
-    let mut tx = pool.begin().await.map_err(super::embedded::db_error)?;
-    let mut partitions: Vec<(&str, i32)> = rows
-        .iter()
-        .map(|r| (r.topic.as_str(), r.partition))
-        .collect();
-    partitions.sort_unstable();
-    partitions.dedup();
-    for (topic, partition) in partitions {
-        sqlx::query(crate::store::locks::PARTITION_LOCK)
-            .bind(topic)
-            .bind(i64::from(partition))
-            .execute(&mut *tx)
-            .await
-            .map_err(super::embedded::db_error)?;
-    }
-    // The insert and the wake-up of waiting consumers (delivered at commit)
-    // in one statement.
-    sqlx::query(
-        "WITH stored AS (
-           INSERT INTO transport_messages (topic, partition, message_key, payload, headers, message_id)
-           SELECT t, p, k, v, h::jsonb, m
-             FROM unnest($1::text[], $2::int[], $3::bytea[], $4::bytea[], $5::text[], $6::uuid[])
-               AS x(t, p, k, v, h, m)
-           RETURNING 1)
-         SELECT pg_notify($7, '') WHERE EXISTS (SELECT 1 FROM stored)",
-    )
-    .bind(rows.iter().map(|r| r.topic.as_str()).collect::<Vec<_>>())
-    .bind(rows.iter().map(|r| r.partition).collect::<Vec<_>>())
-    .bind(rows.iter().map(|r| r.key.as_slice()).collect::<Vec<_>>())
-    .bind(rows.iter().map(|r| r.payload.as_slice()).collect::<Vec<_>>())
-    .bind(rows.iter().map(|r| r.headers.as_str()).collect::<Vec<_>>())
-    .bind(rows.iter().map(|r| r.message_id).collect::<Vec<_>>())
-    .bind(super::embedded::NOTIFY_CHANNEL)
-    .execute(&mut *tx)
-    .await
-    .map_err(super::embedded::db_error)?;
-    tx.commit().await.map_err(super::embedded::db_error)
 }

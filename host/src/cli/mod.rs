@@ -16,7 +16,8 @@ use crate::config::{Config, LogFormat};
 use crate::daemon::Daemon;
 use crate::event::{Enqueued, NewEvent};
 use crate::fault::Faults;
-use crate::store::{Db, OutboxStore, migrate};
+use crate::store::plugin_roles::PluginRoles;
+use crate::store::{AnyStore, Db, InboxTx, OutboxStore, migrate};
 use dead::DeadCommand;
 use plugin::PluginCommand;
 
@@ -228,21 +229,19 @@ async fn dispatch(cli: Cli, daemon: Daemon) -> anyhow::Result<ExitCode> {
         }
         Command::PluginRoles { print } => {
             let db = connect(&config).await?;
-            let Db::Postgres(pool) = &db else {
+            let Some(roles) = PluginRoles::of(&db) else {
                 println!(
                     "SQLite needs no roles: the authorizer confines plugin SQL to consumers[].tables"
                 );
                 return Ok(ExitCode::SUCCESS);
             };
             if print {
-                print!(
-                    "{}",
-                    crate::store::plugin_roles::print_sql(pool, &config.consumers).await?
-                );
+                print!("{}", roles.print_sql(&config.consumers).await?);
                 return Ok(ExitCode::SUCCESS);
             }
             migrate(&db).await?;
-            let ran = crate::store::plugin_roles::provision(pool, &config.consumers)
+            let ran = roles
+                .provision(&config.consumers)
                 .await
                 .map_err(anyhow::Error::msg)?;
             for s in &ran {
@@ -250,9 +249,7 @@ async fn dispatch(cli: Cli, daemon: Daemon) -> anyhow::Result<ExitCode> {
             }
             for (i, c) in config.consumers.iter().enumerate() {
                 if c.plugin_name().is_some() {
-                    crate::store::plugin_roles::check(pool, i, c)
-                        .await
-                        .map_err(anyhow::Error::msg)?;
+                    roles.check(i, c).await.map_err(anyhow::Error::msg)?;
                     println!("consumer `{}`: role ok", c.name);
                 }
             }
@@ -261,14 +258,15 @@ async fn dispatch(cli: Cli, daemon: Daemon) -> anyhow::Result<ExitCode> {
         Command::Migrate => {
             let db = connect(&config).await?;
             let report = migrate(&db).await?;
-            if let Db::Postgres(pool) = &db
+            if let Some(roles) = PluginRoles::of(&db)
                 && config
                     .consumers
                     .iter()
                     .any(|c| c.plugin_name().is_some() && c.db_role.is_some())
             {
-                if crate::store::plugin_roles::may_create_roles(pool).await? {
-                    crate::store::plugin_roles::provision(pool, &config.consumers)
+                if roles.may_create().await? {
+                    roles
+                        .provision(&config.consumers)
                         .await
                         .map_err(anyhow::Error::msg)?;
                     println!("consumer plugin roles are provisioned");
@@ -292,21 +290,9 @@ async fn dispatch(cli: Cli, daemon: Daemon) -> anyhow::Result<ExitCode> {
         Command::Stats { json } => {
             let db = connect(&config).await?;
             let now = chrono::Utc::now();
-            let stats = match &db {
-                Db::Postgres(p) => {
-                    crate::store::postgres::PgStore::new(p.clone())
-                        .stats(now)
-                        .await?
-                }
-                Db::Sqlite(p) => {
-                    crate::store::sqlite::SqliteStore::new(
-                        p.clone(),
-                        std::time::Duration::from_secs(30),
-                    )
-                    .stats(now)
-                    .await?
-                }
-            };
+            let stats = AnyStore::new(&db, std::time::Duration::from_secs(30))
+                .stats(now)
+                .await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&stats)?);
             } else {
@@ -349,26 +335,12 @@ async fn dispatch(cli: Cli, daemon: Daemon) -> anyhow::Result<ExitCode> {
             if config.database.migrate_on_start {
                 migrate(&db).await?;
             }
-            let result = match &db {
-                Db::Postgres(p) => {
-                    let mut tx = p.begin().await?;
-                    let r = crate::store::enqueue(&mut tx, event).await?;
-                    faults
-                        .check(crate::fault::FaultPoint::AfterInsertBeforeCommit)
-                        .await?;
-                    tx.commit().await?;
-                    r
-                }
-                Db::Sqlite(p) => {
-                    let mut tx = p.begin().await?;
-                    let r = crate::store::enqueue(&mut tx, event).await?;
-                    faults
-                        .check(crate::fault::FaultPoint::AfterInsertBeforeCommit)
-                        .await?;
-                    tx.commit().await?;
-                    r
-                }
-            };
+            let mut tx = InboxTx::begin(&db).await?;
+            let result = tx.enqueue(event).await?;
+            faults
+                .check(crate::fault::FaultPoint::AfterInsertBeforeCommit)
+                .await?;
+            tx.commit().await?;
             match result {
                 Enqueued::Created(id) => println!("enqueued {id}"),
                 Enqueued::Repeat(id) => {

@@ -25,8 +25,9 @@ pub struct PluginHandler {
     policy: TxnPolicy,
     /// The slot is swapped by a rollout (a registry plugin).
     swappable: bool,
-    /// Postgres: where a statement past the wall deadline is cancelled from.
-    cancel: Option<sqlx::PgPool>,
+    /// Where a statement past the wall deadline is cancelled from (on
+    /// Postgres; SQLite interrupts it on its own connection).
+    cancel: Option<crate::store::Db>,
 }
 
 impl PluginHandler {
@@ -53,9 +54,7 @@ impl PluginHandler {
     /// Statements past the wall deadline are cancelled on the server
     /// through `db` (Postgres; SQLite needs no side connection).
     pub fn with_db(mut self, db: &crate::store::Db) -> Self {
-        if let crate::store::Db::Postgres(pool) = db {
-            self.cancel = Some(pool.clone());
-        }
+        self.cancel = Some(db.clone());
         self
     }
 

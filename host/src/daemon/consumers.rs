@@ -11,7 +11,7 @@ use tokio::task::JoinSet;
 
 use super::{DaemonError, PipelineHandles};
 use crate::broker::Publisher;
-use crate::broker::embedded::{EmbeddedConsumer, EmbeddedConsumerConfig, NOTIFY_CHANNEL};
+use crate::broker::embedded::{EmbeddedConsumer, EmbeddedConsumerConfig};
 use crate::broker::kafka::{KafkaConsumer, KafkaConsumerConfig, KafkaPublisher};
 use crate::config::{Config, ConfigExt, ConsumerSection, TransportKind};
 use crate::consumer::{
@@ -19,8 +19,8 @@ use crate::consumer::{
 };
 use crate::fault::Faults;
 use crate::plugin::{ConsumerPlugin, PluginEngine};
-use crate::store::Db;
-use crate::store::postgres::listen;
+use crate::store::plugin_roles::PluginRoles;
+use crate::store::{Channel, Db};
 
 /// How long an idle embedded consumer waits for a publish notification
 /// before it looks again anyway (and renews its leases).
@@ -55,10 +55,8 @@ pub(super) async fn spawn_consumers(
     for (i, c) in config.consumers.iter().enumerate() {
         // The database's wall around plugin SQL: refuse to start a plugin
         // consumer whose role could reach more than its tables.
-        if let (Some(_), Db::Postgres(pool)) = (c.plugin_name(), db) {
-            crate::store::plugin_roles::check(pool, i, c)
-                .await
-                .map_err(DaemonError::Plugin)?;
+        if let (Some(_), Some(roles)) = (c.plugin_name(), PluginRoles::of(db)) {
+            roles.check(i, c).await.map_err(DaemonError::Plugin)?;
         }
         let handler = Arc::new(consumer_handler(
             config,
@@ -91,17 +89,11 @@ pub(super) async fn spawn_consumers(
                 // An idle consumer waits for publishes instead of polling:
                 // Postgres notifies at commit, and on SQLite the change
                 // watcher ticks (polling stays the fallback).
-                match db {
-                    Db::Postgres(pool) => match listen(pool, NOTIFY_CHANNEL).await {
-                        Ok(wake) => source = source.with_wake(wake, EMBEDDED_FETCH_WAIT),
-                        Err(e) => {
-                            tracing::warn!(consumer = %c.name, error = %e, "cannot LISTEN for published messages; polling instead")
-                        }
-                    },
-                    Db::Sqlite(pool) => {
-                        if let Some(wake) = crate::store::sqlite_watch::subscribe(pool).await {
-                            source = source.with_wake(wake, EMBEDDED_FETCH_WAIT);
-                        }
+                match db.listen(Channel::Transport).await {
+                    Ok(Some(wake)) => source = source.with_wake(wake, EMBEDDED_FETCH_WAIT),
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::warn!(consumer = %c.name, error = %e, "cannot LISTEN for published messages; polling instead")
                     }
                 }
                 let mut consumer = Consumer::new(db.clone(), source, handler, consumer_cfg)

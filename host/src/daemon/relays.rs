@@ -13,9 +13,7 @@ use crate::fault::Faults;
 use crate::metrics::Metrics;
 use crate::relay::worker::{self, WorkerConfig};
 use crate::relay::{Chains, Relay, Router};
-use crate::store::postgres::{PgStore, listen_for_events};
-use crate::store::sqlite::SqliteStore;
-use crate::store::{Db, OutboxStore};
+use crate::store::{AnyStore, Channel, Db, OutboxStore};
 
 /// Spawns the relay workers over the store that matches `db`.
 #[allow(clippy::too_many_arguments)] // Distinct handles; a struct would only rename them.
@@ -33,36 +31,19 @@ pub(super) async fn spawn_relays_for<P: Publisher + Clone>(
         tracing::info!("relay.workers = 0: this process only consumes");
         return;
     }
-    match db {
-        Db::Postgres(pool) => {
-            let wake = listen_for_events(pool).await.ok();
-            let store = PgStore::new(pool.clone());
-            spawn_relays(
-                set,
-                config,
-                store,
-                publisher,
-                wake,
-                (faults.clone(), chains.clone()),
-                metrics.clone(),
-                shutdown.clone(),
-            );
-        }
-        Db::Sqlite(pool) => {
-            let wake = crate::store::sqlite_watch::subscribe(pool).await;
-            let store = SqliteStore::new(pool.clone(), config.relay.lease);
-            spawn_relays(
-                set,
-                config,
-                store,
-                publisher,
-                wake,
-                (faults.clone(), chains.clone()),
-                metrics.clone(),
-                shutdown.clone(),
-            );
-        }
-    }
+    // Without a wake-up the relays poll: a failed LISTEN is no reason not
+    // to start.
+    let wake = db.listen(Channel::Outbox).await.ok().flatten();
+    spawn_relays(
+        set,
+        config,
+        AnyStore::new(db, config.relay.lease),
+        publisher,
+        wake,
+        (faults.clone(), chains.clone()),
+        metrics.clone(),
+        shutdown.clone(),
+    );
 }
 
 #[allow(clippy::too_many_arguments)] // Each argument is a distinct handle; a struct would only rename them.

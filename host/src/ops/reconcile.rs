@@ -4,10 +4,10 @@
 //! `confirm_order`, say), reports them, and can enqueue the missing events.
 
 use serde::Serialize;
-use sqlx::Row;
 
 use crate::event::NewEvent;
-use crate::store::{Db, EnqueueError, enqueue};
+use crate::store::reconcile::missing_events;
+use crate::store::{Db, EnqueueError, InboxTx};
 
 /// A `[[reconcile]]` entry, a config section, in `outboxd-core`.
 pub use outboxd_core::config::ReconcileRule;
@@ -51,24 +51,7 @@ pub async fn run_rule(
         rule: rule.name.clone(),
         source,
     };
-    let rows: Vec<(String, String, String)> = match db {
-        Db::Postgres(p) => sqlx::query(&rule.query)
-            .fetch_all(p)
-            .await
-            .map_err(qerr)?
-            .iter()
-            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(qerr)?,
-        Db::Sqlite(p) => sqlx::query(&rule.query)
-            .fetch_all(p)
-            .await
-            .map_err(qerr)?
-            .iter()
-            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(qerr)?,
-    };
+    let rows = missing_events(db, &rule.query).await.map_err(qerr)?;
     let mut report = RuleReport {
         name: rule.name.clone(),
         missing: rows.len(),
@@ -93,20 +76,9 @@ pub async fn run_rule(
             rule: rule.name.clone(),
             source,
         };
-        let created = match db {
-            Db::Postgres(p) => {
-                let mut tx = p.begin().await.map_err(|e| eerr(e.into()))?;
-                let r = enqueue(&mut tx, ev).await.map_err(eerr)?;
-                tx.commit().await.map_err(|e| eerr(e.into()))?;
-                r
-            }
-            Db::Sqlite(p) => {
-                let mut tx = p.begin().await.map_err(|e| eerr(e.into()))?;
-                let r = enqueue(&mut tx, ev).await.map_err(eerr)?;
-                tx.commit().await.map_err(|e| eerr(e.into()))?;
-                r
-            }
-        };
+        let mut tx = InboxTx::begin(db).await.map_err(|e| eerr(e.into()))?;
+        let created = tx.enqueue(ev).await.map_err(eerr)?;
+        tx.commit().await.map_err(|e| eerr(e.into()))?;
         if !created.is_repeat() {
             report.enqueued += 1;
         }

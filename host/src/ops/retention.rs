@@ -1,12 +1,13 @@
 //! Retention: both tables grow without bound otherwise. Deletes run in
 //! small batches in a loop, so no statement holds locks for long.
-//! Dead rows are never deleted automatically.
+//! Dead rows are never deleted automatically. The statements are the
+//! store's (`store/retention.rs`).
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use crate::store::Db;
-use crate::store::sqlite::micros;
+use crate::store::retention::{Sweep, sweep_batch};
 
 /// `[retention]`, a config section, in `outboxd-core`.
 pub use outboxd_core::config::RetentionConfig;
@@ -32,80 +33,45 @@ pub async fn cleanup(
 ) -> Result<CleanupReport, sqlx::Error> {
     let mut report = CleanupReport::default();
     let published_cutoff = days_before(now, cfg.published_days);
-    let inbox_cutoff = days_before(now, cfg.inbox_days);
-    if let Some(days) = cfg.purge_payload_days {
-        let cutoff = days_before(now, days);
-        report.payloads_purged = batched(
+    let purge = cfg
+        .purge_payload_days
+        .map(|days| (Sweep::Payloads, days_before(now, days)));
+    let deletes = [
+        (Sweep::PublishedEvents, published_cutoff),
+        (Sweep::InboxMarks, days_before(now, cfg.inbox_days)),
+        (Sweep::TransportMessages, published_cutoff),
+    ];
+    for (sweep, cutoff) in purge.into_iter().chain(deletes) {
+        let n = batched(
             db,
             &mut report.statements,
-            PURGE_PG,
-            PURGE_SQLITE,
+            sweep,
             cutoff,
             now,
             cfg.batch_size,
         )
         .await?;
+        match sweep {
+            Sweep::Payloads => report.payloads_purged = n,
+            Sweep::PublishedEvents => report.outbox_deleted = n,
+            Sweep::InboxMarks => report.inbox_deleted = n,
+            Sweep::TransportMessages => report.transport_deleted = n,
+        }
     }
-    report.outbox_deleted = batched(
-        db,
-        &mut report.statements,
-        DELETE_OUTBOX_PG,
-        DELETE_OUTBOX_SQLITE,
-        published_cutoff,
-        now,
-        cfg.batch_size,
-    )
-    .await?;
-    report.inbox_deleted = batched(
-        db,
-        &mut report.statements,
-        DELETE_INBOX_PG,
-        DELETE_INBOX_SQLITE,
-        inbox_cutoff,
-        now,
-        cfg.batch_size,
-    )
-    .await?;
-    report.transport_deleted = batched(
-        db,
-        &mut report.statements,
-        DELETE_TRANSPORT_PG,
-        DELETE_TRANSPORT_SQLITE,
-        published_cutoff,
-        now,
-        cfg.batch_size,
-    )
-    .await?;
     Ok(report)
 }
 
 async fn batched(
     db: &Db,
     statements: &mut u64,
-    pg: &str,
-    sqlite: &str,
+    sweep: Sweep,
     cutoff: DateTime<Utc>,
     now: DateTime<Utc>,
     batch: i64,
 ) -> Result<u64, sqlx::Error> {
     let mut total = 0;
     loop {
-        let n = match db {
-            Db::Postgres(p) => sqlx::query(pg)
-                .bind(cutoff)
-                .bind(batch)
-                .bind(now)
-                .execute(p)
-                .await?
-                .rows_affected(),
-            Db::Sqlite(p) => sqlx::query(sqlite)
-                .bind(micros(cutoff))
-                .bind(batch)
-                .bind(micros(now))
-                .execute(p)
-                .await?
-                .rows_affected(),
-        };
+        let n = sweep_batch(db, sweep, cutoff, now, batch).await?;
         *statements += 1;
         total += n;
         if n == 0 {
@@ -113,36 +79,3 @@ async fn batched(
         }
     }
 }
-
-const PURGE_PG: &str = "UPDATE outbox SET payload = 'null'::jsonb, payload_purged_at = $3
- WHERE seq IN (SELECT seq FROM outbox WHERE published_at < $1 AND payload_purged_at IS NULL ORDER BY seq LIMIT $2)";
-const PURGE_SQLITE: &str = "UPDATE outbox SET payload = 'null', payload_purged_at = $3
- WHERE seq IN (SELECT seq FROM outbox WHERE published_at < $1 AND payload_purged_at IS NULL ORDER BY seq LIMIT $2)";
-
-// Published (or discarded) rows only: dead rows have published_at NULL.
-const DELETE_OUTBOX_PG: &str = "DELETE FROM outbox
- WHERE seq IN (SELECT seq FROM outbox WHERE published_at < $1 ORDER BY seq LIMIT $2) AND $3::timestamptz IS NOT NULL";
-const DELETE_OUTBOX_SQLITE: &str = "DELETE FROM outbox
- WHERE seq IN (SELECT seq FROM outbox WHERE published_at < $1 ORDER BY seq LIMIT $2) AND $3 IS NOT NULL";
-
-const DELETE_INBOX_PG: &str = "DELETE FROM inbox
- WHERE (consumer, message_id) IN (SELECT consumer, message_id FROM inbox WHERE processed_at < $1 LIMIT $2) AND $3::timestamptz IS NOT NULL";
-const DELETE_INBOX_SQLITE: &str = "DELETE FROM inbox
- WHERE rowid IN (SELECT rowid FROM inbox WHERE processed_at < $1 LIMIT $2) AND $3 IS NOT NULL";
-
-// Embedded transport: only messages every group has consumed, so a slow
-// consumer never loses a message to retention.
-const DELETE_TRANSPORT_PG: &str = "DELETE FROM transport_messages
- WHERE \"offset\" IN (
-   SELECT m.\"offset\" FROM transport_messages m
-    WHERE m.published_at < $1
-      AND m.\"offset\" <= (SELECT coalesce(min(c.last_offset), 0) FROM transport_cursors c
-                            WHERE c.topic = m.topic AND c.partition = m.partition)
-    ORDER BY m.\"offset\" LIMIT $2) AND $3::timestamptz IS NOT NULL";
-const DELETE_TRANSPORT_SQLITE: &str = "DELETE FROM transport_messages
- WHERE \"offset\" IN (
-   SELECT m.\"offset\" FROM transport_messages m
-    WHERE m.published_at < $1
-      AND m.\"offset\" <= (SELECT coalesce(min(c.last_offset), 0) FROM transport_cursors c
-                            WHERE c.topic = m.topic AND c.partition = m.partition)
-    ORDER BY m.\"offset\" LIMIT $2) AND $3 IS NOT NULL";

@@ -44,14 +44,14 @@ impl ConsumerPlugin {
     }
 
     /// [`handle`](Self::handle), where a Postgres statement still running
-    /// at the wall deadline is cancelled on the server through `cancel` (a
-    /// pool on the same server), not only abandoned by the host.
+    /// at the wall deadline is cancelled on the server through `cancel` (the
+    /// database the transaction runs on), not only abandoned by the host.
     pub async fn handle_cancellable(
         &self,
         tx: &mut InboxTx,
         message: &Message,
         policy: &TxnPolicy,
-        cancel: Option<&sqlx::PgPool>,
+        cancel: Option<&crate::store::Db>,
     ) -> Result<(), PluginError> {
         let start = Instant::now();
         let result = self.call(tx, message, policy, cancel).await;
@@ -67,7 +67,7 @@ impl ConsumerPlugin {
         tx: &mut InboxTx,
         message: &Message,
         policy: &TxnPolicy,
-        cancel: Option<&sqlx::PgPool>,
+        cancel: Option<&crate::store::Db>,
     ) -> Result<(), PluginError> {
         let mut slot = self.loaded.slot().await?;
         let mailbox = link();

@@ -3,28 +3,25 @@
 //! the checks of `outboxd plugin validate` plus the shipped sample events;
 //! a refused version never reaches the table and the active one stays.
 //!
-//! This file holds the records, deploying, listing and the shadow counters;
+//! This file holds deploying, listing and the shadow counters;
 //! `registry/lifecycle.rs` the state changes (activate, rollback, retire,
-//! shadow) and `registry/desired.rs` what a host reads to follow them.
+//! shadow) and `registry/desired.rs` what a host reads to follow them. The
+//! records and their statements are the store's (`store/registry.rs`).
 
-use chrono::{DateTime, Utc};
-use serde::Serialize;
 use sha2::{Digest, Sha256};
-use sqlx::Row;
 
 use super::harness::SampleEvent;
 use super::transformer::PluginSpec;
 use super::{PluginEngine, deploy_check};
 use crate::store::Db;
+use crate::store::registry::{self as stored, StoredVersion};
 
 mod desired;
 mod lifecycle;
 
 pub use super::deploy_check::MAX_COMPONENT_BYTES;
-pub use desired::{Desired, DesiredRow};
-
-/// The channel a state change is announced on, in its own transaction.
-pub const NOTIFY_CHANNEL: &str = "outboxd_plugins";
+pub use crate::store::registry::{DesiredRow, PluginRecord, ShadowTotals};
+pub use desired::Desired;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
@@ -36,42 +33,6 @@ pub enum RegistryError {
     Conflict { name: String, reason: String },
     #[error("plugin registry: {0}")]
     Database(#[from] sqlx::Error),
-}
-
-/// One stored version, without its bytes.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct PluginRecord {
-    pub name: String,
-    pub version: i64,
-    pub sha256: String,
-    pub world: String,
-    pub wit_version: String,
-    pub size_bytes: i64,
-    pub deployed_by: String,
-    pub deployed_at: DateTime<Utc>,
-    pub state: String,
-    pub shadow: bool,
-    pub auto_promote_after: Option<i64>,
-    /// Shadow counters summed over hosts; zero when it never ran in shadow.
-    pub shadow_stats: ShadowTotals,
-}
-
-impl PluginRecord {
-    /// `name@version`, as recorded in the outbox's `transformed_by`.
-    pub fn label(&self) -> String {
-        format!("{}@{}", self.name, self.version)
-    }
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct ShadowTotals {
-    pub matches: i64,
-    pub mismatches: i64,
-    pub errors: i64,
-    pub shadow_micros: i64,
-    pub active_micros: i64,
-    /// A few mismatching events, as JSON strings, from each host.
-    pub samples: Vec<String>,
 }
 
 /// What deploying did.
@@ -90,38 +51,6 @@ impl Deployed {
         }
     }
 }
-
-/// Runs the same statements on either database in one transaction; on
-/// Postgres the change is announced on [`NOTIFY_CHANNEL`] in that same
-/// transaction, so no host hears of a change it cannot read yet.
-macro_rules! in_tx {
-    ($db:expr, notify = $name:expr, |$tx:ident| $body:block) => {
-        match $db {
-            Db::Postgres(pool) => {
-                let mut $tx = pool.begin().await?;
-                let out = $body;
-                sqlx::query("SELECT pg_notify($1, $2)")
-                    .bind(NOTIFY_CHANNEL)
-                    .bind($name)
-                    .execute(&mut *$tx)
-                    .await?;
-                $tx.commit().await?;
-                out
-            }
-            Db::Sqlite(pool) => {
-                let mut $tx = pool.begin().await?;
-                let out = $body;
-                $tx.commit().await?;
-                out
-            }
-        }
-    };
-}
-
-use crate::store::on_pool;
-use in_tx;
-
-const RECORD_COLUMNS: &str = "name, CAST(version AS BIGINT) AS version, sha256, world, wit_version, CAST(length(component) AS BIGINT) AS size_bytes, deployed_by, state, shadow, auto_promote_after";
 
 #[derive(Debug, Clone)]
 pub struct Registry {
@@ -180,85 +109,31 @@ impl Registry {
         let sha256 = hex::encode(Sha256::digest(wasm));
         // A name keeps its world: hosts run it as a transformer or as a
         // consumer according to their config, never both.
-        let other_world: Option<String> = on_pool!(&self.db, |p| {
-            sqlx::query("SELECT world FROM plugins WHERE name = $1 AND world <> $2 LIMIT 1")
-                .bind(&name)
-                .bind(world)
-                .fetch_optional(p)
-                .await?
-                .map(|r| r.get(0))
-        });
+        let other_world = stored::other_world(&self.db, &name, world).await?;
         if let Some(other) = other_world {
             return Err(refuse(format!(
                 "implements the {world} world, but the stored versions of `{name}` are {other}s; deploy it under another name"
             )));
         }
-        let created = in_tx!(&self.db, notify = &name, |tx| {
-            let existing =
-                sqlx::query("SELECT version FROM plugins WHERE name = $1 AND sha256 = $2")
-                    .bind(&name)
-                    .bind(&sha256)
-                    .fetch_optional(&mut *tx)
-                    .await?;
-            match existing {
-                Some(row) => Err(row.get::<i64, _>(0)),
-                None => {
-                    let next: i64 = sqlx::query(
-                        "SELECT CAST(COALESCE(MAX(version), 0) + 1 AS BIGINT) FROM plugins WHERE name = $1",
-                    )
-                    .bind(&name)
-                    .fetch_one(&mut *tx)
-                    .await?
-                    .get(0);
-                    sqlx::query(
-                        "INSERT INTO plugins (name, version, sha256, world, wit_version, component, deployed_by) VALUES ($1, $2, $3, $7, $4, $5, $6)",
-                    )
-                    .bind(&name)
-                    .bind(next as i32)
-                    .bind(&sha256)
-                    .bind(&wit_version)
-                    .bind(wasm)
-                    .bind(deployed_by)
-                    .bind(world)
-                    .execute(&mut *tx)
-                    .await?;
-                    Ok(next)
-                }
-            }
-        });
-        match created {
-            Ok(v) => Ok(Deployed::Created(self.get(&name, v).await?)),
-            Err(v) => Ok(Deployed::Unchanged(self.get(&name, v).await?)),
+        let version = stored::store_version(
+            &self.db,
+            &name,
+            &sha256,
+            world,
+            &wit_version,
+            wasm,
+            deployed_by,
+        )
+        .await?;
+        match version {
+            StoredVersion::Created(v) => Ok(Deployed::Created(self.get(&name, v).await?)),
+            StoredVersion::Existing(v) => Ok(Deployed::Unchanged(self.get(&name, v).await?)),
         }
     }
 
     /// Every version of every plugin, by name then version.
     pub async fn list(&self) -> Result<Vec<PluginRecord>, RegistryError> {
-        let deployed_us = match self.db {
-            Db::Postgres(_) => "CAST(EXTRACT(EPOCH FROM deployed_at) * 1000000 AS BIGINT)",
-            Db::Sqlite(_) => "deployed_at",
-        };
-        let sql = format!(
-            "SELECT {RECORD_COLUMNS}, {deployed_us} AS deployed_us FROM plugins ORDER BY name, version"
-        );
-        let mut records: Vec<PluginRecord> = on_pool!(&self.db, |p| {
-            sqlx::query(&sql)
-                .fetch_all(p)
-                .await?
-                .iter()
-                .map(|r| record_from_row!(r))
-                .collect()
-        });
-        let stats = self.shadow_totals().await?;
-        for r in &mut records {
-            if let Some((_, s)) = stats
-                .iter()
-                .find(|(k, _)| *k == (r.name.clone(), r.version))
-            {
-                r.shadow_stats = s.clone();
-            }
-        }
-        Ok(records)
+        Ok(stored::list_versions(&self.db).await?)
     }
 
     pub async fn get(&self, name: &str, version: i64) -> Result<PluginRecord, RegistryError> {
@@ -280,87 +155,6 @@ impl Registry {
         version: i64,
         s: &ShadowTotals,
     ) -> Result<(), RegistryError> {
-        let samples = serde_json::to_string(&s.samples).unwrap_or_else(|_| "[]".into());
-        let sql = "INSERT INTO plugin_shadow_stats (name, version, host, matches, mismatches, errors, shadow_micros, active_micros, samples)
-                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
-                   ON CONFLICT (name, version, host) DO UPDATE SET matches = excluded.matches, mismatches = excluded.mismatches,
-                     errors = excluded.errors, shadow_micros = excluded.shadow_micros, active_micros = excluded.active_micros, samples = excluded.samples";
-        on_pool!(&self.db, |p| {
-            sqlx::query(sql)
-                .bind(name)
-                .bind(version as i32)
-                .bind(host)
-                .bind(s.matches)
-                .bind(s.mismatches)
-                .bind(s.errors)
-                .bind(s.shadow_micros)
-                .bind(s.active_micros)
-                .bind(&samples)
-                .execute(p)
-                .await
-                .map(|_| ())?
-        });
-        Ok(())
-    }
-
-    async fn shadow_totals(&self) -> Result<Vec<((String, i64), ShadowTotals)>, RegistryError> {
-        let sql = "SELECT name, CAST(version AS BIGINT), matches, mismatches, errors, shadow_micros, active_micros, samples FROM plugin_shadow_stats ORDER BY name, version, host";
-        let rows: Vec<(String, i64, [i64; 5], String)> = on_pool!(&self.db, |p| {
-            sqlx::query(sql)
-                .fetch_all(p)
-                .await?
-                .iter()
-                .map(|r| {
-                    (
-                        r.get(0),
-                        r.get(1),
-                        [r.get(2), r.get(3), r.get(4), r.get(5), r.get(6)],
-                        r.get(7),
-                    )
-                })
-                .collect()
-        });
-        let mut out: Vec<((String, i64), ShadowTotals)> = Vec::new();
-        for (name, version, n, samples) in rows {
-            let key = (name, version);
-            let i = match out.iter().position(|(k, _)| *k == key) {
-                Some(i) => i,
-                None => {
-                    out.push((key, ShadowTotals::default()));
-                    out.len() - 1
-                }
-            };
-            let t = &mut out[i].1;
-            t.matches += n[0];
-            t.mismatches += n[1];
-            t.errors += n[2];
-            t.shadow_micros += n[3];
-            t.active_micros += n[4];
-            t.samples
-                .extend(serde_json::from_str::<Vec<String>>(&samples).unwrap_or_default());
-        }
-        Ok(out)
+        Ok(stored::save_shadow_stats(&self.db, host, name, version, s).await?)
     }
 }
-
-/// A [`PluginRecord`] from a row of [`RECORD_COLUMNS`].
-macro_rules! record_from_row {
-    ($r:expr) => {{
-        let r = $r;
-        PluginRecord {
-            name: r.get("name"),
-            version: r.get("version"),
-            sha256: r.get("sha256"),
-            world: r.get("world"),
-            wit_version: r.get("wit_version"),
-            size_bytes: r.get("size_bytes"),
-            deployed_by: r.get("deployed_by"),
-            deployed_at: DateTime::from_timestamp_micros(r.get("deployed_us")).unwrap_or_default(),
-            state: r.get("state"),
-            shadow: r.get("shadow"),
-            auto_promote_after: r.get("auto_promote_after"),
-            shadow_stats: ShadowTotals::default(),
-        }
-    }};
-}
-use record_from_row;

@@ -14,14 +14,14 @@ use outboxd_core::route::Route;
 use tokio::sync::watch;
 
 use super::chains::{ChainTable, Chains, RouteChain, Shadow};
-use super::registry::{Desired, NOTIFY_CHANNEL, Registry, RegistryError};
+use super::registry::{Desired, Registry, RegistryError};
 use super::shadow::ShadowStats;
 use super::slot::{ActiveConsumer, ConsumerVersions};
 use super::{
     Chain, ConsumerPlugin, PluginEngine, PluginError, PluginSource, PluginSpec, TopicPolicy,
     TransformerPlugin,
 };
-use crate::store::Db;
+use crate::store::Channel;
 
 /// What a refresh changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -385,10 +385,18 @@ impl Rollout {
     /// `shutdown` turns true. Errors are logged; the host keeps running the
     /// versions it has.
     pub async fn run(&self, poll: Duration, mut shutdown: watch::Receiver<bool>) {
-        let mut notified = match self.registry.db() {
-            Db::Postgres(pool) => listen(pool).await,
-            Db::Sqlite(_) => None,
-        };
+        // Without notifications (SQLite, or a failed LISTEN) polling still
+        // finds every change.
+        let mut notified = self
+            .registry
+            .db()
+            .listen(Channel::Plugins)
+            .await
+            .inspect_err(
+                |e| tracing::warn!(error = %e, "cannot LISTEN for plugin changes; polling only"),
+            )
+            .ok()
+            .flatten();
         loop {
             if let Err(e) = self.refresh().await {
                 tracing::warn!(error = %e, "plugin registry refresh failed; keeping the running versions");
@@ -413,15 +421,4 @@ impl Rollout {
             }
         }
     }
-}
-
-/// Ticks on every registry notification; `None` when LISTEN fails (polling
-/// still finds every change).
-async fn listen(pool: &sqlx::PgPool) -> Option<watch::Receiver<u64>> {
-    crate::store::postgres::listen(pool, NOTIFY_CHANNEL)
-        .await
-        .inspect_err(
-            |e| tracing::warn!(error = %e, "cannot LISTEN for plugin changes; polling only"),
-        )
-        .ok()
 }

@@ -13,6 +13,18 @@ use super::StoreError;
 
 pub use outboxd_core::db_url::{DbKind, redact_url};
 
+/// Runs `$body` once with `$pool` bound to whichever pool `$db` holds: one
+/// query text for both databases, where the Rust types differ.
+macro_rules! on_pool {
+    ($db:expr, |$pool:ident| $body:expr) => {
+        match $db {
+            $crate::store::Db::Postgres($pool) => $body,
+            $crate::store::Db::Sqlite($pool) => $body,
+        }
+    };
+}
+pub(crate) use on_pool;
+
 impl From<outboxd_core::db_url::UnsupportedUrl> for StoreError {
     fn from(e: outboxd_core::db_url::UnsupportedUrl) -> Self {
         StoreError::UnsupportedUrl(e.0)
@@ -139,6 +151,26 @@ impl Db {
         }
     }
 
+    /// One round trip to the database: whether it answers.
+    pub async fn ping(&self) -> Result<(), sqlx::Error> {
+        on_pool!(self, |p| sqlx::query("SELECT 1")
+            .execute(p)
+            .await
+            .map(|_| ()))
+    }
+
+    /// An SQL expression for `column`, a time column, as microseconds since
+    /// the epoch (a bigint): SQLite stores times so, Postgres converts its
+    /// `timestamptz`. Lets one row decoding serve both databases.
+    pub fn epoch_micros(&self, column: &str) -> String {
+        match self {
+            Db::Postgres(_) => {
+                format!("CAST(EXTRACT(EPOCH FROM {column}) * 1000000 AS BIGINT)")
+            }
+            Db::Sqlite(_) => column.to_string(),
+        }
+    }
+
     pub async fn close(&self) {
         match self {
             Db::Postgres(p) => p.close().await,
@@ -211,15 +243,3 @@ pub async fn execute_in_app_schema(db: &Db, sql: &str) -> Result<(), sqlx::Error
 /// of the transaction.
 const APP_SEARCH_PATH: &str = "SELECT set_config('search_path', \
      regexp_replace(current_setting('search_path'), '^outboxd,\\s*', ''), true)";
-
-/// Runs `$body` once with `$pool` bound to whichever pool `$db` holds: one
-/// query text for both databases, where the Rust types differ.
-macro_rules! on_pool {
-    ($db:expr, |$pool:ident| $body:expr) => {
-        match $db {
-            $crate::store::Db::Postgres($pool) => $body,
-            $crate::store::Db::Sqlite($pool) => $body,
-        }
-    };
-}
-pub(crate) use on_pool;

@@ -33,8 +33,9 @@
 /// 1023 were the old partition keys, 0 the old aggregate key).
 pub const PARTITION_SEED: i64 = 1 << 32;
 
-/// Serialises one aggregate's producers: taken by [`super::enqueue`] (and,
-/// in the same form, by the `outbox_enqueue` SQL function) before the `seq`
+/// Serialises one aggregate's producers: taken by `enqueue`
+/// (`store/enqueue.rs`, and in the same form by the `outbox_enqueue` SQL
+/// function) before the `seq`
 /// is drawn, so within one aggregate seq order is commit order. `$1` is the
 /// aggregate id. The first lock is the previous release's key, shared (see
 /// the module comment).

@@ -7,19 +7,26 @@
 
 pub mod any;
 mod db;
+pub mod dead_letters;
 mod enqueue;
 mod fingerprint;
 pub mod locks;
 mod migrate;
+mod notify;
 pub mod offsets;
 pub mod plugin_roles;
 pub mod plugin_sql;
 pub mod postgres;
 pub mod problem;
+pub mod reconcile;
+pub mod registry;
+pub mod retention;
 pub mod sqlite;
 mod sqlite_busy;
 pub mod sqlite_plugin_guard;
 pub mod sqlite_watch;
+mod stored_time;
+pub mod transport;
 mod tx;
 
 use std::future::Future;
@@ -33,6 +40,8 @@ pub use db::{Db, DbKind, HOST_SCHEMA, execute_in_app_schema, host_pg_options, re
 pub use enqueue::{OutboxDatabase, enqueue, lookup_operation};
 pub use fingerprint::fingerprint;
 pub use migrate::{MigrationReport, migrate, migrate_to};
+pub use notify::Channel;
+pub(crate) use notify::in_announced_tx;
 pub use tx::{InboxTx, PgInboxTx};
 
 use crate::event::OutboxEvent;

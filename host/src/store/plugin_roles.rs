@@ -388,3 +388,39 @@ pub async fn print_sql(
     }
     Ok(out)
 }
+
+/// The plugin roles of a database that has them: the functions above on
+/// its pool, for callers that hold a [`Db`](super::Db).
+#[derive(Debug, Clone, Copy)]
+pub struct PluginRoles<'a>(&'a PgPool);
+
+impl<'a> PluginRoles<'a> {
+    /// `None` on SQLite, which needs no roles: its authorizer confines
+    /// plugin SQL to `consumers[].tables` (`sqlite_plugin_guard.rs`).
+    pub fn of(db: &'a super::Db) -> Option<Self> {
+        match db {
+            super::Db::Postgres(pool) => Some(Self(pool)),
+            super::Db::Sqlite(_) => None,
+        }
+    }
+
+    /// [`check`].
+    pub async fn check(self, index: usize, c: &ConsumerSection) -> Result<(), String> {
+        check(self.0, index, c).await
+    }
+
+    /// [`provision`].
+    pub async fn provision(self, consumers: &[ConsumerSection]) -> Result<Vec<String>, String> {
+        provision(self.0, consumers).await
+    }
+
+    /// [`may_create_roles`].
+    pub async fn may_create(self) -> Result<bool, sqlx::Error> {
+        may_create_roles(self.0).await
+    }
+
+    /// [`print_sql`].
+    pub async fn print_sql(self, consumers: &[ConsumerSection]) -> Result<String, sqlx::Error> {
+        print_sql(self.0, consumers).await
+    }
+}

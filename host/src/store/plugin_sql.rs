@@ -20,8 +20,8 @@ use outboxd_core::sql_gate::Checked;
 use outboxd_core::sql_values::{self as values, SqlValue, SqlValueError};
 use sqlx::{Column, Row};
 
-use super::InboxTx;
 use super::sqlite_plugin_guard::{self as guard, PluginPolicy};
+use super::{Db, InboxTx};
 
 /// Why a plugin statement did not run to its end.
 #[derive(Debug)]
@@ -213,15 +213,15 @@ impl InboxTx {
     }
 
     /// After the wall deadline: on Postgres, `pg_cancel_backend` from
-    /// `cancel`, another connection to the same server (the caller rolls the
+    /// another connection of `cancel`, the transaction's database (the caller rolls the
     /// transaction back, and the rollback would otherwise wait for the
     /// statement); on SQLite, the statement is interrupted by the guard's
     /// progress handler and the connection reset.
-    pub async fn stop_abandoned_statement(&mut self, cancel: Option<&sqlx::PgPool>) {
+    pub async fn stop_abandoned_statement(&mut self, cancel: Option<&Db>) {
         let pid = self.plugin_pid();
         match self {
             InboxTx::Postgres(t) => {
-                if let (Some(pid), Some(pool)) = (pid, cancel) {
+                if let (Some(pid), Some(Db::Postgres(pool))) = (pid, cancel) {
                     let cancelled = sqlx::query("SELECT pg_cancel_backend($1)")
                         .bind(pid)
                         .execute(pool)
@@ -240,18 +240,6 @@ impl InboxTx {
                     tracing::warn!(error = %e, "cannot reset a SQLite connection after a plugin deadline");
                 }
             }
-        }
-    }
-
-    /// Writes `event` to the outbox in this transaction, as the host.
-    pub async fn enqueue(
-        &mut self,
-        event: crate::event::NewEvent,
-    ) -> Result<crate::event::Enqueued, super::EnqueueError> {
-        self.as_host().await?;
-        match self {
-            InboxTx::Postgres(t) => super::enqueue(t.transaction(), event).await,
-            InboxTx::Sqlite(t) => super::enqueue(t, event).await,
         }
     }
 }

@@ -1,8 +1,9 @@
 //! The transaction the inbox and its handlers run in: begun and ended by
 //! the host, borrowed by a handler for one call. Everything that differs
 //! between the databases stays here: the host's statements on it (the
-//! inbox marks, savepoints, the commit), and whether a consumer plugin's
-//! role is set on it (Postgres).
+//! inbox marks, savepoints, enqueue, the commit), and whether a consumer
+//! plugin's role is set on it (Postgres). The host's own one-event writes
+//! (the CLI's `enqueue`, a reconcile rule) use it too.
 
 use std::collections::HashSet;
 
@@ -133,6 +134,19 @@ impl InboxTx {
     pub async fn release(&mut self, name: &'static str) -> Result<(), sqlx::Error> {
         self.as_host().await?;
         self.simple(&format!("RELEASE SAVEPOINT {name}")).await
+    }
+
+    /// Writes `event` to the outbox in this transaction, as the host (a
+    /// plugin's `emit`, the CLI's `enqueue`, a reconcile rule).
+    pub async fn enqueue(
+        &mut self,
+        event: crate::event::NewEvent,
+    ) -> Result<crate::event::Enqueued, super::EnqueueError> {
+        self.as_host().await?;
+        match self {
+            InboxTx::Postgres(t) => super::enqueue(t.transaction(), event).await,
+            InboxTx::Sqlite(t) => super::enqueue(t, event).await,
+        }
     }
 
     async fn simple(&mut self, sql: &str) -> Result<(), sqlx::Error> {

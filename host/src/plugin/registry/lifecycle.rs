@@ -1,11 +1,9 @@
 //! The state changes an operator makes: activate a version, roll back to
 //! the previous one, retire one, run a candidate in shadow. Each is one
-//! transaction, announced on [`NOTIFY_CHANNEL`] on Postgres.
+//! transaction, announced on [`Channel::Plugins`](crate::store::Channel::Plugins).
 
-use sqlx::Row;
-
-use super::{NOTIFY_CHANNEL, PluginRecord, Registry, RegistryError, in_tx, on_pool};
-use crate::store::Db;
+use super::{PluginRecord, Registry, RegistryError};
+use crate::store::registry as stored;
 
 impl Registry {
     /// Makes `version` the one active version of `name`, atomically, and
@@ -23,30 +21,7 @@ impl Registry {
                 reason: format!("version {version} is retired and cannot be activated"),
             });
         }
-        in_tx!(&self.db, notify = name, |tx| {
-            sqlx::query(
-                "UPDATE plugins SET state = 'candidate' WHERE name = $1 AND state = 'active'",
-            )
-            .bind(name)
-            .execute(&mut *tx)
-            .await?;
-            sqlx::query(
-                "UPDATE plugins SET state = 'active', shadow = $3 WHERE name = $1 AND version = $2",
-            )
-            .bind(name)
-            .bind(version as i32)
-            .bind(false)
-            .execute(&mut *tx)
-            .await?;
-            sqlx::query(
-                "INSERT INTO plugin_activations (name, version, activated_by) VALUES ($1, $2, $3)",
-            )
-            .bind(name)
-            .bind(version as i32)
-            .bind(by)
-            .execute(&mut *tx)
-            .await?;
-        });
+        stored::activate(&self.db, name, version, by).await?;
         self.get(name, version).await
     }
 
@@ -63,17 +38,7 @@ impl Registry {
                 reason: "no version is active, so there is nothing to roll back".into(),
             });
         };
-        let previous: Option<i64> = on_pool!(&self.db, |p| {
-            sqlx::query(
-                "SELECT CAST(a.version AS BIGINT) FROM plugin_activations a JOIN plugins p ON p.name = a.name AND p.version = a.version
-                  WHERE a.name = $1 AND a.version <> $2 AND p.state <> 'retired' ORDER BY a.id DESC LIMIT 1",
-            )
-            .bind(name)
-            .bind(current.version as i32)
-            .fetch_optional(p)
-            .await?
-            .map(|r| r.get(0))
-        });
+        let previous = stored::previously_active(&self.db, name, current.version).await?;
         match previous {
             Some(v) => self.activate(name, v, by).await,
             None => Err(RegistryError::Conflict {
@@ -96,13 +61,8 @@ impl Registry {
                 ),
             });
         }
-        self.set_state(
-            name,
-            version,
-            "UPDATE plugins SET state = 'retired', shadow = $3 WHERE name = $1 AND version = $2",
-            false,
-        )
-        .await
+        stored::retire(&self.db, name, version).await?;
+        self.get(name, version).await
     }
 
     /// Runs a candidate in shadow next to the active version (or stops it);
@@ -120,40 +80,7 @@ impl Registry {
                 reason: format!("only a candidate can run in shadow; version {version} is not one"),
             });
         }
-        in_tx!(&self.db, notify = name, |tx| {
-            if on {
-                sqlx::query("UPDATE plugins SET shadow = $2 WHERE name = $1")
-                    .bind(name)
-                    .bind(false)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            sqlx::query("UPDATE plugins SET shadow = $3, auto_promote_after = $4 WHERE name = $1 AND version = $2")
-                .bind(name)
-                .bind(version as i32)
-                .bind(on)
-                .bind(auto_promote_after)
-                .execute(&mut *tx)
-                .await?;
-        });
-        self.get(name, version).await
-    }
-
-    async fn set_state(
-        &self,
-        name: &str,
-        version: i64,
-        sql: &str,
-        shadow: bool,
-    ) -> Result<PluginRecord, RegistryError> {
-        in_tx!(&self.db, notify = name, |tx| {
-            sqlx::query(sql)
-                .bind(name)
-                .bind(version as i32)
-                .bind(shadow)
-                .execute(&mut *tx)
-                .await?;
-        });
+        stored::set_shadow(&self.db, name, version, on, auto_promote_after).await?;
         self.get(name, version).await
     }
 }

@@ -1,0 +1,198 @@
+//! What was given up on, as stored: dead events (outbox rows the relay
+//! stopped retrying, listed, redriven and discarded by `ops/dead.rs`) and
+//! consumer dead letters (`consumer_dead_letters`, a message a consumer
+//! failed permanently or too often, written by the consumer's runner).
+//! Each statement is one text for both databases, with the casts in the
+//! SQL, except where SQLite lacks Postgres's column types.
+
+use chrono::{DateTime, Utc};
+use outboxd_core::message::Delivery;
+use serde::Serialize;
+use sqlx::Row;
+
+use super::stored_time::StoredTime;
+use super::{Db, on_pool};
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DeadEvent {
+    pub seq: i64,
+    pub id: String,
+    pub aggregate_id: String,
+    pub event_type: String,
+    pub payload: serde_json::Value,
+    pub headers: serde_json::Value,
+    pub attempts: i32,
+    pub created_at: DateTime<Utc>,
+    pub dead_at: DateTime<Utc>,
+    pub dead_reason: String,
+    /// Later events of the same aggregate waiting behind this one.
+    pub blocking: i64,
+}
+
+/// Which dead events a statement applies to; `None` matches any.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DeadSelection<'a> {
+    pub seq: Option<i64>,
+    /// A LIKE pattern with `\` as its escape.
+    pub type_like: Option<&'a str>,
+    pub aggregate_id: Option<&'a str>,
+}
+
+/// The selection's conditions on `outbox` (aliased `o`), over `$1` to `$3`.
+const SELECTED: &str = "o.dead_at IS NOT NULL AND o.published_at IS NULL
+   AND (CAST($1 AS bigint) IS NULL OR o.seq = $1)
+   AND (CAST($2 AS text) IS NULL OR o.event_type LIKE $2 ESCAPE '\\')
+   AND (CAST($3 AS text) IS NULL OR o.aggregate_id = $3)";
+
+/// Lists the selected dead events, oldest first, at most `limit`.
+pub async fn list_dead_events(
+    db: &Db,
+    selection: DeadSelection<'_>,
+    limit: i64,
+) -> Result<Vec<DeadEvent>, sqlx::Error> {
+    // One decoding for both databases: the attempts as a bigint and the
+    // times as SQLite stores them (microseconds since the epoch).
+    let sql = format!(
+        "SELECT o.seq, CAST(o.id AS text), o.aggregate_id, o.event_type, CAST(o.payload AS text), CAST(o.headers AS text),
+                CAST(o.attempts AS bigint), {created}, {dead}, coalesce(o.dead_reason, ''),
+                (SELECT count(*) FROM outbox b WHERE b.aggregate_id = o.aggregate_id AND b.published_at IS NULL AND b.seq > o.seq)
+           FROM outbox o
+          WHERE {SELECTED}
+          ORDER BY o.seq
+          LIMIT $4",
+        created = db.epoch_micros("o.created_at"),
+        dead = db.epoch_micros("o.dead_at"),
+    );
+    on_pool!(db, |p| {
+        let rows = sqlx::query(&sql)
+            .bind(selection.seq)
+            .bind(selection.type_like)
+            .bind(selection.aggregate_id)
+            .bind(limit)
+            .fetch_all(p)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(DeadEvent {
+                    seq: r.try_get(0)?,
+                    id: r.try_get(1)?,
+                    aggregate_id: r.try_get(2)?,
+                    event_type: r.try_get(3)?,
+                    payload: json(r.try_get::<String, _>(4)?),
+                    headers: json(r.try_get::<String, _>(5)?),
+                    attempts: r.try_get::<i64, _>(6)? as i32,
+                    created_at: super::sqlite::from_micros(r.try_get(7)?),
+                    dead_at: super::sqlite::from_micros(r.try_get(8)?),
+                    dead_reason: r.try_get(9)?,
+                    blocking: r.try_get(10)?,
+                })
+            })
+            .collect()
+    })
+}
+
+fn json(text: String) -> serde_json::Value {
+    serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text))
+}
+
+/// Makes the selected dead events pending again, due at `now`, with zero
+/// attempts; the reason they died is kept in `last_error`. Returns how
+/// many.
+pub async fn redrive_dead_events(
+    db: &Db,
+    selection: DeadSelection<'_>,
+    now: DateTime<Utc>,
+) -> Result<u64, sqlx::Error> {
+    let sql = format!(
+        "UPDATE outbox AS o
+            SET dead_at = NULL, dead_reason = NULL, attempts = 0, next_attempt_at = $4,
+                last_error = 'redriven after: ' || coalesce(o.dead_reason, '')
+          WHERE {SELECTED}"
+    );
+    Ok(on_pool!(db, |p| sqlx::query(&sql)
+        .bind(selection.seq)
+        .bind(selection.type_like)
+        .bind(selection.aggregate_id)
+        .bind(StoredTime(now))
+        .execute(p)
+        .await?
+        .rows_affected()))
+}
+
+/// Finishes dead event `seq` without publishing it, recording `reason`;
+/// false when `seq` is not a dead event.
+pub async fn discard_dead_event(
+    db: &Db,
+    seq: i64,
+    reason: &str,
+    now: DateTime<Utc>,
+) -> Result<bool, sqlx::Error> {
+    let sql = "UPDATE outbox SET published_at = $3, discarded_at = $3, discard_reason = $2
+                WHERE seq = $1 AND dead_at IS NOT NULL AND published_at IS NULL";
+    let n = on_pool!(db, |p| sqlx::query(sql)
+        .bind(seq)
+        .bind(reason)
+        .bind(StoredTime(now))
+        .execute(p)
+        .await?
+        .rows_affected());
+    Ok(n > 0)
+}
+
+/// The stored form of a dead letter's headers: a JSON array of `[name,
+/// value]`, the value as text when it is UTF-8 and as `{"hex": …}` when not.
+fn headers_json(headers: &[(String, Vec<u8>)]) -> String {
+    let list: Vec<serde_json::Value> = headers
+        .iter()
+        .map(|(k, v)| match std::str::from_utf8(v) {
+            Ok(text) => serde_json::json!([k, text]),
+            Err(_) => serde_json::json!([k, { "hex": hex::encode(v) }]),
+        })
+        .collect();
+    serde_json::Value::Array(list).to_string()
+}
+
+/// Records `d` as dead for `consumer`, with why (cut to 2000 characters),
+/// the handler that gave up and how often it tried.
+pub async fn record(
+    db: &Db,
+    consumer: &str,
+    d: &Delivery,
+    error: &str,
+    handler: &str,
+    attempts: u32,
+) -> Result<(), sqlx::Error> {
+    let message_id = d.message_id().ok();
+    let headers = headers_json(&d.headers);
+    let error = super::truncate(error, 2000);
+    let sql = "INSERT INTO consumer_dead_letters
+        (consumer, message_id, topic, partition, \"offset\", message_key, payload, headers, error, handler, attempts)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
+    // Both databases take the id as text and the attempts as a bigint;
+    // Postgres casts them to its column types (SQLite's CAST to `uuid`
+    // would make a number of the text, so the casts are Postgres's only).
+    let sql = match db {
+        Db::Postgres(_) => sql
+            .replace("$2,", "CAST($2 AS uuid),")
+            .replace("$8,", "$8::jsonb,")
+            .replace("$11)", "CAST($11 AS integer))"),
+        Db::Sqlite(_) => sql.to_string(),
+    };
+    on_pool!(db, |p| {
+        sqlx::query(&sql)
+            .bind(consumer)
+            .bind(message_id.map(|u| u.to_string()))
+            .bind(&d.topic)
+            .bind(d.partition)
+            .bind(d.offset)
+            .bind(&d.key)
+            .bind(&d.payload)
+            .bind(&headers)
+            .bind(&error)
+            .bind(handler)
+            .bind(attempts as i64)
+            .execute(p)
+            .await?;
+    });
+    Ok(())
+}

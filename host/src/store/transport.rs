@@ -1,0 +1,287 @@
+//! The embedded transport's tables: `transport_messages` (what was
+//! published, by topic and partition, in offset order) and
+//! `transport_cursors` (each consumer group's committed offset and lease
+//! per partition). `broker/embedded.rs` decides what to publish and fetch;
+//! the SQL of either database is here.
+
+use std::collections::{BTreeMap, HashMap};
+
+use chrono::{DateTime, Utc};
+use outboxd_core::embedded_headers::parse_headers;
+use outboxd_core::message::Delivery;
+use sqlx::{PgPool, Row, SqlitePool};
+
+use super::stored_time::StoredTime;
+use super::{Db, on_pool};
+
+/// The channel a Postgres publish notifies at commit, so waiting consumers
+/// fetch at once instead of at their next poll.
+pub const NOTIFY_CHANNEL: &str = "outboxd_transport";
+
+/// One message as it is stored.
+#[derive(Debug, Clone)]
+pub struct TransportMessage {
+    pub topic: String,
+    pub partition: i32,
+    pub key: Vec<u8>,
+    pub payload: Vec<u8>,
+    /// The JSON array of `outboxd_core::embedded_headers`.
+    pub headers: String,
+    pub message_id: uuid::Uuid,
+}
+
+/// Stores `rows` in one transaction; on Postgres waiting consumers are
+/// notified at its commit.
+pub async fn store_messages(db: &Db, rows: &[TransportMessage]) -> Result<(), sqlx::Error> {
+    match db {
+        Db::Postgres(pool) => store_pg(pool, rows).await,
+        Db::Sqlite(pool) => store_sqlite(pool, rows).await,
+    }
+}
+
+/// One transaction of plain INSERTs: SQLite has one writer at a time, so
+/// the `offset` (an AUTOINCREMENT key) follows commit order by itself.
+async fn store_sqlite(pool: &SqlitePool, rows: &[TransportMessage]) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    for r in rows {
+        sqlx::query(
+            "INSERT INTO transport_messages (topic, partition, message_key, payload, headers, message_id)
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(&r.topic)
+        .bind(r.partition)
+        .bind(&r.key)
+        .bind(&r.payload)
+        .bind(&r.headers)
+        .bind(r.message_id.to_string())
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await
+}
+
+/// One transaction: the partitions' advisory locks in a fixed order (so two
+/// writers cannot deadlock), then every row in one INSERT. Offsets are
+/// identity values drawn at insert time; holding each partition's lock
+/// until commit makes offset order commit order within a partition, so a
+/// consumer's cursor never skips a late commit.
+async fn store_pg(pool: &PgPool, rows: &[TransportMessage]) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let mut partitions: Vec<(&str, i32)> = rows
+        .iter()
+        .map(|r| (r.topic.as_str(), r.partition))
+        .collect();
+    partitions.sort_unstable();
+    partitions.dedup();
+    for (topic, partition) in partitions {
+        sqlx::query(super::locks::PARTITION_LOCK)
+            .bind(topic)
+            .bind(i64::from(partition))
+            .execute(&mut *tx)
+            .await?;
+    }
+    // The insert and the wake-up of waiting consumers (delivered at commit)
+    // in one statement.
+    sqlx::query(
+        "WITH stored AS (
+           INSERT INTO transport_messages (topic, partition, message_key, payload, headers, message_id)
+           SELECT t, p, k, v, h::jsonb, m
+             FROM unnest($1::text[], $2::int[], $3::bytea[], $4::bytea[], $5::text[], $6::uuid[])
+               AS x(t, p, k, v, h, m)
+           RETURNING 1)
+         SELECT pg_notify($7, '') WHERE EXISTS (SELECT 1 FROM stored)",
+    )
+    .bind(rows.iter().map(|r| r.topic.as_str()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.partition).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.key.as_slice()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.payload.as_slice()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.headers.as_str()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.message_id).collect::<Vec<_>>())
+    .bind(NOTIFY_CHANNEL)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await
+}
+
+/// Takes the free or expired partitions of one topic and renews ours. The
+/// partition comes back as a bigint from both databases.
+const TAKE_LEASES: &str = "UPDATE transport_cursors SET lease_owner = $3, lease_until = $4
+     WHERE consumer_group = $1 AND topic = $2
+       AND (lease_owner IS NULL OR lease_owner = $3 OR lease_until < $5)
+     RETURNING CAST(partition AS bigint), last_offset";
+
+/// Gives `owner` every partition of `topic` (numbered below `partitions`)
+/// that is free, expired or already its own, until `until`; returns each
+/// one's committed offset. A group's cursors are created on first use.
+pub async fn take_leases(
+    db: &Db,
+    group: &str,
+    topic: &str,
+    partitions: i32,
+    owner: &str,
+    until: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> Result<Vec<(i32, i64)>, sqlx::Error> {
+    on_pool!(db, |pool| {
+        for p in 0..partitions {
+            sqlx::query("INSERT INTO transport_cursors (consumer_group, topic, partition) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING")
+                .bind(group).bind(topic).bind(p).execute(pool).await?;
+        }
+        let rows = sqlx::query(TAKE_LEASES)
+            .bind(group)
+            .bind(topic)
+            .bind(owner)
+            .bind(StoredTime(until))
+            .bind(StoredTime(now))
+            .fetch_all(pool)
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| (r.get::<i64, _>(0) as i32, r.get::<i64, _>(1)))
+            .collect())
+    })
+}
+
+/// Releases every lease `owner` holds, so another member can take over at
+/// once.
+pub async fn release_leases(db: &Db, owner: &str) -> Result<(), sqlx::Error> {
+    on_pool!(db, |pool| {
+        sqlx::query("UPDATE transport_cursors SET lease_owner = NULL, lease_until = NULL WHERE lease_owner = $1")
+            .bind(owner)
+            .execute(pool)
+            .await?;
+    });
+    Ok(())
+}
+
+/// Moves `group`'s cursor on `topic`/`partition` to `offset` if `owner`
+/// still holds its lease; false when it does not (another member took the
+/// partition).
+pub async fn advance_cursor(
+    db: &Db,
+    group: &str,
+    d: &Delivery,
+    owner: &str,
+) -> Result<bool, sqlx::Error> {
+    let sql = "UPDATE transport_cursors SET last_offset = $4
+                WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND lease_owner = $5";
+    let affected = on_pool!(db, |pool| sqlx::query(sql)
+        .bind(group)
+        .bind(&d.topic)
+        .bind(d.partition)
+        .bind(d.offset)
+        .bind(owner)
+        .execute(pool)
+        .await?
+        .rows_affected());
+    Ok(affected > 0)
+}
+
+/// Up to `max` messages after each partition's offset in `after` (keyed
+/// by topic and partition), partition by partition in order.
+pub async fn fetch_after(
+    db: &Db,
+    after: &HashMap<(String, i32), i64>,
+    max: usize,
+) -> Result<Vec<Delivery>, sqlx::Error> {
+    match db {
+        Db::Postgres(pool) => fetch_pg(pool, after, max).await,
+        Db::Sqlite(pool) => fetch_sqlite(pool, after, max).await,
+    }
+}
+
+/// Postgres: one indexed query per partition.
+async fn fetch_pg(
+    pool: &PgPool,
+    after: &HashMap<(String, i32), i64>,
+    max: usize,
+) -> Result<Vec<Delivery>, sqlx::Error> {
+    let mut out = Vec::new();
+    let mut parts: Vec<_> = after.iter().map(|(k, v)| (k.clone(), *v)).collect();
+    parts.sort();
+    for ((topic, partition), after) in parts {
+        if out.len() >= max {
+            break;
+        }
+        let rows = sqlx::query(
+            "SELECT \"offset\", message_key, payload, headers::text FROM transport_messages
+              WHERE topic = $1 AND partition = $2 AND \"offset\" > $3
+              ORDER BY \"offset\" LIMIT $4",
+        )
+        .bind(&topic)
+        .bind(partition)
+        .bind(after)
+        .bind((max - out.len()) as i64)
+        .fetch_all(pool)
+        .await?;
+        for r in rows {
+            out.push(Delivery {
+                attempt: 0,
+                topic: topic.clone(),
+                partition,
+                offset: r.get(0),
+                key: r.get(1),
+                payload: r.get(2),
+                headers: parse_headers(r.get::<&str, _>(3)),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// SQLite: one query per topic for all its partitions (a round trip per
+/// partition on every fetch adds up, with one writer at a time anyway).
+/// Offsets are one AUTOINCREMENT sequence over the whole table, so merging
+/// by offset keeps each partition's order.
+async fn fetch_sqlite(
+    pool: &SqlitePool,
+    after: &HashMap<(String, i32), i64>,
+    max: usize,
+) -> Result<Vec<Delivery>, sqlx::Error> {
+    let mut by_topic: BTreeMap<String, Vec<(i32, i64)>> = BTreeMap::new();
+    for ((topic, partition), after) in after {
+        by_topic
+            .entry(topic.clone())
+            .or_default()
+            .push((*partition, *after));
+    }
+    let mut out = Vec::new();
+    for (topic, mut parts) in by_topic {
+        if out.len() >= max {
+            break;
+        }
+        parts.sort_unstable();
+        // One indexed range scan per partition, merged by offset.
+        let scans: Vec<String> = (0..parts.len())
+            .map(|i| {
+                format!(
+                    "SELECT * FROM (SELECT \"offset\", partition, message_key, payload, headers
+                       FROM transport_messages
+                      WHERE topic = $1 AND partition = ${} AND \"offset\" > ${}
+                      ORDER BY \"offset\" LIMIT $2)",
+                    2 * i + 3,
+                    2 * i + 4
+                )
+            })
+            .collect();
+        let sql = format!("{} ORDER BY 1 LIMIT $2", scans.join(" UNION ALL "));
+        let mut q = sqlx::query(&sql)
+            .bind(&topic)
+            .bind((max - out.len()) as i64);
+        for (partition, after) in &parts {
+            q = q.bind(*partition).bind(*after);
+        }
+        for r in q.fetch_all(pool).await? {
+            out.push(Delivery {
+                attempt: 0,
+                topic: topic.clone(),
+                partition: r.get::<i64, _>(1) as i32,
+                offset: r.get(0),
+                key: r.get(2),
+                payload: r.get(3),
+                headers: parse_headers(r.get::<&str, _>(4)),
+            });
+        }
+    }
+    Ok(out)
+}
