@@ -19,6 +19,7 @@ mod consumer_swap_checks;
 mod consumer_swap_in_flight;
 mod consumer_swap_load;
 mod crash_matrix;
+mod crate_layout;
 mod dead_letters;
 mod embedded;
 mod full_postgres_disk;
