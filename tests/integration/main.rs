@@ -21,6 +21,7 @@ mod consumer_swap_load;
 mod crash_matrix;
 mod crate_layout;
 mod dead_letters;
+mod dev_dir;
 mod embedded;
 mod full_postgres_disk;
 mod host_schema;
