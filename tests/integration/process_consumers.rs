@@ -1,7 +1,7 @@
 //! Consumer processes killed and started for real (`outboxd run` as a child
 //! process): a kill before the offset commit, a kill mid-batch with a plugin,
-//! and processes starting together. The relay and producer cases are in
-//! `process.rs`.
+//! processes starting together, and a consumer-only process
+//! (`relay.workers = 0`). The relay and producer cases are in `process.rs`.
 
 use super::process::{kill_at_fault, outboxd, outboxd_with_billing, wait_until};
 use crate::on_both;
@@ -203,3 +203,102 @@ async fn processes_starting_together_create_the_example_schema_once() {
     }
     assert_eq!(t.count("SELECT count(*) FROM invoices").await, 0);
 }
+
+/// `relay.workers = 0` spawns no relay: a consumer-only process handles what
+/// is already on the transport and publishes nothing from the outbox. The
+/// outbox holds events of the very topic the consumer reads, so a relay in
+/// this process would also show as invoices for them.
+async fn a_consumer_only_process_publishes_nothing(t: TestDb) {
+    use outboxd::broker::embedded::EmbeddedPublisher;
+    use outboxd::broker::{OutgoingMessage, Publisher, headers};
+
+    outboxd_demo::billing::create_schema(&t.db)
+        .await
+        .expect("billing");
+    for i in 0..5 {
+        t.enqueue(NewEvent::new(
+            format!("queued-{i}"),
+            "order.confirmed",
+            json!({ "order_id": format!("queued-{i}"), "customer_id": "c", "total_cents": 100 }),
+        ))
+        .await;
+    }
+    let plugins = format!(
+        r#"[{{name = "billing", path = "{}", limits = {{timeout_ms = 5000}}}}]"#,
+        crate::plugins::plugin_path("billing").display()
+    );
+    let mut section = outboxd::config::ConsumerSection::new(
+        "billing",
+        vec!["order.confirmed".into()],
+        "plugin:billing",
+    );
+    section.tables.write = vec!["invoices".into()];
+    let role = match t.provision_plugin_role(&mut section).await {
+        Some(r) => format!(", db_role = \"{r}\""),
+        None => String::new(),
+    };
+    let consumers = format!(
+        r#"[{{name = "billing", topics = ["order.confirmed"], handler = "plugin:billing", tables = {{write = ["invoices"]}}{role}}}]"#
+    );
+    let mut child = outboxd(&t)
+        .arg("run")
+        .env("OUTBOXD__RELAY__WORKERS", "0")
+        .env("OUTBOXD__TRANSPORT__PARTITIONS", "2")
+        .env("OUTBOXD__PLUGINS", &plugins)
+        .env("OUTBOXD__CONSUMERS", &consumers)
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+
+    // Messages put on the transport directly, as another process's relay
+    // would: the consumer handling them shows it is running.
+    let publisher = EmbeddedPublisher::new(t.db.clone(), 2);
+    for i in 0..5 {
+        let id = uuid::Uuid::new_v4();
+        let order = format!("direct-{i}");
+        publisher
+            .publish(OutgoingMessage {
+                topic: "order.confirmed".into(),
+                key: order.clone().into_bytes(),
+                payload: json!({ "order_id": order, "customer_id": "c", "total_cents": 100 })
+                    .to_string()
+                    .into_bytes(),
+                headers: vec![(headers::MESSAGE_ID.into(), id.to_string().into_bytes())],
+                message_id: id,
+                created_at: chrono::Utc::now(),
+            })
+            .await
+            .expect("publish to the embedded transport");
+    }
+    wait_until(
+        &t,
+        "SELECT count(*) FROM invoices WHERE order_id LIKE 'direct-%'",
+        5,
+    )
+    .await;
+
+    assert_eq!(
+        t.count("SELECT count(*) FROM outbox WHERE published_at IS NULL")
+            .await,
+        5,
+        "a consumer-only process published outbox events"
+    );
+    assert_eq!(
+        t.count("SELECT count(*) FROM transport_messages").await,
+        5,
+        "only the directly published messages are on the transport"
+    );
+    assert_eq!(t.count("SELECT count(*) FROM invoices").await, 5);
+
+    let pid = child.id().expect("pid").to_string();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill -TERM");
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("exit")
+        .expect("wait");
+    assert!(status.success(), "{status}");
+}
+on_both!(a_consumer_only_process_publishes_nothing);

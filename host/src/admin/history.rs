@@ -73,3 +73,44 @@ pub async fn run_sampler(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sample whose `pending` is its position in the push order, so the
+    /// snapshot shows which samples survived.
+    fn sample(n: usize) -> Sample {
+        Sample {
+            at: chrono::DateTime::UNIX_EPOCH + chrono::Duration::seconds(n as i64),
+            pending: n as i64,
+            oldest_pending_age_seconds: 0.0,
+            dead: 0,
+            published_total: n as u64,
+        }
+    }
+
+    #[test]
+    fn the_ring_keeps_the_newest_capacity_samples() {
+        let history = History::default();
+        for n in 0..CAPACITY {
+            history.push(sample(n));
+        }
+        // Full but not yet over: nothing may have been dropped so far.
+        let full = history.snapshot();
+        assert_eq!(full.len(), CAPACITY);
+        assert_eq!(full[0].pending, 0);
+
+        for n in CAPACITY..CAPACITY + 5 {
+            history.push(sample(n));
+        }
+        let kept = history.snapshot();
+        assert_eq!(kept.len(), CAPACITY, "the ring grew past its capacity");
+        let order: Vec<i64> = kept.iter().map(|s| s.pending).collect();
+        let want: Vec<i64> = (5..CAPACITY as i64 + 5).collect();
+        assert_eq!(
+            order, want,
+            "the five oldest samples go first and the rest keep their order"
+        );
+    }
+}

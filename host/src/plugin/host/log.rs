@@ -171,3 +171,59 @@ pub fn drain(plugin: &str, stream: &'static str, log: &GuestLog, budget: &Mutex<
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWrite;
+
+    const MIB: usize = 1024 * 1024;
+    const WRITE: usize = 4 * 1024;
+
+    /// A guest writing 1 MiB in one call, half through the WASI p2 stream
+    /// and half through the async writer: every write is accepted at once
+    /// and in full, only `CAPTURE_BYTES` are kept, and the rest is counted.
+    #[test]
+    fn guest_output_is_bounded_and_never_blocks() {
+        let log = GuestLog::default();
+        let mut p2 = log.clone();
+        let mut writer = log.clone();
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let chunk = vec![b'x'; WRITE];
+        for i in 0..MIB / WRITE {
+            if i % 2 == 0 {
+                assert!(matches!(p2.check_write(), Ok(n) if n > 0), "write {i}");
+                assert!(p2.write(Bytes::from(chunk.clone())).is_ok(), "write {i}");
+            } else {
+                // Ready with the whole length: the guest never waits and
+                // never sees a short write or an error.
+                match Pin::new(&mut writer).poll_write(&mut cx, &chunk) {
+                    Poll::Ready(Ok(n)) => assert_eq!(n, WRITE, "write {i}"),
+                    other => panic!("write {i} did not complete at once: {other:?}"),
+                }
+            }
+        }
+
+        let (kept, dropped) = log.take();
+        assert_eq!(kept.len(), CAPTURE_BYTES);
+        assert!(kept.iter().all(|b| *b == b'x'));
+        assert_eq!(dropped, MIB - CAPTURE_BYTES);
+        assert_eq!(log.take(), (Vec::new(), 0), "take empties the buffer");
+    }
+
+    /// The cap is per call: once a call's output is taken, the next call
+    /// may write `CAPTURE_BYTES` again. The two streams are separate.
+    #[test]
+    fn the_cap_applies_per_call_and_per_stream() {
+        let stdout = GuestLog::default();
+        let stderr = GuestLog::default();
+        stdout.push(&vec![b'o'; CAPTURE_BYTES + 1]);
+        stderr.push(&[b'e'; 10]);
+        assert_eq!(stdout.take().1, 1);
+        assert_eq!(stderr.take(), (vec![b'e'; 10], 0));
+
+        stdout.push(&vec![b'o'; CAPTURE_BYTES]);
+        let (kept, dropped) = stdout.take();
+        assert_eq!((kept.len(), dropped), (CAPTURE_BYTES, 0));
+    }
+}
