@@ -154,3 +154,16 @@ async fn wait_for_active(reg: &Registry, name: &str, version: i64) {
     }
 }
 on_both!(a_dev_dir_file_is_deployed_and_a_broken_one_changes_nothing);
+
+/// A restart scans with nothing seen: a file whose bytes are already stored
+/// is `Unchanged`, and its active version stays active.
+async fn a_file_already_stored_is_left_unchanged_on_restart(t: TestDb) {
+    let reg = Registry::new(t.db.clone());
+    let dir = tempfile::tempdir().expect("watch dir");
+    write(&dir.path().join("t.wasm"), &wasm("cloudevents"), 1);
+    let specs = vec![registry_spec("t")];
+    dev_dir::scan(engine(), &reg, &specs, dir.path(), &mut BTreeMap::new()).await;
+    dev_dir::scan(engine(), &reg, &specs, dir.path(), &mut BTreeMap::new()).await;
+    assert_eq!(versions(&reg.list().await.expect("list")), [(1, "active")]);
+}
+on_both!(a_file_already_stored_is_left_unchanged_on_restart);

@@ -90,11 +90,13 @@ pub async fn store_version(
     deployed_by: &str,
 ) -> Result<StoredVersion, sqlx::Error> {
     Ok(in_announced_tx!(db, Channel::Plugins, name, |tx| {
-        let existing = sqlx::query("SELECT version FROM plugins WHERE name = $1 AND sha256 = $2")
-            .bind(name)
-            .bind(sha256)
-            .fetch_optional(&mut *tx)
-            .await?;
+        let existing = sqlx::query(
+            "SELECT CAST(version AS BIGINT) FROM plugins WHERE name = $1 AND sha256 = $2",
+        )
+        .bind(name)
+        .bind(sha256)
+        .fetch_optional(&mut *tx)
+        .await?;
         match existing {
             Some(row) => StoredVersion::Existing(row.get::<i64, _>(0)),
             None => {
