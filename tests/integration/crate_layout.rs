@@ -288,3 +288,53 @@ fn the_product_has_no_example_domain_bench_code_or_demo_tables() {
         .collect();
     assert!(foreign.is_empty(), "the product creates {foreign:?}");
 }
+
+/// The module import graph of `host/src`, read from its `use` lines by
+/// `tests/tools/import_graph.py`: `(header, cycles)` at `depth`, each
+/// cycle as its members.
+fn import_cycles(depth: u32) -> (String, Vec<Vec<String>>) {
+    let root = workspace_root();
+    let out = std::process::Command::new("python3")
+        .arg(root.join("tests/tools/import_graph.py"))
+        .arg(root.join("host/src"))
+        .args(["--depth", &depth.to_string(), "--cycles"])
+        .output()
+        .expect("run python3 tests/tools/import_graph.py (python3 is needed)");
+    assert!(
+        out.status.success(),
+        "import_graph.py failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    let header = text.lines().next().unwrap_or_default().to_string();
+    let cycles = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("cycle: "))
+        .map(|l| l.split(" <-> ").map(str::to_string).collect())
+        .collect();
+    (header, cycles)
+}
+
+/// No import cycle between the product's modules, except inside one
+/// concept's own folder: the top-level modules form none, and a cycle
+/// between second-level modules stays within one folder.
+#[test]
+fn no_import_cycle_crosses_a_modules_folder() {
+    let (header, top) = import_cycles(1);
+    assert!(header.contains("modules"), "unexpected output: {header}");
+    assert!(top.is_empty(), "cycles between top-level modules: {top:?}");
+    let (header, nested) = import_cycles(2);
+    assert!(header.contains("modules"), "unexpected output: {header}");
+    for cycle in nested {
+        let folders: BTreeSet<&str> = cycle
+            .iter()
+            .map(|m| m.split("::").next().unwrap_or_default())
+            .collect();
+        assert_eq!(
+            folders.len(),
+            1,
+            "a cycle crosses module folders: {}",
+            cycle.join(" <-> ")
+        );
+    }
+}
