@@ -95,7 +95,7 @@ fn store(path: &Path, component: &Component) -> Result<(), String> {
     std::fs::rename(&tmp, path).map_err(|e| e.to_string())
 }
 
-#[allow(unsafe_code)] // See the SAFETY note; the only unsafe code in the host.
+#[allow(unsafe_code)] // See the SAFETY note; one of the host's three audited unsafe places (ARCHITECTURE.md).
 fn deserialize(engine: &Engine, bytes: &[u8]) -> wasmtime::Result<Component> {
     // SAFETY: `Component::deserialize` trusts its input to be an artifact
     // this wasmtime produced. The file lives in the host's own cache dir,

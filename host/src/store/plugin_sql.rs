@@ -1,6 +1,6 @@
 //! A consumer plugin's statements on the inbox transaction: the part of
 //! the SQL boundary that differs between the databases. The plugin host
-//! (`plugin/transaction.rs`) admits a statement (guard and gate) and keeps
+//! (`plugin/host/transaction/`) admits a statement (guard and gate) and keeps
 //! the message's budgets; here it runs behind the database's own wall:
 //!
 //! - Postgres: under the consumer's role (`SET LOCAL ROLE`, once for a
