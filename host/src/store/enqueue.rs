@@ -2,6 +2,8 @@
 
 use std::future::Future;
 
+use sqlx::postgres::PgRow;
+use sqlx::sqlite::SqliteRow;
 use sqlx::{Postgres, Row, Sqlite, Transaction};
 use uuid::Uuid;
 
@@ -139,9 +141,61 @@ fn headers_json(event: &NewEvent) -> serde_json::Value {
 // outboxd's schema (migration 0011): qualified.
 const PG_INSERT: &str = "INSERT INTO outboxd.outbox
     (id, aggregate_id, event_type, payload, headers, idempotency_tenant, idempotency_key, payload_fingerprint)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+    VALUES (CAST($1 AS uuid), $2, $3, CAST($4 AS jsonb), CAST($5 AS jsonb), $6, $7, $8)
     ON CONFLICT (idempotency_tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id";
+
+/// Inserts `event` under a new id unless its operation key is taken, and
+/// settles which it was: one bind chain for both databases, every value as
+/// text (Postgres casts the id and the JSON in [`PG_INSERT`]).
+macro_rules! insert_event {
+    ($conn:expr, $sql:expr, $event:expr) => {{
+        let (fp, tenant, key) = keys(&$event);
+        let id = Uuid::new_v4();
+        let row = sqlx::query($sql)
+            .bind(id.to_string())
+            .bind(&$event.aggregate_id)
+            .bind(&$event.event_type)
+            .bind($event.payload.to_string())
+            .bind(headers_json(&$event).to_string())
+            .bind(tenant)
+            .bind(key)
+            .bind(fp.as_deref())
+            .fetch_optional(&mut *$conn)
+            .await?;
+        created_or_repeat::<Self>(
+            $conn,
+            &$event,
+            row.is_some(),
+            id,
+            fp.as_deref(),
+            tenant,
+            key,
+        )
+        .await
+    }};
+}
+
+/// The event an operation key already names, with its payload's
+/// fingerprint: one statement for both databases but for the table's name
+/// (Postgres names outboxd's schema); `$id` reads the id from the row.
+macro_rules! lookup_operation {
+    ($conn:expr, $table:literal, $tenant:expr, $key:expr, $id:expr) => {{
+        let row = sqlx::query(concat!(
+            "SELECT id, coalesce(payload_fingerprint, '') FROM ",
+            $table,
+            " WHERE idempotency_tenant = $1 AND idempotency_key = $2"
+        ))
+        .bind($tenant)
+        .bind($key)
+        .fetch_optional(&mut *$conn)
+        .await?;
+        match row {
+            None => Ok(None),
+            Some(r) => Ok(Some((EventId($id(&r)?), r.get(1)))),
+        }
+    }};
+}
 
 impl OutboxDatabase for Postgres {
     async fn enqueue_in(
@@ -154,20 +208,7 @@ impl OutboxDatabase for Postgres {
             .bind(&event.aggregate_id)
             .execute(&mut *conn)
             .await?;
-        let (fp, tenant, key) = keys(&event);
-        let id = Uuid::new_v4();
-        let row = sqlx::query(PG_INSERT)
-            .bind(id)
-            .bind(&event.aggregate_id)
-            .bind(&event.event_type)
-            .bind(sqlx::types::Json(&event.payload))
-            .bind(sqlx::types::Json(headers_json(&event)))
-            .bind(tenant)
-            .bind(key)
-            .bind(fp.as_deref())
-            .fetch_optional(&mut *conn)
-            .await?;
-        created_or_repeat::<Self>(conn, &event, row.is_some(), id, fp.as_deref(), tenant, key).await
+        insert_event!(conn, PG_INSERT, event)
     }
 
     async fn lookup_operation_in(
@@ -175,15 +216,9 @@ impl OutboxDatabase for Postgres {
         tenant: &str,
         key: &str,
     ) -> Result<Option<(EventId, String)>, EnqueueError> {
-        let row = sqlx::query(
-            "SELECT id, coalesce(payload_fingerprint, '') FROM outboxd.outbox
-              WHERE idempotency_tenant = $1 AND idempotency_key = $2",
-        )
-        .bind(tenant)
-        .bind(key)
-        .fetch_optional(&mut *conn)
-        .await?;
-        Ok(row.map(|r| (EventId(r.get(0)), r.get(1))))
+        lookup_operation!(conn, "outboxd.outbox", tenant, key, |r: &PgRow| {
+            Ok::<_, EnqueueError>(r.get(0))
+        })
     }
 }
 
@@ -200,20 +235,7 @@ impl OutboxDatabase for Sqlite {
     ) -> Result<Enqueued, EnqueueError> {
         // SQLite serialises writers for the whole transaction, so seq order
         // is commit order without a lock of our own.
-        let (fp, tenant, key) = keys(&event);
-        let id = Uuid::new_v4();
-        let row = sqlx::query(SQLITE_INSERT)
-            .bind(id.to_string())
-            .bind(&event.aggregate_id)
-            .bind(&event.event_type)
-            .bind(event.payload.to_string())
-            .bind(headers_json(&event).to_string())
-            .bind(tenant)
-            .bind(key)
-            .bind(fp.as_deref())
-            .fetch_optional(&mut *conn)
-            .await?;
-        created_or_repeat::<Self>(conn, &event, row.is_some(), id, fp.as_deref(), tenant, key).await
+        insert_event!(conn, SQLITE_INSERT, event)
     }
 
     async fn lookup_operation_in(
@@ -221,23 +243,11 @@ impl OutboxDatabase for Sqlite {
         tenant: &str,
         key: &str,
     ) -> Result<Option<(EventId, String)>, EnqueueError> {
-        let row = sqlx::query(
-            "SELECT id, coalesce(payload_fingerprint, '') FROM outbox
-              WHERE idempotency_tenant = $1 AND idempotency_key = $2",
-        )
-        .bind(tenant)
-        .bind(key)
-        .fetch_optional(&mut *conn)
-        .await?;
-        match row {
-            None => Ok(None),
-            Some(r) => {
-                let text: String = r.get(0);
-                let id = Uuid::parse_str(&text).map_err(|e| {
-                    EnqueueError::Invalid(format!("stored outbox id `{text}` is not a uuid: {e}"))
-                })?;
-                Ok(Some((EventId(id), r.get(1))))
-            }
-        }
+        lookup_operation!(conn, "outbox", tenant, key, |r: &SqliteRow| {
+            let text: String = r.get(0);
+            Uuid::parse_str(&text).map_err(|e| {
+                EnqueueError::Invalid(format!("stored outbox id `{text}` is not a uuid: {e}"))
+            })
+        })
     }
 }
