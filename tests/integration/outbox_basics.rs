@@ -180,3 +180,56 @@ async fn postgres_insert_notifies_listening_relays() {
         .expect("a notification within 10 s")
         .expect("listener alive");
 }
+
+/// A native handler's own statements run through the inbox transaction
+/// with plain values, the same text on both databases: `execute` reports
+/// the rows it changed, `query` reads them back, and a value that is not
+/// what it says is refused before it reaches the database.
+async fn a_native_handler_runs_its_own_sql_on_either_database(t: TestDb) {
+    use outboxd::consumer::InboxTx;
+    use outboxd::consumer::sql_values::SqlValue;
+    use outboxd::store::StatementError;
+    t.exec_app("CREATE TABLE notes (id TEXT PRIMARY KEY, body TEXT NOT NULL, n BIGINT NOT NULL)")
+        .await;
+    let mut tx = InboxTx::begin(&t.db).await.expect("begin");
+    let changed = tx
+        .execute(
+            "INSERT INTO notes (id, body, n) VALUES ($1, $2, $3), ($4, $2, $3)",
+            vec![
+                SqlValue::Text("a".into()),
+                SqlValue::Text("hello".into()),
+                SqlValue::Int(7),
+                SqlValue::Text("b".into()),
+            ],
+        )
+        .await
+        .expect("insert");
+    assert_eq!(changed, 2);
+    let rows = tx
+        .query(
+            "SELECT id, n FROM notes WHERE body = $1 ORDER BY id",
+            vec![SqlValue::Text("hello".into())],
+        )
+        .await
+        .expect("select");
+    assert_eq!(
+        rows,
+        vec![
+            vec![SqlValue::Text("a".into()), SqlValue::Int(7)],
+            vec![SqlValue::Text("b".into()), SqlValue::Int(7)],
+        ]
+    );
+    let bad = tx
+        .execute(
+            "UPDATE notes SET body = $1 WHERE id = $2",
+            vec![
+                SqlValue::Uuid("not-a-uuid".into()),
+                SqlValue::Text("a".into()),
+            ],
+        )
+        .await;
+    assert!(matches!(bad, Err(StatementError::Value(_))), "{bad:?}");
+    tx.commit().await.expect("commit");
+    assert_eq!(t.count("SELECT count(*) FROM notes").await, 2);
+}
+on_both!(a_native_handler_runs_its_own_sql_on_either_database);

@@ -5,6 +5,7 @@
 use serde::Deserialize;
 
 use outboxd::broker::Delivery;
+use outboxd::consumer::sql_values::SqlValue;
 use outboxd::consumer::{Handler, HandlerError, InboxTx};
 use outboxd::store::{Db, DbKind};
 
@@ -75,27 +76,17 @@ impl Handler for BillingHandler {
         let sql =
             "INSERT INTO invoices (order_id, customer_id, amount_cents, message_id, issued_at)
                    VALUES ($1, $2, $3, $4, $5)";
-        let q = sqlx::query(sql);
-        match tx {
-            InboxTx::Postgres(t) => q
-                .bind(&ev.order_id)
-                .bind(&ev.customer_id)
-                .bind(ev.total_cents)
-                .bind(&message_id)
-                .bind(now)
-                .execute(&mut **t)
-                .await?
-                .rows_affected(),
-            InboxTx::Sqlite(t) => sqlx::query(sql)
-                .bind(&ev.order_id)
-                .bind(&ev.customer_id)
-                .bind(ev.total_cents)
-                .bind(&message_id)
-                .bind(now)
-                .execute(&mut **t)
-                .await?
-                .rows_affected(),
-        };
+        tx.execute(
+            sql,
+            vec![
+                SqlValue::Text(ev.order_id),
+                SqlValue::Text(ev.customer_id),
+                SqlValue::Int(ev.total_cents),
+                SqlValue::Text(message_id),
+                SqlValue::Int(now),
+            ],
+        )
+        .await?;
         Ok(())
     }
 }

@@ -40,6 +40,17 @@ impl From<sqlx::Error> for HandlerError {
     }
 }
 
+/// A handler's own statement ([`InboxTx::execute`], [`InboxTx::query`]): a
+/// bad value cannot succeed on a retry, the database may.
+impl From<crate::store::StatementError> for HandlerError {
+    fn from(e: crate::store::StatementError) -> Self {
+        match e {
+            crate::store::StatementError::Value(e) => HandlerError::Permanent(e.to_string()),
+            crate::store::StatementError::Database(e) => e.into(),
+        }
+    }
+}
+
 pub trait Handler: Send + Sync + 'static {
     /// Runs once at the start of each transaction, before the first inbox
     /// mark: session settings that hold for the whole transaction (a

@@ -42,7 +42,7 @@ pub use fingerprint::fingerprint;
 pub use migrate::{MigrationReport, migrate, migrate_to};
 pub use notify::Channel;
 pub(crate) use notify::in_announced_tx;
-pub use tx::{InboxTx, PgInboxTx};
+pub use tx::{InboxTx, PgInboxTx, StatementError};
 
 use crate::event::OutboxEvent;
 

@@ -9,7 +9,19 @@ use std::collections::HashSet;
 
 use sqlx::{Postgres, Sqlite, Transaction};
 
+use outboxd_core::sql_values::{SqlValue, SqlValueError, bind_pg, bind_sqlite, pg_row, sqlite_row};
+
 use super::Db;
+
+/// Why a handler's own statement failed: a parameter or a cell that is not
+/// what its value says, or the database.
+#[derive(Debug, thiserror::Error)]
+pub enum StatementError {
+    #[error(transparent)]
+    Value(#[from] SqlValueError),
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+}
 
 /// The transaction a handler runs in. It is borrowed for the call only; the
 /// host alone commits or rolls it back.
@@ -146,6 +158,53 @@ impl InboxTx {
         match self {
             InboxTx::Postgres(t) => super::enqueue(t.transaction(), event).await,
             InboxTx::Sqlite(t) => super::enqueue(t, event).await,
+        }
+    }
+
+    /// Runs one statement of a native handler's own effect in this
+    /// transaction, as the host, with `params` bound in order ($1, $2, …
+    /// on both databases); the number of rows it changed. A library
+    /// handler needs no match on the database for its SQL.
+    pub async fn execute(
+        &mut self,
+        sql: &str,
+        params: Vec<SqlValue>,
+    ) -> Result<u64, StatementError> {
+        self.as_host().await?;
+        let done = match self {
+            InboxTx::Postgres(t) => bind_pg(sqlx::query(sql), params)?
+                .execute(&mut **t)
+                .await?
+                .rows_affected(),
+            InboxTx::Sqlite(t) => bind_sqlite(sqlx::query(sql), params)?
+                .execute(&mut **t)
+                .await?
+                .rows_affected(),
+        };
+        Ok(done)
+    }
+
+    /// Runs one row-returning statement in this transaction, as the host,
+    /// with `params` bound in order; each row as plain values.
+    pub async fn query(
+        &mut self,
+        sql: &str,
+        params: Vec<SqlValue>,
+    ) -> Result<Vec<Vec<SqlValue>>, StatementError> {
+        self.as_host().await?;
+        match self {
+            InboxTx::Postgres(t) => {
+                let rows = bind_pg(sqlx::query(sql), params)?
+                    .fetch_all(&mut **t)
+                    .await?;
+                Ok(rows.iter().map(pg_row).collect::<Result<_, _>>()?)
+            }
+            InboxTx::Sqlite(t) => {
+                let rows = bind_sqlite(sqlx::query(sql), params)?
+                    .fetch_all(&mut **t)
+                    .await?;
+                Ok(rows.iter().map(sqlite_row).collect::<Result<_, _>>()?)
+            }
         }
     }
 
