@@ -49,23 +49,7 @@ fn run_demo(args: DemoArgs) -> ExitCode {
             }
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(outboxd_demo::demo::run(args, log)) {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    outboxd::cli::run_main(outboxd_demo::demo::run(args, log))
 }
 
 fn log_filter() -> tracing_subscriber::EnvFilter {

@@ -142,6 +142,13 @@ pub fn main() -> ExitCode {
 /// (`main_with(Daemon::builder().handler("billing", BillingHandler).build())`).
 pub fn main_with(daemon: Daemon) -> ExitCode {
     let cli = Cli::parse();
+    run_main(dispatch(cli, daemon))
+}
+
+/// Runs a binary's async `main` on a multi-thread runtime and prints its
+/// error, if any, as the command line does; shared by the `outboxd`,
+/// `outboxd-demo` and `outboxd-bench` binaries.
+pub fn run_main(main: impl std::future::Future<Output = anyhow::Result<ExitCode>>) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -152,7 +159,7 @@ pub fn main_with(daemon: Daemon) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(dispatch(cli, daemon)) {
+    match runtime.block_on(main) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
