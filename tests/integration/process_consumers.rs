@@ -125,23 +125,7 @@ async fn plugin_consumer_killed_mid_batch_has_exactly_one_effect(t: TestDb) {
             }
         }
     }
-    let plugins = format!(
-        r#"[{{name = "billing", path = "{}", limits = {{timeout_ms = 5000}}}}]"#,
-        crate::plugins::plugin_path("billing").display()
-    );
-    let mut section = outboxd::config::ConsumerSection::new(
-        "billing",
-        vec!["order.confirmed".into()],
-        "plugin:billing",
-    );
-    section.tables.write = vec!["invoices".into()];
-    let role = match t.provision_plugin_role(&mut section).await {
-        Some(r) => format!(", db_role = \"{r}\""),
-        None => String::new(),
-    };
-    let consumers = format!(
-        r#"[{{name = "billing", topics = ["order.confirmed"], handler = "plugin:billing", batch_in_transaction = 10, tables = {{write = ["invoices"]}}{role}}}]"#
-    );
+    let (plugins, consumers) = billing_plugin_consumer(&t, ", batch_in_transaction = 10").await;
     let consumers = consumers.as_str();
     let child = outboxd(&t)
         .arg("run")
@@ -223,23 +207,7 @@ async fn a_consumer_only_process_publishes_nothing(t: TestDb) {
         ))
         .await;
     }
-    let plugins = format!(
-        r#"[{{name = "billing", path = "{}", limits = {{timeout_ms = 5000}}}}]"#,
-        crate::plugins::plugin_path("billing").display()
-    );
-    let mut section = outboxd::config::ConsumerSection::new(
-        "billing",
-        vec!["order.confirmed".into()],
-        "plugin:billing",
-    );
-    section.tables.write = vec!["invoices".into()];
-    let role = match t.provision_plugin_role(&mut section).await {
-        Some(r) => format!(", db_role = \"{r}\""),
-        None => String::new(),
-    };
-    let consumers = format!(
-        r#"[{{name = "billing", topics = ["order.confirmed"], handler = "plugin:billing", tables = {{write = ["invoices"]}}{role}}}]"#
-    );
+    let (plugins, consumers) = billing_plugin_consumer(&t, "").await;
     let mut child = outboxd(&t)
         .arg("run")
         .env("OUTBOXD__RELAY__WORKERS", "0")
@@ -302,3 +270,27 @@ async fn a_consumer_only_process_publishes_nothing(t: TestDb) {
     assert!(status.success(), "{status}");
 }
 on_both!(a_consumer_only_process_publishes_nothing);
+
+/// `OUTBOXD__PLUGINS` and `OUTBOXD__CONSUMERS` for one `billing` consumer
+/// plugin of `order.confirmed` that may write `invoices` (`extra` adds keys
+/// to the consumer), with its Postgres role provisioned.
+async fn billing_plugin_consumer(t: &TestDb, extra: &str) -> (String, String) {
+    let plugins = format!(
+        r#"[{{name = "billing", path = "{}", limits = {{timeout_ms = 5000}}}}]"#,
+        crate::plugins::plugin_path("billing").display()
+    );
+    let mut section = outboxd::config::ConsumerSection::new(
+        "billing",
+        vec!["order.confirmed".into()],
+        "plugin:billing",
+    );
+    section.tables.write = vec!["invoices".into()];
+    let role = match t.provision_plugin_role(&mut section).await {
+        Some(r) => format!(", db_role = \"{r}\""),
+        None => String::new(),
+    };
+    let consumers = format!(
+        r#"[{{name = "billing", topics = ["order.confirmed"], handler = "plugin:billing"{extra}, tables = {{write = ["invoices"]}}{role}}}]"#
+    );
+    (plugins, consumers)
+}
