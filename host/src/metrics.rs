@@ -80,6 +80,37 @@ impl Histogram {
         );
         let _ = writeln!(out, "{name}_count{braces} {cumulative}");
     }
+
+    /// The `q` quantile (0 to 1) of what was observed, estimated as
+    /// Prometheus's `histogram_quantile` does: linear within the bucket the
+    /// rank falls in, and the largest finite bound when it falls beyond it.
+    /// `None` before the first observation.
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        let counts: Vec<u64> = self
+            .counts
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect();
+        let total: u64 = counts.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let rank = q.clamp(0.0, 1.0) * total as f64;
+        let mut below = 0u64;
+        for (i, n) in counts.iter().enumerate() {
+            let upto = below + n;
+            if (upto as f64) >= rank && *n > 0 {
+                let Some(upper) = self.bounds.get(i) else {
+                    break;
+                };
+                let lower = if i == 0 { 0.0 } else { self.bounds[i - 1] };
+                let within = (rank - below as f64) / *n as f64;
+                return Some(lower + (upper - lower) * within);
+            }
+            below = upto;
+        }
+        self.bounds.last().copied()
+    }
 }
 
 /// Counters keyed by a label value.
@@ -144,6 +175,8 @@ pub struct Metrics {
 pub trait PluginReport: Send + Sync + std::fmt::Debug {
     fn name(&self) -> &str;
     fn version(&self) -> &str;
+    /// `transformer` or `consumer`.
+    fn world(&self) -> &'static str;
     fn counters(&self) -> PluginCounters;
     fn latency(&self) -> &Histogram;
 }
@@ -175,13 +208,30 @@ impl Metrics {
         map.entry(name.to_string()).or_default().clone()
     }
 
+    /// Every consumer this process runs, with its counters, by name.
+    pub fn consumers(&self) -> Vec<(String, std::sync::Arc<ConsumerMetrics>)> {
+        self.consumers
+            .lock()
+            .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .unwrap_or_default()
+    }
+
+    /// Adds plugin versions to those reported; whoever loads a version
+    /// registers it (the daemon at start, the rollout whenever it loads
+    /// one), so a version activated later is reported too. A version
+    /// registered again, or another copy of a `name@version` already
+    /// registered, is ignored: one series per version.
     pub fn register_plugins(
         &self,
         plugins: impl IntoIterator<Item = std::sync::Arc<dyn PluginReport>>,
     ) {
         if let Ok(mut v) = self.plugins.lock() {
             for p in plugins {
-                if !v.iter().any(|q| std::sync::Arc::ptr_eq(q, &p)) {
+                let known = v.iter().any(|q| {
+                    std::sync::Arc::ptr_eq(q, &p)
+                        || (q.name() == p.name() && q.version() == p.version())
+                });
+                if !known {
                     v.push(p);
                 }
             }
@@ -271,11 +321,7 @@ impl Metrics {
         self.relay_lag
             .render(&mut out, "outboxd_relay_lag_seconds", "");
 
-        let consumers: Vec<_> = self
-            .consumers
-            .lock()
-            .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
-            .unwrap_or_default();
+        let consumers = self.consumers();
         for (name, help, pick) in [
             (
                 "outboxd_consumer_processed_total",
@@ -416,4 +462,30 @@ fn counter(out: &mut String, name: &str, help: &str, v: u64) {
         out,
         "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantile_interpolates_within_its_bucket_and_caps_at_the_largest_bound() {
+        let h = Histogram::with_buckets(&CALL_BUCKETS);
+        assert_eq!(h.quantile(0.99), None, "no observation, no quantile");
+        // 100 calls of 3 µs (first bucket, 0 to 10 µs): the p50 is the
+        // middle of that bucket.
+        for _ in 0..100 {
+            h.observe(0.000003);
+        }
+        let p50 = h.quantile(0.5).expect("observed");
+        assert!((p50 - 0.000005).abs() < 1e-12, "p50 {p50}");
+        // One call in ten over the largest bound: the p99 is that bound,
+        // as Prometheus reports it.
+        for _ in 0..12 {
+            h.observe(3.0);
+        }
+        assert_eq!(h.quantile(0.99), Some(0.1));
+        // The p80 falls in the first bucket still (100 of 112).
+        assert!(h.quantile(0.8).expect("observed") <= 0.00001);
+    }
 }

@@ -44,6 +44,7 @@ mod ordering;
 mod outbox_basics;
 mod plugin_chains;
 mod plugin_limits;
+mod plugin_version_metrics;
 mod plugin_sql_walls;
 mod plugin_worlds;
 mod plugins;

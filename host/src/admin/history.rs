@@ -1,6 +1,7 @@
-//! A bounded ring of outbox samples for the dashboard's charts.
+//! A bounded ring of outbox (and consumer throughput) samples for the
+//! dashboard's charts and rates.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -19,6 +20,9 @@ pub struct Sample {
     pub oldest_pending_age_seconds: f64,
     pub dead: i64,
     pub published_total: u64,
+    /// Messages each consumer of this process had processed, by name: the
+    /// consumers panel's rates come from two samples.
+    pub consumers_processed: BTreeMap<String, u64>,
 }
 
 #[derive(Debug, Default)]
@@ -32,6 +36,13 @@ impl History {
             }
             q.push_back(s);
         }
+    }
+
+    /// The newest two samples, oldest first, once there are two.
+    pub fn last_two(&self) -> Option<(Sample, Sample)> {
+        let q = self.0.lock().ok()?;
+        let n = q.len();
+        (n >= 2).then(|| (q[n - 2].clone(), q[n - 1].clone()))
     }
 
     pub fn snapshot(&self) -> Vec<Sample> {
@@ -64,6 +75,11 @@ pub async fn run_sampler(
                 published_total: metrics
                     .relay_published
                     .load(std::sync::atomic::Ordering::Relaxed),
+                consumers_processed: metrics
+                    .consumers()
+                    .into_iter()
+                    .map(|(name, m)| (name, m.processed.load(std::sync::atomic::Ordering::Relaxed)))
+                    .collect(),
             }),
             Err(e) => tracing::warn!(error = %e, "cannot sample outbox stats for the dashboard"),
         }
@@ -87,6 +103,7 @@ mod tests {
             oldest_pending_age_seconds: 0.0,
             dead: 0,
             published_total: n as u64,
+            consumers_processed: BTreeMap::new(),
         }
     }
 

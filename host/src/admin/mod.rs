@@ -3,6 +3,7 @@
 //! page needs `Authorization: Bearer <token>`.
 
 mod auth;
+mod consumers;
 mod history;
 mod plugins;
 mod routes;

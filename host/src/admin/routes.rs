@@ -38,6 +38,7 @@ pub fn router(state: AdminState) -> Router {
             "/api/plugins/{name}/rollback",
             post(super::plugins::rollback),
         )
+        .merge(super::consumers::routes())
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .route("/", get(|| async { Html(DASHBOARD) }))
@@ -51,7 +52,7 @@ fn store(db: &Db) -> AnyStore {
     AnyStore::new(db, Duration::from_secs(30))
 }
 
-fn internal(e: impl std::fmt::Display) -> Response {
+pub(super) fn internal(e: impl std::fmt::Display) -> Response {
     (
         StatusCode::INTERNAL_SERVER_ERROR,
         Json(json!({ "error": e.to_string() })),
@@ -207,8 +208,8 @@ async fn discard_one(
     }
 }
 
-/// The transformer plugins this process has loaded (from files or the
-/// registry), with their counters.
+/// The plugin versions this process has loaded (either world, from files
+/// or the registry), with their counters.
 async fn loaded_plugins(State(s): State<AdminState>) -> Response {
     let list: Vec<serde_json::Value> = s
         .metrics
@@ -219,6 +220,7 @@ async fn loaded_plugins(State(s): State<AdminState>) -> Response {
             json!({
                 "name": p.name(),
                 "version": p.version(),
+                "world": p.world(),
                 "state": "loaded",
                 "calls": m.calls,
                 "errors": m.errors.iter().map(|(k, n)| (k.to_string(), *n)).collect::<std::collections::BTreeMap<_, _>>(),

@@ -3,6 +3,7 @@
 //! source (the embedded transport, a Kafka consumer group, or statically
 //! assigned Kafka partitions).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,6 +19,7 @@ use crate::consumer::{
     ActiveConsumer, Consumer, ConsumerConfig, ConsumerHandler, NativeHandlers, PluginHandler,
 };
 use crate::fault::Faults;
+use crate::metrics::{Metrics, PluginReport};
 use crate::plugin::{ConsumerPlugin, PluginEngine};
 use crate::store::plugin_roles::PluginRoles;
 use crate::store::{Channel, Db};
@@ -44,7 +46,7 @@ pub(super) async fn spawn_consumers(
     handles: &mut PipelineHandles,
     shutdown: &watch::Receiver<bool>,
 ) -> Result<(), DaemonError> {
-    let mut consumer_engine = None;
+    let mut file_plugins = FilePlugins::default();
     if db.writes_in_parallel() && !config.consumers.is_empty() {
         tracing::info!(
             partitions = config.consumer_parallel_partitions(),
@@ -61,10 +63,11 @@ pub(super) async fn spawn_consumers(
         let handler = Arc::new(consumer_handler(
             config,
             db,
+            &handles.metrics,
             (i, c),
             &sources.daemon.handlers,
             sources.registry,
-            &mut consumer_engine,
+            &mut file_plugins,
         )?);
         let consumer_cfg = ConsumerConfig {
             name: c.name.clone(),
@@ -149,17 +152,27 @@ pub(super) async fn spawn_consumers(
     Ok(())
 }
 
+/// The file consumer plugins of this process: each loaded once, on an
+/// engine created on first use, and shared by every consumer that names it,
+/// so `/metrics` has one series per version.
+#[derive(Default)]
+struct FilePlugins {
+    engine: Option<PluginEngine>,
+    loaded: BTreeMap<String, Arc<ConsumerPlugin>>,
+}
+
 /// Resolves `consumers[].handler`: a native handler from the binary's
 /// registry (`native`); a registry plugin gets its rollout slot
-/// (`registry`), a file plugin is loaded here, on an engine created on first
-/// use.
+/// (`registry`), a file plugin is loaded here (once) and reported in
+/// `metrics`.
 fn consumer_handler(
     config: &Config,
     db: &Db,
+    metrics: &Metrics,
     (i, c): (usize, &ConsumerSection),
     native: &NativeHandlers,
     registry: &[ActiveConsumer],
-    engine: &mut Option<PluginEngine>,
+    files: &mut FilePlugins,
 ) -> Result<ConsumerHandler, DaemonError> {
     let name = match &c.handler {
         crate::config::HandlerRef::Plugin(name) => name.as_str(),
@@ -180,16 +193,25 @@ fn consumer_handler(
         .iter()
         .find(|p| p.name == name)
         .ok_or_else(|| DaemonError::Plugin(format!("no [[plugins]] entry is named `{name}`")))?;
-    let engine = match engine {
-        Some(e) => e,
-        None => engine.insert(
-            PluginEngine::new(config.plugin_engine_config())
-                .map_err(|e| DaemonError::Plugin(e.to_string()))?,
-        ),
+    let plugin = match files.loaded.get(name) {
+        Some(p) => p.clone(),
+        None => {
+            let engine = match &mut files.engine {
+                Some(e) => e,
+                None => files.engine.insert(
+                    PluginEngine::new(config.plugin_engine_config())
+                        .map_err(|e| DaemonError::Plugin(e.to_string()))?,
+                ),
+            };
+            let plugin = Arc::new(
+                ConsumerPlugin::load(engine, spec).map_err(|e| DaemonError::Plugin(e.to_string()))?,
+            );
+            metrics.register_plugins([plugin.clone() as Arc<dyn PluginReport>]);
+            files.loaded.insert(name.to_string(), plugin.clone());
+            plugin
+        }
     };
-    let plugin =
-        ConsumerPlugin::load(engine, spec).map_err(|e| DaemonError::Plugin(e.to_string()))?;
     Ok(ConsumerHandler::Plugin(
-        PluginHandler::new(Arc::new(plugin), c.txn_policy()).with_db(db),
+        PluginHandler::new(plugin, c.txn_policy()).with_db(db),
     ))
 }

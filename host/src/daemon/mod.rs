@@ -180,16 +180,23 @@ async fn spawn_pipeline(
     let mut set = JoinSet::new();
     let mut handles = PipelineHandles::default();
     let metrics = handles.metrics.clone();
-    let (chains, registry_consumers) = match start_rollout(config, db, &mut set, &shutdown).await? {
-        Some(started) => started,
-        None => (load_chains(config)?, Vec::new()),
-    };
-    metrics.register_plugins(
-        chains
-            .plugins()
-            .into_iter()
-            .map(|p| p as Arc<dyn crate::metrics::PluginReport>),
-    );
+    // Whoever loads a plugin version reports it: the rollout each registry
+    // version it loads, the static chains here, the consumers their file
+    // plugins.
+    let (chains, registry_consumers) =
+        match start_rollout(config, db, &metrics, &mut set, &shutdown).await? {
+            Some(started) => started,
+            None => {
+                let chains = load_chains(config)?;
+                metrics.register_plugins(
+                    chains
+                        .plugins()
+                        .into_iter()
+                        .map(|p| p as Arc<dyn crate::metrics::PluginReport>),
+                );
+                (chains, Vec::new())
+            }
+        };
     let mut broker_check: Option<crate::admin::BrokerCheck> = None;
     match config.transport.kind {
         TransportKind::Embedded => {
@@ -283,6 +290,7 @@ fn load_chains(config: &Config) -> Result<Chains, DaemonError> {
 async fn start_rollout(
     config: &Config,
     db: &Db,
+    metrics: &Arc<Metrics>,
     set: &mut JoinSet<Result<(), String>>,
     shutdown: &watch::Receiver<bool>,
 ) -> Result<Option<(Chains, Vec<ActiveConsumer>)>, DaemonError> {
@@ -335,7 +343,8 @@ async fn start_rollout(
         config.routes.clone(),
     )
     .map_err(DaemonError::Plugin)?
-    .with_consumers(consumer_plugins.iter().cloned());
+    .with_consumers(consumer_plugins.iter().cloned())
+    .with_metrics(metrics.clone());
     rollout
         .refresh()
         .await

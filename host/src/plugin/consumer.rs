@@ -26,6 +26,7 @@ super::loaded::plugin_world!(
     ConsumerPlugin,
     data: ConsumerState,
     linker: consumers,
+    world: "consumer",
     name: "outbox:plugin/consumer@0.1.0",
     imports: "a consumer may import only WASI p2, outbox:plugin/config and outbox:plugin/transaction@0.1.0",
     build: "build it with outboxd-guest-consumer's export_consumer!",

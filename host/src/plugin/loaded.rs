@@ -46,11 +46,11 @@ pub(crate) trait World: Sized + Send + 'static {
 
 /// Makes a bindgen world a [`World`], and gives its plugin type (a struct
 /// holding `loaded: Loaded<world>`) the constructors and the accessors both
-/// worlds share.
+/// worlds share, and its report for `/metrics` and the admin API.
 macro_rules! plugin_world {
     (
         $bindings:ty, $pre:ident, $plugin:ident,
-        data: $data:ty, linker: $linker:ident,
+        data: $data:ty, linker: $linker:ident, world: $world:literal,
         name: $name:literal, imports: $imports:literal, build: $hint:literal $(,)?
     ) => {
         impl $crate::plugin::loaded::World for $bindings {
@@ -121,6 +121,35 @@ macro_rules! plugin_world {
             /// `name@version`, as the outbox and dead letters record it.
             pub fn label(&self) -> String {
                 self.loaded.label()
+            }
+        }
+
+        impl $crate::metrics::PluginReport for $plugin {
+            fn name(&self) -> &str {
+                &self.loaded.name
+            }
+
+            fn version(&self) -> &str {
+                &self.loaded.version
+            }
+
+            fn world(&self) -> &'static str {
+                $world
+            }
+
+            fn counters(&self) -> $crate::metrics::PluginCounters {
+                let m = &self.loaded.metrics;
+                let s = m.snapshot();
+                $crate::metrics::PluginCounters {
+                    calls: s.calls,
+                    errors: s.errors,
+                    total_time: s.total_time,
+                    memory_high_water: m.memory_high_water(),
+                }
+            }
+
+            fn latency(&self) -> &$crate::metrics::Histogram {
+                self.loaded.metrics.latency()
             }
         }
     };

@@ -48,6 +48,8 @@ pub struct Rollout {
     applied: Mutex<Option<Desired>>,
     chains: Chains,
     host: String,
+    /// Where every version this host loads is reported, when set.
+    metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 impl Rollout {
@@ -81,6 +83,7 @@ impl Rollout {
             applied: Mutex::default(),
             chains: Chains::default(),
             host: format!("host-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]),
+            metrics: None,
         };
         rollout.chains.replace(rollout.table(&Desired::default()));
         Ok(rollout)
@@ -94,6 +97,20 @@ impl Rollout {
             self.consumers
                 .insert(name.clone(), ActiveConsumer::empty(name));
         }
+        self
+    }
+
+    /// Reports every version this host loads in `metrics`: the file
+    /// plugins now, and each registry version (of either world, a shadow
+    /// candidate included) when it is loaded, so a version activated after
+    /// start has its series from its first call.
+    pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> Self {
+        metrics.register_plugins(
+            self.files
+                .values()
+                .map(|p| p.clone() as Arc<dyn crate::metrics::PluginReport>),
+        );
+        self.metrics = Some(metrics);
         self
     }
 
@@ -196,7 +213,7 @@ impl Rollout {
 
     /// Fetches, compiles and prepares `name` version `version` with
     /// `build` into `loaded`, unless it is there already.
-    async fn load_into<T: Send + Sync + 'static>(
+    async fn load_into<T: crate::metrics::PluginReport + 'static>(
         &self,
         loaded: &Mutex<BTreeMap<(String, i64), Arc<T>>>,
         name: &str,
@@ -221,8 +238,14 @@ impl Rollout {
                 name: name.into(),
                 reason: e.to_string(),
             })?;
-        if let Ok(mut l) = loaded.lock() {
-            l.insert(key, Arc::new(plugin));
+        // Two refreshes racing keep the first copy: the one reported is the
+        // one that runs.
+        let kept = match loaded.lock() {
+            Ok(mut l) => l.entry(key).or_insert_with(|| Arc::new(plugin)).clone(),
+            Err(_) => return Ok(()),
+        };
+        if let Some(metrics) = &self.metrics {
+            metrics.register_plugins([kept as Arc<dyn crate::metrics::PluginReport>]);
         }
         Ok(())
     }

@@ -27,6 +27,7 @@ super::loaded::plugin_world!(
     TransformerPlugin,
     data: TransformerState,
     linker: transformers,
+    world: "transformer",
     name: "outbox:plugin/transformer@0.1.0",
     imports: "a transformer may import only WASI p2 and outbox:plugin/config@0.1.0; \
               outbox:plugin/transaction is for consumers, which export `handle`",
@@ -112,29 +113,4 @@ pub fn message_bytes(m: &OutgoingMessage) -> usize {
             .iter()
             .map(|(k, v)| k.len() + v.len())
             .sum::<usize>()
-}
-
-impl crate::metrics::PluginReport for TransformerPlugin {
-    fn name(&self) -> &str {
-        TransformerPlugin::name(self)
-    }
-
-    fn version(&self) -> &str {
-        TransformerPlugin::version(self)
-    }
-
-    fn counters(&self) -> crate::metrics::PluginCounters {
-        let m = self.metrics();
-        let s = m.snapshot();
-        crate::metrics::PluginCounters {
-            calls: s.calls,
-            errors: s.errors,
-            total_time: s.total_time,
-            memory_high_water: m.memory_high_water(),
-        }
-    }
-
-    fn latency(&self) -> &crate::metrics::Histogram {
-        self.metrics().latency()
-    }
 }

@@ -6,6 +6,7 @@
 //! broker acknowledged.
 
 pub mod any;
+pub mod backlog;
 mod db;
 pub mod dead_letters;
 mod enqueue;

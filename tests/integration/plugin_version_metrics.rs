@@ -1,0 +1,232 @@
+//! `/metrics` and `/api/plugins` report every plugin version the daemon
+//! runs, of both worlds: a file transformer, the registry consumer plugin's
+//! first version, and a version deployed after start, first as a shadow
+//! candidate and then activated, while orders flow the whole time.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use outboxd::config::ConsumerSection;
+use outboxd::daemon::Daemon;
+use outboxd::fault::Faults;
+use outboxd::plugin::PluginSpec;
+use outboxd::plugin::registry::Registry;
+use outboxd::relay::Route;
+use outboxd_demo::billing;
+
+use crate::admin::{TOKEN, admin_config, http};
+use crate::consumer_swap::{deploy, put_order, registry_spec, wasm};
+use crate::on_both;
+use crate::plugins::plugin_path;
+use crate::support::TestDb;
+
+/// `outboxd_plugin_calls_total` and the latency count of each version, by
+/// `(plugin, version)`, from a `/metrics` text.
+fn plugin_series(metrics: &str, family: &str) -> BTreeMap<(String, String), u64> {
+    let mut found = BTreeMap::new();
+    for line in metrics.lines() {
+        let Some(rest) = line.strip_prefix(family).and_then(|r| r.strip_prefix('{')) else {
+            continue;
+        };
+        let Some((labels, value)) = rest.split_once("} ") else {
+            continue;
+        };
+        let label = |name: &str| {
+            labels
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(&format!("{name}=\"")))
+                .map(|v| v.trim_end_matches('"').to_string())
+        };
+        if let (Some(p), Some(v), Ok(n)) = (label("plugin"), label("version"), value.parse()) {
+            // The same series twice would be an invalid exposition.
+            assert!(
+                found.insert((p.clone(), v.clone()), n).is_none(),
+                "{family} has {p}@{v} twice:\n{metrics}"
+            );
+        }
+    }
+    found
+}
+
+async fn a_consumer_version_activated_under_load_is_in_metrics_and_the_plugin_list(t: TestDb) {
+    billing::create_schema(&t.db).await.expect("billing schema");
+    let reg = Registry::new(t.db.clone());
+    let v1 = deploy(&reg, "c", wasm("billing")).await;
+    reg.activate("c", v1, "test").await.expect("activate v1");
+
+    let mut config = admin_config(&t.url);
+    config.plugins = vec![
+        registry_spec("c"),
+        PluginSpec::new("cloudevents", plugin_path("cloudevents")),
+    ];
+    config.routes = vec![Route::new("order.*", "orders").with_transformers(&["cloudevents"])];
+    let mut section = ConsumerSection::new("billing", vec!["orders".into()], "plugin:c");
+    section.tables.write = vec!["invoices".into()];
+    t.provision_plugin_role(&mut section).await;
+    config.consumers = vec![section];
+    config.plugin_runtime.registry_poll = Some(Duration::from_millis(100));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (set, handles) = Daemon::default()
+        .spawn_pipeline(&config, &t.db, Faults::none(), stop_rx)
+        .await
+        .expect("pipeline");
+    let addr = handles.admin_addr.expect("admin");
+
+    // Orders flow from here to the end of the swap, at most 40 ahead of
+    // the consumer.
+    let produced = Arc::new(AtomicUsize::new(0));
+    let producing = Arc::new(AtomicBool::new(true));
+    let producer = {
+        let (db, produced, producing) = (t.db.clone(), produced.clone(), producing.clone());
+        let stats = handles.consumer_stats[0].1.clone();
+        tokio::spawn(async move {
+            let mut i = 0;
+            while producing.load(Ordering::SeqCst) {
+                if i >= stats.handled.load(Ordering::SeqCst) as usize + 40 {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    continue;
+                }
+                put_order(&db, i).await;
+                i += 1;
+                produced.store(i, Ordering::SeqCst);
+            }
+        })
+    };
+    let inbox = |label: &'static str| {
+        let t = &t;
+        async move {
+            t.count(&format!(
+                "SELECT count(*) FROM inbox WHERE handled_by = '{label}'"
+            ))
+            .await
+        }
+    };
+    let until = |what: String, deadline: Duration| {
+        let start = Instant::now();
+        move || {
+            assert!(start.elapsed() < deadline, "timed out: {what}");
+        }
+    };
+    let check = until("v1 handles 20 orders".into(), Duration::from_secs(60));
+    while inbox("c@1").await < 20 {
+        check();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Deployed after start: first a shadow candidate, then the active one.
+    let v2 = deploy(&reg, "c", wasm("invoicing")).await;
+    assert_eq!(v2, 2);
+    reg.shadow("c", v2, true, None).await.expect("shadow v2");
+    let check = until("the candidate's shadow calls".into(), Duration::from_secs(60));
+    loop {
+        let (_, metrics) = http(addr, "GET", "/metrics", Some(TOKEN), None).await;
+        let calls = plugin_series(&metrics, "outboxd_plugin_calls_total");
+        if calls.get(&("c".into(), "2".into())).copied().unwrap_or(0) > 0 {
+            break;
+        }
+        check();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    reg.activate("c", v2, "test").await.expect("activate v2");
+    let check = until("v2 handles 20 orders".into(), Duration::from_secs(60));
+    while inbox("c@2").await < 20 {
+        check();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        producing.load(Ordering::SeqCst),
+        "the orders stopped before the swap: not under load"
+    );
+    // The metrics as an operator reads them while the load still runs.
+    let (status, live) = http(addr, "GET", "/metrics", Some(TOKEN), None).await;
+    assert_eq!(status, 200);
+    let live_calls = plugin_series(&live, "outboxd_plugin_calls_total");
+    for version in [("c", "1"), ("c", "2"), ("cloudevents", "sha256:")] {
+        assert!(
+            live_calls
+                .iter()
+                .any(|((p, v), n)| p == version.0 && v.starts_with(version.1) && *n > 0),
+            "no calls of {version:?} in /metrics during the load:\n{live}"
+        );
+    }
+
+    producing.store(false, Ordering::SeqCst);
+    producer.await.expect("producer");
+    let total = produced.load(Ordering::SeqCst) as i64;
+    let check = until(format!("all {total} orders handled"), Duration::from_secs(60));
+    while t.count("SELECT count(*) FROM inbox").await < total {
+        check();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Settled: each version was called at least once per message it
+    // handled (v2 also ran in shadow before it was active).
+    let (_, metrics) = http(addr, "GET", "/metrics", Some(TOKEN), None).await;
+    let calls = plugin_series(&metrics, "outboxd_plugin_calls_total");
+    let latencies = plugin_series(&metrics, "outboxd_plugin_call_seconds_count");
+    let (by_v1, by_v2) = (inbox("c@1").await as u64, inbox("c@2").await as u64);
+    for (version, handled) in [("1", by_v1), ("2", by_v2)] {
+        let key = ("c".to_string(), version.to_string());
+        let n = calls.get(&key).copied().unwrap_or(0);
+        assert!(
+            n >= handled,
+            "c@{version} handled {handled} orders but /metrics counts {n} calls:\n{metrics}"
+        );
+        assert_eq!(
+            latencies.get(&key),
+            Some(&n),
+            "c@{version}: one latency observation per call"
+        );
+    }
+    assert!(
+        metrics.contains("outboxd_plugin_memory_high_water_bytes{plugin=\"c\",version=\"2\"}"),
+        "{metrics}"
+    );
+
+    // The plugin list: one row per version, with this process's counters.
+    let (_, list) = http(addr, "GET", "/api/plugins", Some(TOKEN), None).await;
+    let list: Vec<serde_json::Value> = serde_json::from_str(&list).expect("json");
+    let rows: Vec<(String, String, String)> = list
+        .iter()
+        .map(|p| {
+            (
+                p["name"].as_str().expect("name").to_string(),
+                p["version"].to_string().trim_matches('"').to_string(),
+                p["state"].as_str().expect("state").to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(rows.len(), 3, "one row per version: {rows:?}");
+    assert_eq!(rows[0], ("c".into(), "1".into(), "candidate".into()));
+    assert_eq!(rows[1], ("c".into(), "2".into(), "active".into()));
+    assert_eq!(
+        (rows[2].0.as_str(), rows[2].2.as_str()),
+        ("cloudevents", "active")
+    );
+    for (row, world, source) in [
+        (&list[0], "consumer", "registry"),
+        (&list[1], "consumer", "registry"),
+        (&list[2], "transformer", "file"),
+    ] {
+        assert_eq!((row["world"].as_str(), row["source"].as_str()), (Some(world), Some(source)), "{row}");
+        assert_eq!(row["loaded"], true, "{row}");
+        assert!(row["calls"].as_u64().expect("calls") > 0, "{row}");
+        assert!(row["p99_ms"].as_f64().expect("p99") > 0.0, "{row}");
+    }
+    assert_eq!(
+        list[1]["calls"].as_u64(),
+        calls.get(&("c".to_string(), "2".to_string())).copied(),
+        "the list and /metrics count the same calls"
+    );
+    stop_tx.send(true).expect("stop");
+    outboxd::daemon::join_all_workers(set)
+        .await
+        .expect("clean stop");
+    println!(
+        "plugin metrics under load ({}): {total} orders, c@1 handled {by_v1}, c@2 handled {by_v2}; calls {calls:?}",
+        if t.is_postgres() { "postgres" } else { "sqlite" }
+    );
+}
+on_both!(a_consumer_version_activated_under_load_is_in_metrics_and_the_plugin_list);
