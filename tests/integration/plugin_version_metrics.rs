@@ -50,6 +50,30 @@ fn plugin_series(metrics: &str, family: &str) -> BTreeMap<(String, String), u64>
     found
 }
 
+/// What the consumer did, for a failure message: inbox rows per version,
+/// dead letters, and the plugin lines of /metrics.
+async fn diagnose(t: &TestDb, addr: std::net::SocketAddr) -> String {
+    let handled = crate::consumer_swap::pairs(
+        &t.db,
+        "SELECT COALESCE(handled_by, '?'), CAST(count(*) AS TEXT) FROM inbox GROUP BY handled_by",
+    )
+    .await;
+    let dead = crate::consumer_swap::pairs(
+        &t.db,
+        "SELECT handler, error FROM consumer_dead_letters ORDER BY id LIMIT 3",
+    )
+    .await;
+    let (_, metrics) = http(addr, "GET", "/metrics", Some(TOKEN), None).await;
+    let plugins: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("outboxd_plugin_calls") || l.starts_with("outboxd_plugin_errors"))
+        .collect();
+    format!(
+        "inbox by version {handled:?}\ndead letters {dead:?}\n{}",
+        plugins.join("\n")
+    )
+}
+
 async fn a_consumer_version_activated_under_load_is_in_metrics_and_the_plugin_list(t: TestDb) {
     billing::create_schema(&t.db).await.expect("billing schema");
     let reg = Registry::new(t.db.clone());
@@ -59,9 +83,9 @@ async fn a_consumer_version_activated_under_load_is_in_metrics_and_the_plugin_li
     let mut config = admin_config(&t.url);
     config.plugins = vec![
         registry_spec("c"),
-        PluginSpec::new("cloudevents", plugin_path("cloudevents")),
+        PluginSpec::new("redact-pii", plugin_path("redact-pii")),
     ];
-    config.routes = vec![Route::new("order.*", "orders").with_transformers(&["cloudevents"])];
+    config.routes = vec![Route::new("order.*", "orders").with_transformers(&["redact-pii"])];
     let mut section = ConsumerSection::new("billing", vec!["orders".into()], "plugin:c");
     section.tables.write = vec!["invoices".into()];
     t.provision_plugin_role(&mut section).await;
@@ -105,13 +129,19 @@ async fn a_consumer_version_activated_under_load_is_in_metrics_and_the_plugin_li
     };
     let until = |what: String, deadline: Duration| {
         let start = Instant::now();
+        let t = &t;
         move || {
-            assert!(start.elapsed() < deadline, "timed out: {what}");
+            let what = what.clone();
+            async move {
+                if start.elapsed() > deadline {
+                    panic!("timed out: {what}\n{}", diagnose(t, addr).await);
+                }
+            }
         }
     };
     let check = until("v1 handles 20 orders".into(), Duration::from_secs(60));
     while inbox("c@1").await < 20 {
-        check();
+        check().await;
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
@@ -119,20 +149,23 @@ async fn a_consumer_version_activated_under_load_is_in_metrics_and_the_plugin_li
     let v2 = deploy(&reg, "c", wasm("invoicing")).await;
     assert_eq!(v2, 2);
     reg.shadow("c", v2, true, None).await.expect("shadow v2");
-    let check = until("the candidate's shadow calls".into(), Duration::from_secs(60));
+    let check = until(
+        "the candidate's shadow calls".into(),
+        Duration::from_secs(60),
+    );
     loop {
         let (_, metrics) = http(addr, "GET", "/metrics", Some(TOKEN), None).await;
         let calls = plugin_series(&metrics, "outboxd_plugin_calls_total");
         if calls.get(&("c".into(), "2".into())).copied().unwrap_or(0) > 0 {
             break;
         }
-        check();
+        check().await;
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     reg.activate("c", v2, "test").await.expect("activate v2");
     let check = until("v2 handles 20 orders".into(), Duration::from_secs(60));
     while inbox("c@2").await < 20 {
-        check();
+        check().await;
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(
@@ -143,7 +176,7 @@ async fn a_consumer_version_activated_under_load_is_in_metrics_and_the_plugin_li
     let (status, live) = http(addr, "GET", "/metrics", Some(TOKEN), None).await;
     assert_eq!(status, 200);
     let live_calls = plugin_series(&live, "outboxd_plugin_calls_total");
-    for version in [("c", "1"), ("c", "2"), ("cloudevents", "sha256:")] {
+    for version in [("c", "1"), ("c", "2"), ("redact-pii", "sha256:")] {
         assert!(
             live_calls
                 .iter()
@@ -155,9 +188,12 @@ async fn a_consumer_version_activated_under_load_is_in_metrics_and_the_plugin_li
     producing.store(false, Ordering::SeqCst);
     producer.await.expect("producer");
     let total = produced.load(Ordering::SeqCst) as i64;
-    let check = until(format!("all {total} orders handled"), Duration::from_secs(60));
+    let check = until(
+        format!("all {total} orders handled"),
+        Duration::from_secs(60),
+    );
     while t.count("SELECT count(*) FROM inbox").await < total {
-        check();
+        check().await;
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
@@ -203,14 +239,18 @@ async fn a_consumer_version_activated_under_load_is_in_metrics_and_the_plugin_li
     assert_eq!(rows[1], ("c".into(), "2".into(), "active".into()));
     assert_eq!(
         (rows[2].0.as_str(), rows[2].2.as_str()),
-        ("cloudevents", "active")
+        ("redact-pii", "active")
     );
     for (row, world, source) in [
         (&list[0], "consumer", "registry"),
         (&list[1], "consumer", "registry"),
         (&list[2], "transformer", "file"),
     ] {
-        assert_eq!((row["world"].as_str(), row["source"].as_str()), (Some(world), Some(source)), "{row}");
+        assert_eq!(
+            (row["world"].as_str(), row["source"].as_str()),
+            (Some(world), Some(source)),
+            "{row}"
+        );
         assert_eq!(row["loaded"], true, "{row}");
         assert!(row["calls"].as_u64().expect("calls") > 0, "{row}");
         assert!(row["p99_ms"].as_f64().expect("p99") > 0.0, "{row}");
@@ -226,7 +266,11 @@ async fn a_consumer_version_activated_under_load_is_in_metrics_and_the_plugin_li
         .expect("clean stop");
     println!(
         "plugin metrics under load ({}): {total} orders, c@1 handled {by_v1}, c@2 handled {by_v2}; calls {calls:?}",
-        if t.is_postgres() { "postgres" } else { "sqlite" }
+        if t.is_postgres() {
+            "postgres"
+        } else {
+            "sqlite"
+        }
     );
 }
 on_both!(a_consumer_version_activated_under_load_is_in_metrics_and_the_plugin_list);

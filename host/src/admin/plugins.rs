@@ -73,7 +73,10 @@ pub(super) fn version_rows(
             "source": "file",
         });
         add_counters(&mut row, Some(p));
-        rows.push(((p.name().to_string(), i64::MAX, p.version().to_string()), row));
+        rows.push((
+            (p.name().to_string(), i64::MAX, p.version().to_string()),
+            row,
+        ));
     }
     rows.sort_by(|a, b| a.0.cmp(&b.0));
     rows.into_iter().map(|(_, row)| row).collect()
@@ -150,7 +153,12 @@ mod tests {
         }
     }
 
-    fn loaded(name: &'static str, version: &'static str, world: &'static str, calls: u64) -> Arc<dyn PluginReport> {
+    fn loaded(
+        name: &'static str,
+        version: &'static str,
+        world: &'static str,
+        calls: u64,
+    ) -> Arc<dyn PluginReport> {
         let latency = Histogram::with_buckets(&CALL_BUCKETS);
         for _ in 0..calls {
             latency.observe(0.0002);

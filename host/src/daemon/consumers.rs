@@ -204,7 +204,8 @@ fn consumer_handler(
                 ),
             };
             let plugin = Arc::new(
-                ConsumerPlugin::load(engine, spec).map_err(|e| DaemonError::Plugin(e.to_string()))?,
+                ConsumerPlugin::load(engine, spec)
+                    .map_err(|e| DaemonError::Plugin(e.to_string()))?,
             );
             metrics.register_plugins([plugin.clone() as Arc<dyn PluginReport>]);
             files.loaded.insert(name.to_string(), plugin.clone());

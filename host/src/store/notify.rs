@@ -71,7 +71,11 @@ macro_rules! in_announced_tx {
                 out
             }
             $crate::store::Db::Sqlite(pool) => {
-                let mut $tx = pool.begin().await?;
+                // IMMEDIATE: the body reads before it writes, and a deferred
+                // transaction whose snapshot another writer has overtaken
+                // cannot upgrade to a write (SQLITE_BUSY at once, the busy
+                // timeout notwithstanding).
+                let mut $tx = pool.begin_with("BEGIN IMMEDIATE").await?;
                 let out = $body;
                 $tx.commit().await?;
                 out
