@@ -27,7 +27,7 @@ if [ ! -d "$here/node_modules/playwright-core" ]; then
   echo "==> installing playwright-core into $here/node_modules" >&2
   (cd "$here" && npm install --no-audit --no-fund --silent playwright-core@1.64.1 >/dev/null)
 fi
-for p in cloudevents billing invoicing; do
+for p in redact-pii billing invoicing; do
   if [ ! -f "plugins/dist/$p.wasm" ]; then
     echo "error: plugins/dist/$p.wasm is missing; run: bash plugins/build.sh" >&2; exit 1
   fi
@@ -53,11 +53,11 @@ poll_interval = "50ms"
 [[routes]]
 event_type = "order.*"
 topic = "orders"
-transformers = ["cloudevents"]
+transformers = ["redact-pii"]
 
 [[plugins]]
-name = "cloudevents"
-path = "$root/plugins/dist/cloudevents.wasm"
+name = "redact-pii"
+path = "$root/plugins/dist/redact-pii.wasm"
 version = "0.1.0"
 
 [[plugins]]
@@ -104,7 +104,7 @@ ob migrate >/dev/null
 sql "CREATE TABLE invoices (id INTEGER PRIMARY KEY AUTOINCREMENT, order_id TEXT NOT NULL,
        customer_id TEXT NOT NULL, amount_cents INTEGER NOT NULL, message_id TEXT NOT NULL,
        issued_at INTEGER NOT NULL)" \
-    "CREATE TRIGGER refuse_poison BEFORE INSERT ON invoices WHEN NEW.order_id LIKE 'o-poison%'
+    "CREATE TRIGGER refuse_poison BEFORE INSERT ON invoices WHEN NEW.order_id IN ('o-poison', 'o-poison-q')
        BEGIN SELECT RAISE(ABORT, 'invoice refused: order on hold'); END"
 ob plugin deploy plugins/dist/billing.wasm --name c --activate >/dev/null
 ob plugin deploy plugins/dist/invoicing.wasm --name c >/dev/null
@@ -140,8 +140,8 @@ billing="[c for c in j if c['name'] == 'billing'][0]"
 wait_for /api/consumers "$billing['processed_total'] == 4 and $billing['dead_letters'] == 2 and $billing['parked_keys'] == 1 and $billing['parked_messages'] == 1"
 # A redelivery, as a relay killed between publish and mark makes: the
 # inbox drops it.
-sql "INSERT INTO transport_messages (topic, partition, message_key, payload, headers, message_id)
-       SELECT topic, partition, message_key, payload, headers, message_id FROM transport_messages
+sql "INSERT INTO transport_messages (topic, partition, message_key, payload, headers, message_id, published_at)
+       SELECT topic, partition, message_key, payload, headers, message_id, published_at FROM transport_messages
         WHERE message_key = CAST('order-1' AS BLOB)"
 wait_for /api/consumers "$billing['duplicates_total'] == 1 and $billing['lag'] == 0 and $billing['processed_per_second'] == 0"
 # The shadow counters reach the registry at the rollout's next refresh.

@@ -99,7 +99,7 @@ async function checkPlugins(page) {
   const rows = await api("/api/plugins");
   const labels = rows.map((p) => p.name + "@" + p.version);
   if (new Set(labels).size !== labels.length) fail("/api/plugins lists a version twice: " + labels.join(", "));
-  const want = ["c@1", "c@2", "cloudevents@0.1.0"];
+  const want = ["c@1", "c@2", "redact-pii@0.1.0"];
   if (labels.join(",") !== want.join(",")) fail(`/api/plugins lists ${labels.join(", ")}, want ${want.join(", ")}`);
   const [c1, c2, ce] = rows;
   if (c1.state !== "active" || c1.world !== "consumer" || !(c1.calls > 0)) fail("c@1 is not the active consumer with calls: " + JSON.stringify(c1));
@@ -107,7 +107,7 @@ async function checkPlugins(page) {
     fail("c@2 is not a candidate in shadow with calls and matches: " + JSON.stringify(c2));
   }
   if (ce.source !== "file" || ce.world !== "transformer" || !(ce.calls >= 7) || none(ce.p99_ms)) {
-    fail("cloudevents@0.1.0 is not the file transformer with calls and a p99: " + JSON.stringify(ce));
+    fail("redact-pii@0.1.0 is not the file transformer with calls and a p99: " + JSON.stringify(ce));
   }
   if (!(c1.errors_total > 0)) fail("c@1 failed on the poison orders but counts no errors: " + JSON.stringify(c1));
   await agree("the plugins panel", async () => {
