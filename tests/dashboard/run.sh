@@ -116,7 +116,7 @@ sql "UPDATE outbox SET dead_at = 1, dead_reason = 'poison: schema mismatch', att
 for i in 1 2 3 4; do order "order-$i" "o-$i"; done
 order order-p o-poison   # dead letter; parks key order-p
 order order-p o-p2       # parked behind it
-order order-q o-poison-q # dead letter, to be discarded
+order order-q o-poison-q # dead letter (parks key order-q), to be discarded
 
 ob run >"$work/outboxd.log" 2>&1 &
 pid=$!
@@ -137,7 +137,7 @@ wait_for() {
   exit 1
 }
 billing="[c for c in j if c['name'] == 'billing'][0]"
-wait_for /api/consumers "$billing['processed_total'] == 4 and $billing['dead_letters'] == 2 and $billing['parked_keys'] == 1 and $billing['parked_messages'] == 1"
+wait_for /api/consumers "$billing['processed_total'] == 4 and $billing['dead_letters'] == 2 and $billing['parked_keys'] == 2 and $billing['parked_messages'] == 1"
 # A redelivery, as a relay killed between publish and mark makes: the
 # inbox drops it.
 sql "INSERT INTO transport_messages (topic, partition, message_key, payload, headers, message_id, published_at)
@@ -171,7 +171,7 @@ done
 [ "$applied" = "o-poison,o-p2" ] || fail "after redrive the invoices of key order-p are '$applied', want 'o-poison,o-p2'"
 resolution=$(sql "SELECT resolution FROM consumer_dead_letters WHERE id = $dead_id")
 [ "$resolution" = applied ] || fail "dead letter $dead_id is resolved as '$resolution', want 'applied'"
-resolution=$(sql "SELECT resolution || ':' || discard_reason FROM consumer_dead_letters WHERE id = $discard_id")
+resolution=$(sql "SELECT resolution || ':' || resolve_reason FROM consumer_dead_letters WHERE id = $discard_id")
 [ "$resolution" = "discarded:fixed by hand in billing" ] || fail "dead letter $discard_id is '$resolution', want discarded with its reason"
 inbox=$(sql "SELECT count(*) FROM inbox WHERE consumer = 'billing'")
 echo "dashboard: 1 passed, 0 failed (inbox rows of billing: $inbox)"

@@ -3,6 +3,7 @@
 //! page needs `Authorization: Bearer <token>`.
 
 mod auth;
+mod consumer_dead;
 mod consumers;
 mod history;
 mod plugins;
@@ -30,6 +31,9 @@ pub struct AdminState {
     pub metrics: Arc<Metrics>,
     pub history: Arc<History>,
     pub broker_check: Option<BrokerCheck>,
+    /// The configured consumers, each with its plugin's name when its
+    /// handler is a plugin (for a fix-forward redrive's check).
+    pub consumers: Arc<std::collections::BTreeMap<String, Option<String>>>,
 }
 
 #[derive(Debug, thiserror::Error)]

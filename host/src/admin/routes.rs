@@ -38,6 +38,7 @@ pub fn router(state: AdminState) -> Router {
             "/api/plugins/{name}/rollback",
             post(super::plugins::rollback),
         )
+        .merge(super::consumer_dead::routes())
         .merge(super::consumers::routes())
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()

@@ -242,6 +242,13 @@ async fn spawn_pipeline(
             metrics: metrics.clone(),
             history: history.clone(),
             broker_check,
+            consumers: Arc::new(
+                config
+                    .consumers
+                    .iter()
+                    .map(|c| (c.name.clone(), c.plugin_name().map(str::to_string)))
+                    .collect(),
+            ),
         };
         let (addr, serve) =
             crate::admin::bind(&config.admin.listen, state, shutdown.clone()).await?;

@@ -1,6 +1,7 @@
 //! Operations on a running outbox: retention, dead letters (inspect,
 //! redrive, discard) and reconciliation against business tables.
 
+pub mod consumer_dead;
 pub mod dead;
 pub mod reconcile;
 pub mod retention;

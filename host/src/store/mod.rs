@@ -7,6 +7,7 @@
 
 pub mod any;
 pub mod backlog;
+pub mod consumer_dead;
 mod db;
 pub mod dead_letters;
 mod enqueue;
