@@ -85,10 +85,10 @@ fi
 
 log "alert rules (promtool)"
 bash tests/alerts/check.sh
-log "dashboard in headless Chromium"
-bash tests/dashboard/run.sh
 log "building the Wasm plugins (plugins/build.sh)"
 bash plugins/build.sh >/dev/null
+log "dashboard in headless Chromium (runs plugins from plugins/dist)"
+bash tests/dashboard/run.sh
 
 status=0
 if cargo nextest --version >/dev/null 2>&1; then
