@@ -4,6 +4,7 @@
 mod support;
 
 mod admin;
+mod admin_consumers;
 mod admin_metrics;
 mod advisory_locks;
 mod backend_boundary;

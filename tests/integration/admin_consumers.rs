@@ -1,0 +1,113 @@
+//! `GET /api/consumers` against a running daemon: what a consumer has
+//! processed, its dead letter and parked key, and (from the database) the
+//! backlog past its cursors, on both databases.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use outboxd::broker::Delivery;
+use outboxd::broker::embedded::EmbeddedPublisher;
+use outboxd::consumer::{Handler, HandlerError, InboxTx};
+use outboxd::daemon::Daemon;
+use outboxd::event::NewEvent;
+use outboxd::fault::Faults;
+use outboxd::relay::{Relay, RelayConfig, Route, Router, StepOutcome};
+use outboxd::store::backlog::embedded_backlog;
+use serde_json::{Value, json};
+
+use crate::admin::{TOKEN, admin_config, http};
+use crate::on_both;
+use crate::support::TestDb;
+
+/// Handles every message but those of key `bad`, which fail for good.
+struct RefusesBad;
+
+impl Handler for RefusesBad {
+    async fn handle(&self, _tx: &mut InboxTx, d: &Delivery) -> Result<(), HandlerError> {
+        match d.key.as_deref() {
+            Some(b"bad") => Err(HandlerError::Permanent("key `bad` is refused".into())),
+            _ => Ok(()),
+        }
+    }
+}
+
+async fn billing(addr: std::net::SocketAddr) -> Value {
+    let (status, body) = http(addr, "GET", "/api/consumers", Some(TOKEN), None).await;
+    assert_eq!(status, 200, "{body}");
+    let rows: Vec<Value> = serde_json::from_str(&body).expect("json");
+    rows.into_iter()
+        .find(|r| r["name"] == "billing")
+        .unwrap_or_else(|| panic!("no billing in {body}"))
+}
+
+async fn the_consumers_api_reports_counters_dead_letters_parking_and_backlog(t: TestDb) {
+    for (key, n) in [("a", 1), ("bad", 1), ("bad", 2), ("b", 1)] {
+        t.enqueue(NewEvent::new(key, "order.confirmed", json!({ "n": n })))
+            .await;
+    }
+    let mut config = admin_config(&t.url);
+    config.routes = vec![Route::new("order.*", "orders")];
+    config.consumers = vec![outboxd::config::ConsumerSection::new(
+        "billing",
+        vec!["orders".into()],
+        "builtin:refuses-bad",
+    )];
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (set, handles) = Daemon::builder()
+        .handler("refuses-bad", RefusesBad)
+        .build()
+        .spawn_pipeline(&config, &t.db, Faults::none(), stop_rx)
+        .await
+        .expect("pipeline");
+    let addr = handles.admin_addr.expect("admin");
+    let start = Instant::now();
+    let mut row = billing(addr).await;
+    // The cursor moves just after the commit the counters report.
+    while row["processed_total"] != 2 || row["parked_messages"] != 1 || row["lag"] != 0 {
+        assert!(start.elapsed() < Duration::from_secs(30), "{row}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        row = billing(addr).await;
+    }
+    assert_eq!(row["in_this_process"], true);
+    assert_eq!(row["dead_letters"], 1, "{row}");
+    assert_eq!(row["parked_keys"], 1, "{row}");
+    assert_eq!(row["duplicates_total"], 0, "{row}");
+    assert!(row["oldest_unhandled_at"].is_string(), "{row}");
+    assert!(
+        row["oldest_unhandled_age_seconds"].as_f64().expect("age") < 60.0,
+        "{row}"
+    );
+    stop_tx.send(true).expect("stop");
+    outboxd::daemon::join_all_workers(set)
+        .await
+        .expect("clean stop");
+
+    // Published while no consumer runs: the backlog past billing's cursors.
+    for key in ["c", "d", "e"] {
+        t.enqueue(NewEvent::new(key, "order.confirmed", json!({})))
+            .await;
+    }
+    let relay = Relay::new(
+        t.store(),
+        Arc::new(EmbeddedPublisher::new(
+            t.db.clone(),
+            config.transport.partitions,
+        )),
+        Router::new(config.routes.clone()),
+        RelayConfig::default(),
+        Arc::new(outboxd::clock::SystemClock),
+    );
+    while relay.step().await.expect("relay step") != StepOutcome::Idle {}
+    let backlog = embedded_backlog(&t.db).await.expect("backlog");
+    assert_eq!(backlog.len(), 1, "{backlog:?}");
+    assert_eq!(
+        (backlog[0].group.as_str(), backlog[0].messages),
+        ("billing", 3)
+    );
+    let oldest = backlog[0].oldest_published_at.expect("an oldest message");
+    assert!(
+        (chrono::Utc::now() - oldest).num_seconds() < 60,
+        "oldest {oldest}"
+    );
+}
+on_both!(the_consumers_api_reports_counters_dead_letters_parking_and_backlog);
