@@ -1,5 +1,6 @@
-// Drives the dashboard in headless Chromium. Each panel is checked against
-// the API it reads (fetched here with the same token): every row the API
+// Drives the dashboard in headless Chromium. Each panel (the outbox
+// numbers, dead events, consumers, consumer dead letters, plugin versions)
+// is checked against the API it reads (fetched here with the same token): every row the API
 // has is on the page, with the values the API gives, and no other. Then it
 // clicks redrive on the relay's dead event, redrive on consumer dead letter
 // REDRIVE_ID and discard on DISCARD_ID, and waits for the page to show
@@ -55,6 +56,25 @@ async function agree(what, check) {
 
 function diff(problems, where, field, shown, want) {
   if (shown !== want) problems.push(`${where} ${field}: page shows ${JSON.stringify(shown)}, API gives ${JSON.stringify(want)}`);
+}
+
+async function checkOutbox(page) {
+  await agree("the outbox panel and the dead events", async () => {
+    const s = await api("/api/stats");
+    const dead = await api("/api/dead?limit=50");
+    const problems = [];
+    for (const [id, v] of [["pending", s.pending], ["failing", s.failing], ["dead", s.dead], ["blocked", s.blocked_aggregates]]) {
+      diff(problems, "outbox", id, (await page.textContent("#" + id)).trim(), String(v));
+    }
+    const shown = await page.$$eval("#dead-rows tr", (trs) => trs.map((tr) => tr.id));
+    diff(problems, "dead events", "rows", shown.join(","), dead.map((e) => "dead-" + e.seq).join(","));
+    for (const e of dead) {
+      const cells = await page.$$eval(`#dead-${e.seq} td`, (tds) => tds.slice(0, 6).map((td) => td.textContent));
+      diff(problems, "dead event " + e.seq, "cells", cells.join("|"),
+        [e.seq, e.event_type, e.aggregate_id, e.attempts, e.blocking, e.dead_reason].join("|"));
+    }
+    return problems;
+  });
 }
 
 async function checkConsumers(page) {
@@ -181,6 +201,7 @@ try {
   await page.click("#save-token");
   await page.waitForSelector("#consumer-billing", { timeout: 15000 });
 
+  await checkOutbox(page);
   await checkConsumers(page);
   await checkPlugins(page);
   await checkConsumerDead(page);
