@@ -1,7 +1,8 @@
 //! `/metrics` and `/api/plugins` report every plugin version the daemon
 //! runs, of both worlds: a file transformer, the registry consumer plugin's
 //! first version, and a version deployed after start, first as a shadow
-//! candidate and then activated, while orders flow the whole time.
+//! candidate and then activated, while orders flow the whole time; and a
+//! file consumer plugin, once however many consumers run it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -274,3 +275,61 @@ async fn a_consumer_version_activated_under_load_is_in_metrics_and_the_plugin_li
     );
 }
 on_both!(a_consumer_version_activated_under_load_is_in_metrics_and_the_plugin_list);
+
+/// The case an operator reported: a file transformer and a file consumer
+/// plugin, and only the transformer in `/metrics` after the consumer had
+/// handled three messages. Two consumers naming the same file plugin share
+/// one loaded version: one series, counting both consumers' calls.
+async fn a_file_consumer_plugin_is_in_metrics(t: TestDb) {
+    billing::create_schema(&t.db).await.expect("billing schema");
+    let mut config = admin_config(&t.url);
+    config.plugins = vec![
+        PluginSpec::new("billing", plugin_path("billing")),
+        PluginSpec::new("redact-pii", plugin_path("redact-pii")),
+    ];
+    config.routes = vec![Route::new("order.*", "orders").with_transformers(&["redact-pii"])];
+    for name in ["billing", "billing-again"] {
+        let mut section = ConsumerSection::new(name, vec!["orders".into()], "plugin:billing");
+        section.tables.write = vec!["invoices".into()];
+        t.provision_plugin_role(&mut section).await;
+        config.consumers.push(section);
+    }
+    for i in 0..3 {
+        put_order(&t.db, i).await;
+    }
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (set, handles) = Daemon::default()
+        .spawn_pipeline(&config, &t.db, Faults::none(), stop_rx)
+        .await
+        .expect("pipeline");
+    let addr = handles.admin_addr.expect("admin");
+    let start = Instant::now();
+    while t.count("SELECT count(*) FROM inbox").await < 6 {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{}",
+            diagnose(&t, addr).await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (_, metrics) = http(addr, "GET", "/metrics", Some(TOKEN), None).await;
+    let calls = plugin_series(&metrics, "outboxd_plugin_calls_total");
+    let of = |name: &str| {
+        calls
+            .iter()
+            .filter(|((p, _), _)| p == name)
+            .map(|(_, n)| *n)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        of("billing"),
+        vec![6],
+        "one series, both consumers' calls:\n{metrics}"
+    );
+    assert_eq!(of("redact-pii"), vec![3], "{metrics}");
+    stop_tx.send(true).expect("stop");
+    outboxd::daemon::join_all_workers(set)
+        .await
+        .expect("clean stop");
+}
+on_both!(a_file_consumer_plugin_is_in_metrics);
