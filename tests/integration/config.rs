@@ -117,6 +117,33 @@ fn environment_overrides_the_file() {
     );
 }
 
+/// librdkafka reads every property as text: a number or a boolean, from the
+/// file or the environment, is taken as its text; a table is refused with
+/// the property's name.
+#[test]
+fn kafka_properties_take_numbers_and_booleans_as_text() {
+    let c = Config::from_toml(
+        "t.toml",
+        "[transport.kafka]\n\"enable.idempotence\" = true\n",
+        env(&[("OUTBOXD__TRANSPORT__KAFKA__session.timeout.ms", "6000")]),
+    )
+    .expect("config");
+    let get = |k: &str| c.transport.kafka.get(k).map(String::as_str);
+    assert_eq!(get("session.timeout.ms"), Some("6000"));
+    assert_eq!(get("enable.idempotence"), Some("true"));
+    let err = Config::from_toml(
+        "t.toml",
+        "[transport.kafka]\n\"sasl.mechanism\" = [\"PLAIN\"]\n",
+        env(&[]),
+    )
+    .expect_err("a list is not a property value")
+    .to_string();
+    assert!(
+        err.contains("sasl.mechanism") && err.contains("give it as text"),
+        "{err}"
+    );
+}
+
 #[test]
 fn secrets_are_masked() {
     let c = Config::from_toml(

@@ -2,7 +2,7 @@
 //! releases the dead letter and of the `outboxd run` that applies it: every
 //! message of the parked key is applied exactly once, in order. Processes
 //! for real (the example's binary, with `builtin:billing`), on both
-//! databases, through the relay and the embedded transport.
+//! databases, through the relay and the embedded transport or Kafka.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -14,7 +14,49 @@ use crate::on_both;
 use crate::support::TestDb;
 use outboxd::event::NewEvent;
 
-const CONSUMERS: &str = r#"[{name = "billing", topics = ["order.confirmed"], handler = "builtin:billing", max_attempts = 2}]"#;
+/// Where the messages go: the embedded transport, or Kafka (a topic and a
+/// group of the test's own, so runs sharing a broker never meet).
+#[derive(Clone)]
+struct Transport {
+    kafka: Option<String>,
+    event_type: String,
+    consumer: String,
+}
+
+impl Transport {
+    fn embedded() -> Self {
+        Self {
+            kafka: None,
+            event_type: "order.confirmed".into(),
+            consumer: "billing".into(),
+        }
+    }
+
+    fn kafka() -> Self {
+        Self {
+            kafka: Some(super::kafka::bootstrap()),
+            event_type: super::kafka::unique("order.confirmed"),
+            consumer: super::kafka::unique("billing"),
+        }
+    }
+
+    fn consumers(&self) -> String {
+        format!(
+            r#"[{{name = "{}", topics = ["{}"], handler = "builtin:billing", max_attempts = 2}}]"#,
+            self.consumer, self.event_type
+        )
+    }
+
+    fn configure(&self, cmd: &mut tokio::process::Command) {
+        cmd.env("OUTBOXD__CONSUMERS", self.consumers());
+        if let Some(bootstrap) = &self.kafka {
+            cmd.env("OUTBOXD__TRANSPORT__KIND", "kafka")
+                .env("OUTBOXD__TRANSPORT__KAFKA__bootstrap.servers", bootstrap)
+                // A killed member's partitions move on after 6 s, not 45.
+                .env("OUTBOXD__TRANSPORT__KAFKA__session.timeout.ms", "\"6000\"");
+        }
+    }
+}
 
 /// Invoices of `order` by amount, in the order they were written.
 async fn amounts(t: &TestDb, order: &str) -> Vec<i64> {
@@ -26,9 +68,10 @@ async fn amounts(t: &TestDb, order: &str) -> Vec<i64> {
     .expect("invoices")
 }
 
-fn run(t: &TestDb, fault: Option<&str>) -> tokio::process::Child {
+fn run(t: &TestDb, via: &Transport, fault: Option<&str>) -> tokio::process::Child {
     let mut cmd = outboxd_with_billing(t);
-    cmd.arg("run").env("OUTBOXD__CONSUMERS", CONSUMERS);
+    cmd.arg("run");
+    via.configure(&mut cmd);
     match fault {
         // Errors only, so the unread pipe never fills before the fault.
         Some(f) => cmd
@@ -54,6 +97,32 @@ async fn stop(mut child: tokio::process::Child) {
 }
 
 async fn a_redrive_survives_sigkills_of_the_cli_and_of_the_consumer(t: TestDb) {
+    redrive_with_kills(t, Transport::embedded()).await
+}
+on_both!(a_redrive_survives_sigkills_of_the_cli_and_of_the_consumer);
+
+mod a_redrive_survives_sigkills_on_kafka {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres() {
+        let t = crate::support::TestDb::postgres().await;
+        super::redrive_with_kills(t, super::Transport::kafka()).await
+    }
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlite() {
+        let t = crate::support::TestDb::sqlite().await;
+        super::redrive_with_kills(t, super::Transport::kafka()).await
+    }
+}
+
+async fn redrive_with_kills(t: TestDb, via: Transport) {
+    let consumer = via.consumer.as_str();
+    if let Some(bootstrap) = &via.kafka {
+        // The broker does not create topics; two partitions, so the keys
+        // may land apart or together.
+        super::kafka::create_topic(bootstrap, &via.event_type, 2).await;
+        // Where a dead letter is also published (it stays until it is).
+        super::kafka::create_topic(bootstrap, &format!("{}.dlq", via.event_type), 1).await;
+    }
     outboxd_demo::billing::create_schema(&t.db)
         .await
         .expect("billing schema");
@@ -77,7 +146,7 @@ async fn a_redrive_survives_sigkills_of_the_cli_and_of_the_consumer(t: TestDb) {
         for order in ["order-x", "order-y"] {
             t.enqueue(NewEvent::new(
                 order,
-                "order.confirmed",
+                via.event_type.as_str(),
                 json!({ "order_id": order, "customer_id": "c", "total_cents": amount }),
             ))
             .await;
@@ -85,7 +154,7 @@ async fn a_redrive_survives_sigkills_of_the_cli_and_of_the_consumer(t: TestDb) {
     }
     // The consumer runs with the redrive fault armed from the start: it
     // fires only once a redriven message is about to commit.
-    let child = run(&t, Some("redrive-before-commit:hang:3"));
+    let child = run(&t, &via, Some("redrive-before-commit:hang:3"));
     wait_until(
         &t,
         "SELECT count(*) FROM invoices WHERE order_id = 'order-y'",
@@ -116,16 +185,17 @@ async fn a_redrive_survives_sigkills_of_the_cli_and_of_the_consumer(t: TestDb) {
     } else {
         t.exec_app("DROP TRIGGER poison").await;
     }
-    let cli = outboxd_with_billing(&t)
-        .args([
-            "dead",
-            "redrive",
-            "--consumer",
-            "billing",
-            "--key",
-            "order-x",
-        ])
-        .env("OUTBOXD__CONSUMERS", CONSUMERS)
+    let mut cli = outboxd_with_billing(&t);
+    cli.args([
+        "dead",
+        "redrive",
+        "--consumer",
+        consumer,
+        "--key",
+        "order-x",
+    ]);
+    via.configure(&mut cli);
+    let cli = cli
         .env("OUTBOXD_FAULT", "redrive-release-before-commit")
         .stderr(Stdio::piped())
         .spawn()
@@ -140,19 +210,17 @@ async fn a_redrive_survives_sigkills_of_the_cli_and_of_the_consumer(t: TestDb) {
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert_eq!(amounts(&t, "order-x").await, [10, 11, 12]);
 
-    let out = outboxd_with_billing(&t)
-        .args([
-            "dead",
-            "redrive",
-            "--consumer",
-            "billing",
-            "--key",
-            "order-x",
-        ])
-        .env("OUTBOXD__CONSUMERS", CONSUMERS)
-        .output()
-        .await
-        .expect("run the CLI");
+    let mut cli = outboxd_with_billing(&t);
+    cli.args([
+        "dead",
+        "redrive",
+        "--consumer",
+        consumer,
+        "--key",
+        "order-x",
+    ]);
+    via.configure(&mut cli);
+    let out = cli.output().await.expect("run the CLI");
     assert!(
         out.status.success(),
         "{}",
@@ -168,10 +236,10 @@ async fn a_redrive_survives_sigkills_of_the_cli_and_of_the_consumer(t: TestDb) {
     kill_at_fault(child).await;
     assert_eq!(amounts(&t, "order-x").await, [10, 11, 12, 13, 14]);
     // ...and its successor after the commit of the second it applies.
-    let child = run(&t, Some("redrive-after-commit:hang:2"));
+    let child = run(&t, &via, Some("redrive-after-commit:hang:2"));
     kill_at_fault(child).await;
     assert_eq!(amounts(&t, "order-x").await, [10, 11, 12, 13, 14, 15, 16]);
-    let child = run(&t, None);
+    let child = run(&t, &via, None);
     wait_until(
         &t,
         "SELECT count(*) FROM invoices WHERE order_id = 'order-x'",
@@ -191,8 +259,10 @@ async fn a_redrive_survives_sigkills_of_the_cli_and_of_the_consumer(t: TestDb) {
         "each once, in order"
     );
     assert_eq!(
-        t.count("SELECT count(*) FROM inbox WHERE consumer = 'billing'")
-            .await,
+        t.count(&format!(
+            "SELECT count(*) FROM inbox WHERE consumer = '{consumer}'"
+        ))
+        .await,
         20
     );
     assert_eq!(
@@ -201,4 +271,3 @@ async fn a_redrive_survives_sigkills_of_the_cli_and_of_the_consumer(t: TestDb) {
         7
     );
 }
-on_both!(a_redrive_survives_sigkills_of_the_cli_and_of_the_consumer);

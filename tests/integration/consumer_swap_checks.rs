@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use outboxd::broker::Delivery;
 use outboxd::broker::embedded::{EmbeddedConsumer, EmbeddedConsumerConfig, EmbeddedPublisher};
-use outboxd::consumer::{Consumer, ConsumerConfig};
+use outboxd::consumer::{Consumer, ConsumerConfig, OnDead};
 use outboxd::plugin::registry::{Deployed, Registry};
 use outboxd::relay::Rollout;
 use outboxd_demo::billing;
@@ -140,6 +140,9 @@ async fn a_dead_letter_names_the_registry_version_that_failed(t: TestDb) {
             // picked; every message below names its own.
             handler_id: handler.handler_id(),
             max_attempts: 1,
+            // One key throughout: both poison messages are dead letters
+            // of their own, not the second parked behind the first.
+            on_dead: OnDead::Skip,
             ..ConsumerConfig::default()
         },
     );

@@ -51,16 +51,16 @@ fn refused(e: ConsumerDeadError) -> Response {
 }
 
 /// The consumer's plugin, or a 404 naming the configured consumers.
-fn known(s: &AdminState, name: &str) -> Result<Option<String>, Response> {
+fn known(s: &AdminState, name: &str) -> Result<Option<String>, Box<Response>> {
     match s.consumers.get(name) {
         Some(plugin) => Ok(plugin.clone()),
-        None => Err(error(
+        None => Err(Box::new(error(
             StatusCode::NOT_FOUND,
             format!(
                 "no consumer named `{name}` in this process's config (consumers: {})",
                 s.consumers.keys().cloned().collect::<Vec<_>>().join(", ")
             ),
-        )),
+        ))),
     }
 }
 
@@ -76,7 +76,7 @@ async fn list(
     Query(q): Query<ListQuery>,
 ) -> Response {
     if let Err(r) = known(&s, &name) {
-        return r;
+        return *r;
     }
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
     match consumer_dead::list(&s.db, &name, q.key.as_deref(), limit).await {
@@ -87,7 +87,7 @@ async fn list(
 
 async fn show(State(s): State<AdminState>, Path((name, id)): Path<(String, i64)>) -> Response {
     if let Err(r) = known(&s, &name) {
-        return r;
+        return *r;
     }
     match consumer_dead::show(&s.db, &name, id).await {
         Ok(row) => Json(row).into_response(),
@@ -112,7 +112,7 @@ async fn redrive(
 ) -> Response {
     let plugin = match known(&s, &name) {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let say = "send one of {\"id\": N}, {\"key\": \"K\"} or {\"all\": true}, optionally with \"with\": \"NAME@VERSION\"";
     let Some(Json(body)) = body else {
@@ -147,7 +147,7 @@ async fn discard(
     body: Option<Json<DiscardBody>>,
 ) -> Response {
     if let Err(r) = known(&s, &name) {
-        return r;
+        return *r;
     }
     let Some(Json(body)) = body else {
         return error(

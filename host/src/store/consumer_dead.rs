@@ -64,8 +64,11 @@ pub struct ConsumerDeadLetter {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub headers: Option<serde_json::Value>,
     #[serde(skip)]
-    pub raw: Option<(Vec<u8>, Vec<(String, Vec<u8>)>)>,
+    pub raw: Option<StoredMessage>,
 }
+
+/// A stored message's payload and headers, as bytes.
+pub type StoredMessage = (Vec<u8>, Vec<(String, Vec<u8>)>);
 
 impl ConsumerDeadLetter {
     /// The message again, as the consumer received it (for a redrive): the

@@ -168,9 +168,38 @@ pub struct TransportConfig {
     )]
     pub consumer_lease: Duration,
     /// librdkafka properties, passed through as they are
-    /// (`bootstrap.servers`, `security.protocol`, `sasl.*` ...).
-    #[serde(default)]
+    /// (`bootstrap.servers`, `security.protocol`, `sasl.*` ...). A number or
+    /// a boolean (`session.timeout.ms = 6000`, or the same from the
+    /// environment) is taken as its text, as librdkafka reads every value.
+    #[serde(default, deserialize_with = "kafka_properties")]
     pub kafka: std::collections::BTreeMap<String, String>,
+}
+
+/// librdkafka properties: each value a string, a number or a boolean, kept
+/// as text; a table or a list is refused, naming the property.
+fn kafka_properties<'de, D>(d: D) -> Result<std::collections::BTreeMap<String, String>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    use serde::de::Error;
+    let raw: std::collections::BTreeMap<String, toml::Value> = Deserialize::deserialize(d)?;
+    raw.into_iter()
+        .map(|(k, v)| {
+            let text = match v {
+                toml::Value::String(s) => s,
+                toml::Value::Integer(n) => n.to_string(),
+                toml::Value::Float(f) => f.to_string(),
+                toml::Value::Boolean(b) => b.to_string(),
+                other => {
+                    return Err(D::Error::custom(format!(
+                        "librdkafka property `{k}` is a {}; give it as text, e.g. {k} = \"...\"",
+                        other.type_str()
+                    )));
+                }
+            };
+            Ok((k, text))
+        })
+        .collect()
 }
 
 impl Default for TransportConfig {
