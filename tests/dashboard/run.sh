@@ -118,7 +118,9 @@ order order-p o-poison   # dead letter; parks key order-p
 order order-p o-p2       # parked behind it
 order order-q o-poison-q # dead letter (parks key order-q), to be discarded
 
-ob run >"$work/outboxd.log" 2>&1 &
+# The binary itself in the background (not through `ob`), so $! is its pid
+# and the trap stops it.
+"$bin" --config "$cfg" run >"$work/outboxd.log" 2>&1 &
 pid=$!
 trap 'kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true; rm -rf "$work"' EXIT
 fail() { echo "dashboard test FAILED: $1" >&2; tail -n 40 "$work/outboxd.log" >&2; exit 1; }
