@@ -111,3 +111,47 @@ async fn the_consumers_api_reports_counters_dead_letters_parking_and_backlog(t: 
     );
 }
 on_both!(the_consumers_api_reports_counters_dead_letters_parking_and_backlog);
+
+/// On Kafka the lag is read from the broker: the group's commits against
+/// the partitions' ends, 0 once every message (the dead letter and the
+/// parked one included) is behind the group's commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_kafka_the_consumers_api_reads_the_groups_lag_from_the_broker() {
+    let t = TestDb::sqlite().await;
+    let mock = rdkafka::mocking::MockCluster::new(1).expect("mock cluster");
+    mock.create_topic("orders", 2, 1).expect("topic");
+    for (key, n) in [("a", 1), ("bad", 1), ("bad", 2), ("b", 1)] {
+        t.enqueue(NewEvent::new(key, "order.confirmed", json!({ "n": n })))
+            .await;
+    }
+    let mut config = admin_config(&t.url);
+    config.transport.kind = outboxd::config::TransportKind::Kafka;
+    config.transport.kafka = crate::kafka::props(&mock.bootstrap_servers());
+    config.routes = vec![Route::new("order.*", "orders")];
+    config.consumers = vec![outboxd::config::ConsumerSection::new(
+        "billing",
+        vec!["orders".into()],
+        "builtin:refuses-bad",
+    )];
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (set, handles) = Daemon::builder()
+        .handler("refuses-bad", RefusesBad)
+        .build()
+        .spawn_pipeline(&config, &t.db, Faults::none(), stop_rx)
+        .await
+        .expect("pipeline");
+    let addr = handles.admin_addr.expect("admin");
+    let start = Instant::now();
+    let mut row = billing(addr).await;
+    while row["processed_total"] != 2 || row["parked_messages"] != 1 || row["lag"] != 0 {
+        assert!(start.elapsed() < Duration::from_secs(60), "{row}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        row = billing(addr).await;
+    }
+    assert_eq!(row["lag_error"], Value::Null, "{row}");
+    assert_eq!(row["dead_letters"], 1, "{row}");
+    stop_tx.send(true).expect("stop");
+    outboxd::daemon::join_all_workers(set)
+        .await
+        .expect("clean stop");
+}

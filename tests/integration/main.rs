@@ -42,6 +42,7 @@ mod kafka_assigned;
 mod kafka_auth;
 mod kafka_consumers;
 mod kafka_failures;
+mod kafka_lag;
 mod kafka_relay;
 mod ops;
 mod ordering;

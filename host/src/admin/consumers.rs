@@ -1,7 +1,7 @@
 //! `GET /api/consumers`: one row per consumer for the dashboard's
-//! consumers panel. The backlog and the dead letters come from the
-//! database, so they cover every process on it; the counters and the rate
-//! are this process's own consumers'.
+//! consumers panel. The backlog (from the database on the embedded
+//! transport, from the broker on Kafka) and the dead letters cover every
+//! process; the counters and the rate are this process's own consumers'.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
@@ -30,9 +30,11 @@ pub struct ConsumerRow {
     /// Whether this process runs it; the counters are `null` when not.
     pub in_this_process: bool,
     /// Messages published to it and not handled yet: past its cursors on
-    /// the embedded transport; `null` on Kafka, whose broker keeps the
-    /// offsets.
+    /// the embedded transport, past its group's commits on Kafka; `null`
+    /// when unknown (assigned Kafka partitions, or the broker did not
+    /// answer: then `lag_error` says why).
     pub lag: Option<i64>,
+    pub lag_error: Option<String>,
     /// The oldest message it has not handled: the oldest one past its
     /// cursors, or the oldest of its dead and parked messages.
     pub oldest_unhandled_at: Option<DateTime<Utc>>,
@@ -58,28 +60,53 @@ async fn list(State(s): State<AdminState>) -> Response {
         Ok(d) => d,
         Err(e) => return super::routes::internal(e),
     };
+    let kafka = match &s.consumer_lag {
+        Some(read) => tokio::time::timeout(KAFKA_LAG_WAIT, read())
+            .await
+            .unwrap_or_default(),
+        None => BTreeMap::new(),
+    };
     Json(rows(
-        &s.metrics.consumers(),
-        &backlog,
-        &dead,
+        Sources {
+            here: &s.metrics.consumers(),
+            backlog: &backlog,
+            kafka: &kafka,
+            dead: &dead,
+        },
         &s.history,
         Utc::now(),
     ))
     .into_response()
 }
 
+/// How long `/api/consumers` waits for the Kafka lag before it answers
+/// without it.
+const KAFKA_LAG_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// What a consumer's row is made of.
+pub struct Sources<'a> {
+    /// This process's consumers and their counters.
+    pub here: &'a [(String, std::sync::Arc<ConsumerMetrics>)],
+    /// The embedded transport's groups.
+    pub backlog: &'a [GroupBacklog],
+    /// The Kafka groups' lag, by consumer.
+    pub kafka: &'a BTreeMap<String, Result<i64, String>>,
+    pub dead: &'a [ConsumerDeadSummary],
+}
+
 /// Every consumer that runs here, has cursors or has dead letters, by name.
-pub fn rows(
-    here: &[(String, std::sync::Arc<ConsumerMetrics>)],
-    backlog: &[GroupBacklog],
-    dead: &[ConsumerDeadSummary],
-    history: &History,
-    now: DateTime<Utc>,
-) -> Vec<ConsumerRow> {
+pub fn rows(src: Sources<'_>, history: &History, now: DateTime<Utc>) -> Vec<ConsumerRow> {
+    let Sources {
+        here,
+        backlog,
+        kafka,
+        dead,
+    } = src;
     let names: BTreeSet<&str> = here
         .iter()
         .map(|(n, _)| n.as_str())
         .chain(backlog.iter().map(|b| b.group.as_str()))
+        .chain(kafka.keys().map(String::as_str))
         .chain(dead.iter().map(|d| d.consumer.as_str()))
         .collect();
     let rates = rates(history);
@@ -98,7 +125,10 @@ pub fn rows(
             ConsumerRow {
                 name: name.to_string(),
                 in_this_process: m.is_some(),
-                lag: b.map(|b| b.messages),
+                lag: b
+                    .map(|b| b.messages)
+                    .or_else(|| kafka.get(name).and_then(|r| r.as_ref().ok().copied())),
+                lag_error: kafka.get(name).and_then(|r| r.as_ref().err().cloned()),
                 oldest_unhandled_at: oldest,
                 oldest_unhandled_age_seconds: oldest
                     .map(|t| ((now - t).num_milliseconds() as f64 / 1000.0).max(0.0)),
@@ -181,14 +211,27 @@ mod tests {
             parked_messages: 3,
             oldest_parked_at: Some(at(120)),
         }];
+        let kafka = [
+            ("ledger".to_string(), Ok(7)),
+            ("audit-kafka".to_string(), Err("broker down".to_string())),
+        ]
+        .into();
         let rows = rows(
-            &[("billing".to_string(), billing)],
-            &backlog,
-            &dead,
+            Sources {
+                here: &[("billing".to_string(), billing)],
+                backlog: &backlog,
+                kafka: &kafka,
+                dead: &dead,
+            },
             &history,
             at(200),
         );
-        assert_eq!(rows.len(), 2, "{rows:?}");
+        assert_eq!(rows.len(), 4, "{rows:?}");
+        // A Kafka group's lag, and why another's is unknown.
+        assert_eq!((rows[1].name.as_str(), rows[1].lag), ("audit-kafka", None));
+        assert_eq!(rows[1].lag_error.as_deref(), Some("broker down"));
+        assert_eq!((rows[3].name.as_str(), rows[3].lag), ("ledger", Some(7)));
+        let rows = [rows[0].clone(), rows[2].clone()];
         // Another process's consumer: the database's numbers, no counters.
         assert_eq!(rows[0].name, "audit");
         assert!(!rows[0].in_this_process);

@@ -24,6 +24,15 @@ use crate::store::Db;
 /// database, so it needs none.
 pub type BrokerCheck = Arc<dyn Fn() -> BoxFuture<'static, Result<(), String>> + Send + Sync>;
 
+/// Reads how many messages each Kafka consumer group is behind, by
+/// consumer name (an error says why one could not be read); the embedded
+/// transport's backlog is in the database instead.
+pub type ConsumerLag = Arc<
+    dyn Fn() -> BoxFuture<'static, std::collections::BTreeMap<String, Result<i64, String>>>
+        + Send
+        + Sync,
+>;
+
 #[derive(Clone)]
 pub struct AdminState {
     pub db: Db,
@@ -31,6 +40,8 @@ pub struct AdminState {
     pub metrics: Arc<Metrics>,
     pub history: Arc<History>,
     pub broker_check: Option<BrokerCheck>,
+    /// The Kafka consumer groups' lag, on Kafka.
+    pub consumer_lag: Option<ConsumerLag>,
     /// The configured consumers, each with its plugin's name when its
     /// handler is a plugin (for a fix-forward redrive's check).
     pub consumers: Arc<std::collections::BTreeMap<String, Option<String>>>,

@@ -13,7 +13,7 @@ use tokio::task::JoinSet;
 use super::{DaemonError, PipelineHandles};
 use crate::broker::Publisher;
 use crate::broker::embedded::{EmbeddedConsumer, EmbeddedConsumerConfig};
-use crate::broker::kafka::{KafkaConsumer, KafkaConsumerConfig, KafkaPublisher};
+use crate::broker::kafka::{GroupLag, KafkaConsumer, KafkaConsumerConfig, KafkaPublisher};
 use crate::config::{Config, ConfigExt, ConsumerSection, TransportKind};
 use crate::consumer::{
     ActiveConsumer, Consumer, ConsumerConfig, ConsumerHandler, NativeHandlers, PluginHandler,
@@ -217,3 +217,42 @@ fn consumer_handler(
         PluginHandler::new(plugin, c.txn_policy()).with_db(db),
     ))
 }
+
+/// How far each Kafka consumer group is behind, for `/api/consumers`: one
+/// reader per consumer in group mode (a consumer with assigned partitions
+/// keeps its offsets in the database and joins no group). `None` when no
+/// consumer has one.
+pub(super) fn kafka_lag(config: &Config) -> Option<crate::admin::ConsumerLag> {
+    let readers: Vec<(String, Arc<GroupLag>)> = config
+        .consumers
+        .iter()
+        .filter(|c| c.kafka_partitions.is_none())
+        .filter_map(|c| {
+            GroupLag::new(&config.transport.kafka, c.name.clone(), c.topics.clone())
+                .inspect_err(|e| tracing::warn!(consumer = %c.name, error = %e, "cannot read this consumer's lag; /api/consumers shows none"))
+                .ok()
+                .map(|r| (c.name.clone(), Arc::new(r)))
+        })
+        .collect();
+    if readers.is_empty() {
+        return None;
+    }
+    let readers = Arc::new(readers);
+    Some(Arc::new(move || {
+        let readers = readers.clone();
+        Box::pin(async move {
+            // librdkafka's calls block: off the async threads, each bounded.
+            tokio::task::spawn_blocking(move || {
+                readers
+                    .iter()
+                    .map(|(name, r)| (name.clone(), r.messages_behind(LAG_TIMEOUT)))
+                    .collect()
+            })
+            .await
+            .unwrap_or_default()
+        })
+    }))
+}
+
+/// How long one lag read waits for the broker, per call.
+const LAG_TIMEOUT: Duration = Duration::from_secs(2);

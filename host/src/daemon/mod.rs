@@ -242,6 +242,10 @@ async fn spawn_pipeline(
             metrics: metrics.clone(),
             history: history.clone(),
             broker_check,
+            consumer_lag: match config.transport.kind {
+                TransportKind::Kafka => consumers::kafka_lag(config),
+                TransportKind::Embedded => None,
+            },
             consumers: Arc::new(
                 config
                     .consumers

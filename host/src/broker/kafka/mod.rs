@@ -21,7 +21,9 @@ use rdkafka::types::RDKafkaErrorCode;
 mod broker_error;
 mod client;
 mod consumer;
+mod lag;
 pub use consumer::{KafkaConsumer, KafkaConsumerConfig};
+pub use lag::GroupLag;
 
 use super::{OutgoingMessage, PublishError, Publisher};
 use broker_error::BrokerErrors;
