@@ -29,6 +29,10 @@ pub struct AdminState {
     pub metrics: Arc<Metrics>,
     pub history: Arc<History>,
     pub broker_check: Option<BrokerCheck>,
+    /// The config's routes and plugins: a redrive through a chosen version
+    /// is checked against them.
+    pub routes: Arc<Vec<outboxd_core::route::Route>>,
+    pub plugins: Arc<Vec<outboxd_core::config::PluginSpec>>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -34,6 +34,8 @@ trait DynHandler: Send + Sync + 'static {
         d: &'a Delivery,
     ) -> BoxFuture<'a, Result<(), HandlerError>>;
     fn dyn_pin(&self) -> Pinned;
+    fn dyn_pin_version<'a>(&'a self, label: &'a str)
+    -> BoxFuture<'a, Result<Pinned, HandlerError>>;
     fn dyn_handle_pinned<'a>(
         &'a self,
         pinned: &'a Pinned,
@@ -61,6 +63,12 @@ impl<H: Handler> DynHandler for H {
     }
     fn dyn_pin(&self) -> Pinned {
         Handler::pin(self)
+    }
+    fn dyn_pin_version<'a>(
+        &'a self,
+        label: &'a str,
+    ) -> BoxFuture<'a, Result<Pinned, HandlerError>> {
+        Box::pin(Handler::pin_version(self, label))
     }
     fn dyn_handle_pinned<'a>(
         &'a self,
@@ -166,6 +174,13 @@ impl Handler for ConsumerHandler {
         match self {
             ConsumerHandler::Native(h) => h.handler.dyn_pin(),
             ConsumerHandler::Plugin(h) => h.pin(),
+        }
+    }
+
+    async fn pin_version(&self, label: &str) -> Result<Pinned, HandlerError> {
+        match self {
+            ConsumerHandler::Native(h) => h.handler.dyn_pin_version(label).await,
+            ConsumerHandler::Plugin(h) => h.pin_version(label).await,
         }
     }
 

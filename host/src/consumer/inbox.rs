@@ -81,6 +81,22 @@ pub trait Handler: Send + Sync + 'static {
         Pinned::unversioned()
     }
 
+    /// Picks a named version (`NAME@VERSION`, a registry candidate
+    /// included) for one redriven message, without activating it for live
+    /// traffic: [`handle_pinned`](Self::handle_pinned) then runs the
+    /// message on it, and [`pin`](Self::pin) still gives the live version.
+    /// A handler without versions refuses (permanently).
+    fn pin_version(
+        &self,
+        label: &str,
+    ) -> impl Future<Output = Result<Pinned, HandlerError>> + Send {
+        async move {
+            Err(HandlerError::Permanent(format!(
+                "this handler has no versions, so it cannot run `{label}`; redrive the message without a version"
+            )))
+        }
+    }
+
     /// Handles one message on the version [`pin`](Self::pin) picked.
     fn handle_pinned(
         &self,

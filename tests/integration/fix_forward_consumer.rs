@@ -1,0 +1,318 @@
+//! Fix-forward on the consumer: `Handler::pin_version` runs one message on
+//! a named registry version of the consumer's plugin (a candidate included)
+//! while `pin` keeps giving the live one, refuses what cannot run with the
+//! fix, and a dry run reports the outcome and the plugin's statements from a
+//! transaction that is rolled back.
+//!
+//! The consumer plugin `c` has two versions from the example components:
+//! `billing` (v1, an invoice stamped with the current time) and
+//! `invoicing` (v2, an invoice with `issued_at = 0` and an `invoice.issued`
+//! event), so every effect shows which version wrote it.
+
+use std::sync::Arc;
+
+use outboxd::broker::Delivery;
+use outboxd::consumer::{
+    ConsumerHandler, Handler, HandlerError, InboxTx, PluginHandler, Processed,
+};
+use outboxd::plugin::ConsumerPlugin;
+use outboxd::plugin::host::transaction::StatementKind;
+use outboxd::plugin::registry::Registry;
+use outboxd_demo::billing;
+use serde_json::json;
+
+use crate::consumer_swap::{consumer_host, deploy, pairs, registry_spec, wasm};
+use crate::hot_swap_refusals::with_custom_section;
+use crate::on_both;
+use crate::plugins::{engine, plugin_path};
+use crate::support::{TestDb, plugin_policy};
+
+fn delivery(order: &str) -> Delivery {
+    Delivery {
+        attempt: 0,
+        topic: "orders".into(),
+        partition: 0,
+        offset: 0,
+        key: Some(order.as_bytes().to_vec()),
+        payload: json!({"order_id": order, "customer_id": "c1", "total_cents": 700})
+            .to_string()
+            .into_bytes(),
+        headers: vec![(
+            outboxd::broker::headers::MESSAGE_ID.into(),
+            uuid::Uuid::new_v4().to_string().into_bytes(),
+        )],
+    }
+}
+
+/// Handles `d` for consumer `billing` on `pinned`, as the redrive applier
+/// does: inbox mark naming the version, the handler, commit.
+async fn apply_pinned<H: Handler>(
+    t: &TestDb,
+    handler: &H,
+    pinned: &outboxd::consumer::Pinned,
+    d: &Delivery,
+) {
+    let mut tx = InboxTx::begin(&t.db).await.expect("begin");
+    handler.begin(&mut tx).await.expect("begin hook");
+    let id = d.message_id().expect("message id");
+    assert!(
+        tx.mark("billing", id, pinned.label.as_deref())
+            .await
+            .expect("mark")
+    );
+    handler
+        .handle_pinned(pinned, &mut tx, d)
+        .await
+        .expect("handled");
+    handler.before_commit(&mut tx).await.expect("before commit");
+    tx.commit().await.expect("commit");
+}
+
+/// `issued_at = 0` marks an invoice of v2 (`invoicing`).
+async fn invoices(t: &TestDb) -> Vec<(String, Option<String>)> {
+    pairs(
+        &t.db,
+        "SELECT order_id, CASE WHEN issued_at = 0 THEN 'v2' ELSE 'v1' END FROM invoices ORDER BY order_id",
+    )
+    .await
+}
+
+async fn pin_version_runs_a_candidate_for_one_message_while_pin_keeps_the_live_version(t: TestDb) {
+    billing::create_schema(&t.db).await.expect("billing schema");
+    let reg = Registry::new(t.db.clone());
+    let v1 = deploy(&reg, "c", wasm("billing")).await;
+    let v2 = deploy(&reg, "c", wasm("invoicing")).await;
+    reg.activate("c", v1, "test").await.expect("activate v1");
+    let (host, handler) = consumer_host(&t).await;
+
+    let pinned = handler
+        .pin_version(&format!("c@{v2}"))
+        .await
+        .expect("pin the candidate");
+    assert_eq!(pinned.label, Some(format!("c@{v2}")));
+    let live = handler.pin();
+    assert_eq!(live.label, Some(format!("c@{v1}")), "pin() still gives v1");
+    assert_eq!(
+        host.consumer("c").expect("slot").label(),
+        Some(format!("c@{v1}"))
+    );
+
+    let redriven = delivery("o-redriven");
+    apply_pinned(&t, &handler, &pinned, &redriven).await;
+    // Live traffic, handled the ordinary way, stays on v1.
+    let ordinary = delivery("o-live");
+    outboxd::consumer::process(&t.db, "billing", &ordinary, &handler)
+        .await
+        .expect("live message");
+
+    assert_eq!(
+        invoices(&t).await,
+        vec![
+            ("o-live".to_string(), Some("v1".to_string())),
+            ("o-redriven".to_string(), Some("v2".to_string())),
+        ]
+    );
+    assert_eq!(
+        t.count("SELECT count(*) FROM outbox WHERE event_type = 'invoice.issued'")
+            .await,
+        1,
+        "v2's event, in the same transaction as its invoice"
+    );
+    let handled_by = pairs(
+        &t.db,
+        "SELECT CAST(message_id AS TEXT), handled_by FROM inbox ORDER BY handled_by",
+    )
+    .await;
+    let id = |d: &Delivery| d.message_id().expect("id").to_string();
+    assert_eq!(
+        handled_by,
+        vec![
+            (id(&ordinary), Some(format!("c@{v1}"))),
+            (id(&redriven), Some(format!("c@{v2}"))),
+        ]
+    );
+    assert_eq!(reg.get("c", v2).await.expect("v2").state, "candidate");
+    // The version stays loaded for the next redriven message: the same plugin.
+    let again = handler
+        .pin_version(&format!("c@{v2}"))
+        .await
+        .expect("pin again");
+    let plugin = |p: &outboxd::consumer::Pinned| {
+        p.versions
+            .as_ref()
+            .and_then(|v| v.active.clone())
+            .expect("a version")
+    };
+    assert!(Arc::ptr_eq(&plugin(&pinned), &plugin(&again)));
+
+    // Through the configured handler, as the daemon holds it.
+    let configured = ConsumerHandler::Plugin(handler.clone());
+    let via = configured
+        .pin_version(&format!("c@{v2}"))
+        .await
+        .expect("forwarded");
+    assert_eq!(via.label, Some(format!("c@{v2}")));
+}
+on_both!(pin_version_runs_a_candidate_for_one_message_while_pin_keeps_the_live_version);
+
+fn permanent(r: Result<outboxd::consumer::Pinned, HandlerError>) -> String {
+    match r {
+        Err(HandlerError::Permanent(why)) => why,
+        Err(other) => panic!("not permanent: {other}"),
+        Ok(p) => panic!("pinned {:?}", p.label),
+    }
+}
+
+async fn pin_version_refuses_what_cannot_run_naming_the_plugin_the_version_and_the_fix(t: TestDb) {
+    let reg = Registry::new(t.db.clone());
+    let v1 = deploy(&reg, "c", wasm("billing")).await;
+    let retired = deploy(&reg, "c", with_custom_section(wasm("billing"), "rebuild-2")).await;
+    reg.activate("c", v1, "test").await.expect("activate");
+    reg.retire("c", retired).await.expect("retire");
+    let (_host, handler) = consumer_host(&t).await;
+
+    let why = permanent(handler.pin_version("c@9").await);
+    assert!(
+        why.contains("plugin `c` has no version 9") && why.contains("outboxd plugin list"),
+        "{why}"
+    );
+    let why = permanent(handler.pin_version(&format!("c@{retired}")).await);
+    assert!(
+        why.contains(&format!("c@{retired}"))
+            && why.contains("retired")
+            && why.contains("outboxd plugin deploy"),
+        "{why}"
+    );
+    let why = permanent(handler.pin_version("other@1").await);
+    assert!(
+        why.contains("runs plugin `c`, not `other`") && why.contains("outboxd plugin list"),
+        "{why}"
+    );
+    let why = permanent(handler.pin_version("c").await);
+    assert!(why.contains("NAME@VERSION"), "{why}");
+
+    // A file plugin has only its own version.
+    let file = Arc::new(
+        ConsumerPlugin::load(engine(), &{
+            let mut s = registry_spec("c");
+            s.source = outboxd::plugin::PluginSource::File;
+            s.path = plugin_path("billing");
+            s.version = Some("1.0".into());
+            s
+        })
+        .expect("load"),
+    );
+    let fixed = PluginHandler::new(file, plugin_policy());
+    assert_eq!(
+        fixed.pin_version("c@1.0").await.expect("its own").label,
+        Some("c@1.0".into())
+    );
+    let why = permanent(fixed.pin_version(&format!("c@{v1}")).await);
+    assert!(why.contains("loaded from a file"), "{why}");
+
+    // A handler without versions refuses any.
+    let why = permanent(NoVersions.pin_version("c@1").await);
+    assert!(why.contains("has no versions"), "{why}");
+}
+on_both!(pin_version_refuses_what_cannot_run_naming_the_plugin_the_version_and_the_fix);
+
+/// A handler with no versions, as a native one is.
+struct NoVersions;
+
+impl Handler for NoVersions {
+    async fn handle(&self, _tx: &mut InboxTx, _d: &Delivery) -> Result<(), HandlerError> {
+        Ok(())
+    }
+}
+
+async fn a_consumer_dry_run_reports_the_outcome_and_statements_and_commits_nothing(t: TestDb) {
+    billing::create_schema(&t.db).await.expect("billing schema");
+    let reg = Registry::new(t.db.clone());
+    let v1 = deploy(&reg, "c", wasm("billing")).await;
+    let v2 = deploy(&reg, "c", wasm("invoicing")).await;
+    reg.activate("c", v1, "test").await.expect("activate v1");
+    let (_host, handler) = consumer_host(&t).await;
+    let d = delivery("o-1");
+    let pinned = handler
+        .pin_version(&format!("c@{v2}"))
+        .await
+        .expect("pin v2");
+
+    let run = handler.dry_run(&t.db, "billing", &pinned, &d).await;
+    assert_eq!(run.handled_by, Some(format!("c@{v2}")));
+    assert!(
+        matches!(run.outcome, Ok(Processed::Handled)),
+        "{:?}",
+        run.outcome
+    );
+    let shown: Vec<(StatementKind, String, String)> = run
+        .statements
+        .iter()
+        .map(|s| {
+            (
+                s.kind,
+                s.text.split_whitespace().collect::<Vec<_>>().join(" "),
+                s.outcome.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        vec![
+            (
+                StatementKind::Query,
+                "INSERT INTO invoices (order_id, customer_id, amount_cents, message_id, issued_at) VALUES ($1, $2, $3, $4, 0) RETURNING id".to_string(),
+                "ok: 1 row".to_string()
+            ),
+            (
+                StatementKind::Emit,
+                "invoice.issued".to_string(),
+                "ok: event written to the outbox".to_string()
+            ),
+        ]
+    );
+    let recorded = format!("{:?}", run.statements);
+    assert!(
+        !recorded.contains("o-1") && !recorded.contains("700"),
+        "no parameter value is recorded: {recorded}"
+    );
+    for (table, sql) in [
+        ("invoices", "SELECT count(*) FROM invoices"),
+        ("outbox", "SELECT count(*) FROM outbox"),
+        ("inbox", "SELECT count(*) FROM inbox"),
+    ] {
+        assert_eq!(t.count(sql).await, 0, "the dry run left a row in {table}");
+    }
+
+    // The active version on a message it refuses: the outcome says so.
+    let envelope = Delivery {
+        payload: json!({"specversion": "9", "data": {}})
+            .to_string()
+            .into_bytes(),
+        ..delivery("o-2")
+    };
+    let run = handler
+        .dry_run(&t.db, "billing", &handler.pin(), &envelope)
+        .await;
+    assert_eq!(run.handled_by, Some(format!("c@{v1}")));
+    assert!(
+        matches!(&run.outcome, Err(HandlerError::Permanent(why)) if why.contains(&format!("plugin c@{v1}"))),
+        "{:?}",
+        run.outcome
+    );
+
+    // Once handled for real, a dry run finds the inbox mark: a duplicate
+    // runs nothing.
+    outboxd::consumer::process(&t.db, "billing", &d, &handler)
+        .await
+        .expect("handled");
+    let run = handler.dry_run(&t.db, "billing", &pinned, &d).await;
+    assert!(
+        matches!(run.outcome, Ok(Processed::Duplicate)),
+        "{:?}",
+        run.outcome
+    );
+    assert!(run.statements.is_empty());
+    assert_eq!(t.count("SELECT count(*) FROM invoices").await, 1);
+}
+on_both!(a_consumer_dry_run_reports_the_outcome_and_statements_and_commits_nothing);
