@@ -95,6 +95,18 @@ async fn outbox_rows(t: &TestDb) -> Vec<(String, Option<String>)> {
     .await
 }
 
+/// The error of a redrive that must be refused.
+async fn refused(
+    db: &outboxd::store::Db,
+    pipeline: Pipeline<'_>,
+    filter: &DeadFilter,
+    label: &str,
+) -> FixForwardError {
+    fix_forward::redrive_with(db, pipeline, filter, label, chrono::Utc::now())
+        .await
+        .expect_err(label)
+}
+
 fn one(seq: i64) -> DeadFilter {
     DeadFilter {
         seq: Some(seq),
@@ -228,23 +240,14 @@ async fn a_redrive_through_a_version_that_cannot_run_there_is_refused_and_change
         routes: &routes,
         plugins: &specs,
     };
-    let refuse = |label: String, filter: DeadFilter, pipeline: Pipeline<'_>| {
-        let db = t.db.clone();
-        async move {
-            fix_forward::redrive_with(&db, pipeline, &filter, &label, chrono::Utc::now())
-                .await
-                .expect_err(&label)
-        }
-    };
-
-    let e = refuse("t".into(), one(dead[0]), pipeline).await;
+    let e = refused(&t.db, pipeline, &one(dead[0]), "t").await;
     assert!(matches!(e, FixForwardError::BadLabel(_)), "{e}");
     assert!(
         e.to_string().contains("NAME@VERSION") && e.to_string().contains("outboxd plugin list"),
         "{e}"
     );
 
-    let e = refuse("t@99".into(), one(dead[0]), pipeline).await;
+    let e = refused(&t.db, pipeline, &one(dead[0]), "t@99").await;
     assert!(
         matches!(e, FixForwardError::NoSuchVersion { version: 99, .. }),
         "{e}"
@@ -257,13 +260,13 @@ async fn a_redrive_through_a_version_that_cannot_run_there_is_refused_and_change
         "{text}"
     );
 
-    let e = refuse(format!("c@{consumer}"), one(dead[0]), pipeline).await;
+    let e = refused(&t.db, pipeline, &one(dead[0]), &format!("c@{consumer}")).await;
     assert!(
         e.to_string().contains("is a consumer plugin"),
         "a consumer version is no transformer: {e}"
     );
 
-    let e = refuse(format!("t@{retired}"), one(dead[0]), pipeline).await;
+    let e = refused(&t.db, pipeline, &one(dead[0]), &format!("t@{retired}")).await;
     assert!(
         e.to_string().contains("retired") && e.to_string().contains("outboxd plugin deploy"),
         "{e}"
@@ -271,7 +274,7 @@ async fn a_redrive_through_a_version_that_cannot_run_there_is_refused_and_change
 
     // Every dead event at once includes the misc one, whose route runs no
     // plugin: refused, naming that event, its route and how to narrow it.
-    let e = refuse(format!("t@{v2}"), DeadFilter::default(), pipeline).await;
+    let e = refused(&t.db, pipeline, &DeadFilter::default(), &format!("t@{v2}")).await;
     match &e {
         FixForwardError::NotInChain {
             seq, event_type, ..
@@ -287,13 +290,14 @@ async fn a_redrive_through_a_version_that_cannot_run_there_is_refused_and_change
     let mut file = PluginSpec::new("t", "plugins/dist/amount-cents.wasm");
     file.source = PluginSource::File;
     let file_specs = vec![file];
-    let e = refuse(
-        format!("t@{v2}"),
-        one(dead[0]),
+    let e = refused(
+        &t.db,
         Pipeline {
             routes: &routes,
             plugins: &file_specs,
         },
+        &one(dead[0]),
+        &format!("t@{v2}"),
     )
     .await;
     assert!(
