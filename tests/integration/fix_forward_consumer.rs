@@ -301,6 +301,31 @@ async fn a_consumer_dry_run_reports_the_outcome_and_statements_and_commits_nothi
         run.outcome
     );
 
+    // Through the configured handler, as the daemon holds it; a native
+    // handler may act outside its transaction, so it is not dry-run.
+    let configured = ConsumerHandler::Plugin(handler.clone());
+    let run = configured.dry_run(&t.db, "billing", &pinned, &d).await;
+    assert!(
+        matches!(run.outcome, Ok(Processed::Handled)),
+        "{:?}",
+        run.outcome
+    );
+    assert_eq!(run.statements.len(), 2);
+    let mut natives = outboxd::consumer::NativeHandlers::default();
+    natives.register("plain", NoVersions);
+    let native = ConsumerHandler::Native(
+        natives
+            .get("consumers[0].handler", "plain")
+            .expect("registered"),
+    );
+    let run = native.dry_run(&t.db, "billing", &native.pin(), &d).await;
+    assert!(
+        matches!(&run.outcome, Err(HandlerError::Permanent(why)) if why.contains("builtin:plain") && why.contains("not dry-run")),
+        "{:?}",
+        run.outcome
+    );
+    assert_eq!(t.count("SELECT count(*) FROM invoices").await, 0);
+
     // Once handled for real, a dry run finds the inbox mark: a duplicate
     // runs nothing.
     outboxd::consumer::process(&t.db, "billing", &d, &handler)

@@ -14,7 +14,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use super::inbox::{Handler, HandlerError, InboxTx, Pinned};
-use super::plugin_handler::PluginHandler;
+use super::plugin_handler::{DryRun, PluginHandler};
 use crate::broker::Delivery;
 use crate::config::HandlerRef;
 
@@ -144,6 +144,32 @@ impl ConsumerHandler {
         match self {
             ConsumerHandler::Native(h) => HandlerRef::Builtin(h.name.clone()).to_string(),
             ConsumerHandler::Plugin(p) => p.handler_id(),
+        }
+    }
+}
+
+impl ConsumerHandler {
+    /// What `d` would do on `pinned`'s version, in a transaction that is
+    /// rolled back ([`PluginHandler::dry_run`]). A native handler is not
+    /// dry-run: it may act outside the transaction (a call to another
+    /// service, say), which no rollback would undo.
+    pub async fn dry_run(
+        &self,
+        db: &crate::store::Db,
+        consumer: &str,
+        pinned: &Pinned,
+        d: &Delivery,
+    ) -> DryRun {
+        match self {
+            ConsumerHandler::Plugin(h) => h.dry_run(db, consumer, pinned, d).await,
+            ConsumerHandler::Native(h) => DryRun {
+                handled_by: None,
+                outcome: Err(HandlerError::Permanent(format!(
+                    "consumer `{consumer}` runs the native handler `builtin:{}`, which may act outside its transaction, so it is not dry-run; only plugin handlers are",
+                    h.name
+                ))),
+                statements: Vec::new(),
+            },
         }
     }
 }

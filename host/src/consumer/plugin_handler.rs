@@ -9,6 +9,12 @@
 //! reads the slot once, so it runs entirely on one version (and, while a
 //! candidate is in shadow, the candidate first runs in a savepoint that is
 //! always rolled back).
+//!
+//! For a redriven message, `pin_version` picks any registry version of the
+//! plugin (a candidate included) without touching the slot, and
+//! [`PluginHandler::dry_run`] runs one message on a version in a
+//! transaction that is always rolled back, recording the plugin's
+//! statements.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
