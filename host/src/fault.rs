@@ -25,16 +25,28 @@ pub enum FaultPoint {
     AfterMark,
     /// Consumer: after the effect committed, before the offset is stored.
     AfterHandleBeforeCommitOffset,
+    /// Consumer redrive: a redriven message's effect and its dead letter's
+    /// resolution are written, before their transaction commits.
+    RedriveBeforeCommit,
+    /// Consumer redrive: after a redriven message's transaction committed,
+    /// before the next one.
+    RedriveAfterCommit,
+    /// `outboxd dead redrive --consumer`: the release is written, before
+    /// its transaction commits.
+    RedriveReleaseBeforeCommit,
 }
 
 impl FaultPoint {
-    pub const ALL: [FaultPoint; 6] = [
+    pub const ALL: [FaultPoint; 9] = [
         FaultPoint::BeforeTransaction,
         FaultPoint::AfterInsertBeforeCommit,
         FaultPoint::AfterCommitBeforeReply,
         FaultPoint::AfterPublishBeforeMark,
         FaultPoint::AfterMark,
         FaultPoint::AfterHandleBeforeCommitOffset,
+        FaultPoint::RedriveBeforeCommit,
+        FaultPoint::RedriveAfterCommit,
+        FaultPoint::RedriveReleaseBeforeCommit,
     ];
 
     pub fn name(self) -> &'static str {
@@ -45,6 +57,9 @@ impl FaultPoint {
             FaultPoint::AfterPublishBeforeMark => "after-publish-before-mark",
             FaultPoint::AfterMark => "after-mark",
             FaultPoint::AfterHandleBeforeCommitOffset => "after-handle-before-commit-offset",
+            FaultPoint::RedriveBeforeCommit => "redrive-before-commit",
+            FaultPoint::RedriveAfterCommit => "redrive-after-commit",
+            FaultPoint::RedriveReleaseBeforeCommit => "redrive-release-before-commit",
         }
     }
 }

@@ -119,6 +119,75 @@ pub struct ConsumerMetrics {
     pub failed: AtomicU64,
     pub dead_lettered: AtomicU64,
     pub lag: Histogram,
+    /// Per-key parking (`on_dead = "park_key"`): see [`ParkingMetrics`].
+    pub parking: ParkingMetrics,
+}
+
+/// A consumer's parked keys: counters of messages parked and applied back
+/// from dead letters, and gauges of what is held back now (set each time
+/// the runner reads its parked keys).
+#[derive(Debug, Default)]
+pub struct ParkingMetrics {
+    /// Messages recorded as parked behind a dead letter of their key.
+    pub parked: AtomicU64,
+    /// Dead or parked messages applied after a redrive or a discard.
+    pub redriven: AtomicU64,
+    pub parked_keys: AtomicU64,
+    pub parked_messages: AtomicU64,
+    /// Seconds since the oldest parked key's dead letter (0 when none).
+    pub oldest_parked_seconds: AtomicU64,
+}
+
+impl ParkingMetrics {
+    fn render(out: &mut String, consumers: &[(String, std::sync::Arc<ConsumerMetrics>)]) {
+        for (name, kind, help, pick) in [
+            (
+                "outboxd_consumer_parked_total",
+                "counter",
+                "Messages parked behind a dead letter of their key.",
+                0,
+            ),
+            (
+                "outboxd_consumer_redriven_total",
+                "counter",
+                "Dead or parked messages applied after a redrive or discard.",
+                1,
+            ),
+            (
+                "outboxd_consumer_parked_keys",
+                "gauge",
+                "Keys held back by an unresolved dead letter.",
+                2,
+            ),
+            (
+                "outboxd_consumer_parked_messages",
+                "gauge",
+                "Messages waiting behind a dead letter of their key.",
+                3,
+            ),
+            (
+                "outboxd_consumer_oldest_parked_seconds",
+                "gauge",
+                "Age of the oldest parked key's dead letter (0 when none).",
+                4,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} {kind}");
+            for (c, m) in consumers {
+                let p = &m.parking;
+                let v = [
+                    &p.parked,
+                    &p.redriven,
+                    &p.parked_keys,
+                    &p.parked_messages,
+                    &p.oldest_parked_seconds,
+                ][pick]
+                    .load(Ordering::Relaxed);
+                let _ = writeln!(out, "{name}{{consumer=\"{}\"}} {v}", escape(c));
+            }
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -318,6 +387,7 @@ impl Metrics {
                 &format!("consumer=\"{}\"", escape(c)),
             );
         }
+        ParkingMetrics::render(&mut out, &consumers);
         render_plugins(&mut out, &self.plugins());
         let _ = writeln!(
             out,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use outboxd::broker::embedded::{EmbeddedConsumer, EmbeddedConsumerConfig, EmbeddedPublisher};
 use outboxd::broker::{Delivery, OutgoingMessage, Publisher, headers};
-use outboxd::consumer::{Consumer, ConsumerConfig, Handler, HandlerError, InboxTx};
+use outboxd::consumer::{Consumer, ConsumerConfig, Handler, HandlerError, InboxTx, OnDead};
 
 use crate::on_both;
 use crate::support::TestDb;
@@ -73,6 +73,9 @@ async fn poison_and_exhausted_messages_are_dead_lettered_and_the_partition_moves
         name: "billing".into(),
         max_attempts: 3,
         handler_id: "builtin:picky".into(),
+        // All five share a key: this test is about the partition moving on
+        // (per-key parking is in consumer_parking.rs).
+        on_dead: OnDead::Skip,
         ..ConsumerConfig::default()
     };
     let mut consumer = Consumer::new(t.db.clone(), source, handler.clone(), config);
@@ -153,6 +156,8 @@ async fn batched_savepoints_roll_back_only_the_failing_message(t: TestDb) {
         name: "billing".into(),
         max_attempts: 2,
         batch_in_transaction: 50,
+        // Same key throughout: this test is about savepoints, not parking.
+        on_dead: OnDead::Skip,
         ..ConsumerConfig::default()
     };
     let mut consumer = Consumer::new(t.db.clone(), source, handler.clone(), config);

@@ -212,7 +212,7 @@ async fn pin_version_refuses_what_cannot_run_naming_the_plugin_the_version_and_t
 
     // A handler without versions refuses any.
     let why = permanent(NoVersions.pin_version("c@1").await);
-    assert!(why.contains("has no versions"), "{why}");
+    assert!(why.contains("not a plugin with versions"), "{why}");
 }
 on_both!(pin_version_refuses_what_cannot_run_naming_the_plugin_the_version_and_the_fix);
 

@@ -3,6 +3,7 @@
 //! page needs `Authorization: Bearer <token>`.
 
 mod auth;
+mod consumer_dead;
 mod history;
 mod plugins;
 mod routes;
@@ -33,6 +34,9 @@ pub struct AdminState {
     /// is checked against them.
     pub routes: Arc<Vec<outboxd_core::route::Route>>,
     pub plugins: Arc<Vec<outboxd_core::config::PluginSpec>>,
+    /// The configured consumers, each with its plugin's name when its
+    /// handler is a plugin (for a fix-forward redrive's check).
+    pub consumers: Arc<std::collections::BTreeMap<String, Option<String>>>,
 }
 
 #[derive(Debug, thiserror::Error)]

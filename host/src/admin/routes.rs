@@ -39,6 +39,7 @@ pub fn router(state: AdminState) -> Router {
             "/api/plugins/{name}/rollback",
             post(super::plugins::rollback),
         )
+        .merge(super::consumer_dead::routes())
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .route("/", get(|| async { Html(DASHBOARD) }))
@@ -52,7 +53,7 @@ fn store(db: &Db) -> AnyStore {
     AnyStore::new(db, Duration::from_secs(30))
 }
 
-fn internal(e: impl std::fmt::Display) -> Response {
+pub(super) fn internal(e: impl std::fmt::Display) -> Response {
     (
         StatusCode::INTERNAL_SERVER_ERROR,
         Json(json!({ "error": e.to_string() })),

@@ -1,4 +1,7 @@
-//! `outboxd dead list|show|redrive|discard`: the dead events of the outbox.
+//! `outboxd dead list|show|redrive|discard`: the dead events of the outbox,
+//! or with `--consumer NAME` that consumer's dead letters
+//! (`cli/consumer_dead.rs`). A consumer dead letter's id and an outbox row's
+//! seq are distinct namespaces; `--consumer` selects which one.
 
 use std::process::ExitCode;
 
@@ -11,6 +14,15 @@ use crate::config::Config;
 pub(super) enum DeadCommand {
     /// List dead events, oldest first.
     List {
+        /// A consumer's dead letters and parked messages instead.
+        #[arg(long)]
+        consumer: Option<String>,
+        /// With --consumer: only this key.
+        #[arg(long, requires = "consumer")]
+        key: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
         /// Only this event type or pattern (order.*).
         #[arg(long = "type")]
         event_type: Option<String>,
@@ -19,10 +31,32 @@ pub(super) enum DeadCommand {
         #[arg(long, default_value_t = 50)]
         limit: i64,
     },
-    /// Show one dead event in full, as JSON.
-    Show { seq: i64 },
-    /// Make dead events pending again with zero attempts.
+    /// Show one dead event in full, as JSON (with --consumer, that
+    /// consumer's dead letter ID: payload, headers, error, attempts, version).
+    Show {
+        #[arg(long)]
+        consumer: Option<String>,
+        #[arg(value_name = "SEQ|ID")]
+        seq: i64,
+    },
+    /// Make dead events pending again with zero attempts (with --consumer,
+    /// release that consumer's dead letters, which it then applies in order
+    /// per key, the messages parked behind them following).
     Redrive {
+        #[arg(long)]
+        consumer: Option<String>,
+        /// With --consumer: one dead letter by id.
+        #[arg(long, requires = "consumer", conflicts_with_all = ["key", "all", "seq"])]
+        id: Option<i64>,
+        /// With --consumer: every dead letter of this key.
+        #[arg(long, requires = "consumer", conflicts_with_all = ["all"])]
+        key: Option<String>,
+        /// Fix-forward: run the redriven events through this registry
+        /// version of one of their route's transformers (with --consumer,
+        /// of the consumer's plugin), a candidate included, instead of the
+        /// active one, without activating it.
+        #[arg(long = "with", value_name = "NAME@VERSION")]
+        with: Option<String>,
         /// One event by seq.
         #[arg(long, conflicts_with_all = ["event_type", "aggregate", "all"])]
         seq: Option<i64>,
@@ -33,37 +67,56 @@ pub(super) enum DeadCommand {
         /// Every dead event (required when no other filter is given).
         #[arg(long)]
         all: bool,
-        /// Run them through this registry version of one of their route's
-        /// transformers (NAME@VERSION, a candidate included) instead of
-        /// the active one, without activating it.
-        #[arg(long = "with", value_name = "NAME@VERSION")]
-        with: Option<String>,
         /// Show what they would publish (per event: topic, key, headers,
-        /// payload, or the error), changing nothing.
+        /// payload, or the error; with --consumer, per message: the outcome
+        /// and the plugin's statements, in a transaction rolled back),
+        /// changing nothing.
         #[arg(long)]
         dry_run: bool,
         /// With --dry-run: at most this many events, oldest first.
         #[arg(long, default_value_t = 50, requires = "dry_run")]
         limit: i64,
     },
-    /// Finish a dead event without publishing it, recording why.
+    /// Finish a dead event without publishing it, recording why (with
+    /// --consumer, resolve that consumer's dead letter ID unapplied; the
+    /// messages parked behind it then run in order).
     Discard {
+        #[arg(long)]
+        consumer: Option<String>,
+        #[arg(value_name = "SEQ|ID")]
         seq: i64,
         #[arg(long)]
         reason: String,
     },
 }
 
+impl DeadCommand {
+    fn consumer(&self) -> Option<&str> {
+        match self {
+            DeadCommand::List { consumer, .. }
+            | DeadCommand::Show { consumer, .. }
+            | DeadCommand::Redrive { consumer, .. }
+            | DeadCommand::Discard { consumer, .. } => consumer.as_deref(),
+        }
+    }
+}
+
 pub(super) async fn dead_command(config: &Config, cmd: DeadCommand) -> anyhow::Result<ExitCode> {
     use crate::config::ConfigExt;
     use crate::ops::dead::{self, DeadFilter};
     use crate::ops::fix_forward;
+    if let Some(consumer) = cmd.consumer() {
+        let consumer = consumer.to_string();
+        return super::consumer_dead::command(config, &consumer, cmd).await;
+    }
     let db = connect(config).await?;
     match cmd {
         DeadCommand::List {
             event_type,
             aggregate,
             limit,
+            json,
+            ..
         } => {
             let filter = DeadFilter {
                 seq: None,
@@ -71,6 +124,10 @@ pub(super) async fn dead_command(config: &Config, cmd: DeadCommand) -> anyhow::R
                 aggregate_id: aggregate,
             };
             let events = dead::list(&db, &filter, limit).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&events)?);
+                return Ok(ExitCode::SUCCESS);
+            }
             if events.is_empty() {
                 println!("no dead events");
             }
@@ -87,7 +144,7 @@ pub(super) async fn dead_command(config: &Config, cmd: DeadCommand) -> anyhow::R
                 );
             }
         }
-        DeadCommand::Show { seq } => match dead::get(&db, seq).await? {
+        DeadCommand::Show { seq, .. } => match dead::get(&db, seq).await? {
             Some(e) => println!("{}", serde_json::to_string_pretty(&e)?),
             None => anyhow::bail!("outbox row {seq} is not a dead event (see `outboxd dead list`)"),
         },
@@ -99,6 +156,7 @@ pub(super) async fn dead_command(config: &Config, cmd: DeadCommand) -> anyhow::R
             with,
             dry_run,
             limit,
+            ..
         } => {
             if seq.is_none() && event_type.is_none() && aggregate.is_none() && !all {
                 anyhow::bail!(
@@ -136,7 +194,7 @@ pub(super) async fn dead_command(config: &Config, cmd: DeadCommand) -> anyhow::R
                 None => println!("redrove {n} dead event(s); the relay will publish them now"),
             }
         }
-        DeadCommand::Discard { seq, reason } => {
+        DeadCommand::Discard { seq, reason, .. } => {
             dead::discard(&db, seq, &reason, chrono::Utc::now()).await?;
             println!("discarded outbox row {seq}: {reason}");
         }

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod consumer_dead;
 mod dead;
 mod plugin;
 mod registry;
@@ -300,8 +301,11 @@ async fn dispatch(cli: Cli, daemon: Daemon) -> anyhow::Result<ExitCode> {
             let stats = AnyStore::new(&db, std::time::Duration::from_secs(30))
                 .stats(now)
                 .await?;
+            let consumers = crate::ops::consumer_dead::summary(&db).await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&stats)?);
+                let mut v = serde_json::to_value(&stats)?;
+                v["consumers"] = serde_json::to_value(&consumers)?;
+                println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
                 println!("pending               {}", stats.pending);
                 println!(
@@ -315,6 +319,16 @@ async fn dispatch(cli: Cli, daemon: Daemon) -> anyhow::Result<ExitCode> {
                     stats.blocked_aggregates, stats.blocked_events
                 );
                 println!("published             {}", stats.published);
+                for c in &consumers {
+                    let since = c
+                        .oldest_parked_at
+                        .map(|t| format!(", oldest since {}", t.format("%Y-%m-%d %H:%M:%S")))
+                        .unwrap_or_default();
+                    println!(
+                        "consumer {:<13} dead letters {}, parked keys {} ({} messages waiting{since})",
+                        c.consumer, c.dead, c.parked_keys, c.parked_messages
+                    );
+                }
             }
             Ok(ExitCode::SUCCESS)
         }

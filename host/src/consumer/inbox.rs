@@ -84,17 +84,16 @@ pub trait Handler: Send + Sync + 'static {
     /// Picks a named version (`NAME@VERSION`, a registry candidate
     /// included) for one redriven message, without activating it for live
     /// traffic: [`handle_pinned`](Self::handle_pinned) then runs the
-    /// message on it, and [`pin`](Self::pin) still gives the live version.
-    /// A handler without versions refuses (permanently).
+    /// message on it, and [`pin`](Self::pin) still gives the live version
+    /// (fix-forward). A handler without versions refuses.
     fn pin_version(
         &self,
         label: &str,
     ) -> impl Future<Output = Result<Pinned, HandlerError>> + Send {
-        async move {
-            Err(HandlerError::Permanent(format!(
-                "this handler has no versions, so it cannot run `{label}`; redrive the message without a version"
-            )))
-        }
+        let refused = HandlerError::Permanent(format!(
+            "cannot run `{label}`: this consumer's handler is not a plugin with versions; redrive without `--with`"
+        ));
+        async move { Err(refused) }
     }
 
     /// Handles one message on the version [`pin`](Self::pin) picked.
@@ -215,7 +214,18 @@ pub(super) async fn mark_and_handle<H: Handler>(
     delivery: &Delivery,
     handler: &H,
 ) -> (Option<String>, Result<Processed, HandlerError>) {
-    let pinned = handler.pin();
+    mark_and_handle_pinned(tx, consumer, message_id, delivery, handler, handler.pin()).await
+}
+
+/// [`mark_and_handle`] on a version already picked (a redrive's).
+pub(super) async fn mark_and_handle_pinned<H: Handler>(
+    tx: &mut InboxTx,
+    consumer: &str,
+    message_id: uuid::Uuid,
+    delivery: &Delivery,
+    handler: &H,
+    pinned: Pinned,
+) -> (Option<String>, Result<Processed, HandlerError>) {
     match tx.mark(consumer, message_id, pinned.label.as_deref()).await {
         Ok(false) => return (None, Ok(Processed::Duplicate)),
         Ok(true) => {}

@@ -20,4 +20,4 @@ pub use inbox::{
     Attempt, Handler, HandlerError, InboxTx, PgInboxTx, Pinned, Processed, attempt, process,
 };
 pub use plugin_handler::{DryRun, PluginHandler};
-pub use runner::{Consumer, ConsumerConfig, ConsumerStats};
+pub use runner::{Consumer, ConsumerConfig, ConsumerStats, OnDead};

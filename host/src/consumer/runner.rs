@@ -3,7 +3,9 @@
 //! messages only.
 //!
 //! What happens to a failing message (attempts counted, dead-lettered
-//! after a permanent failure or `max_attempts`) is in `runner/failures.rs`.
+//! after a permanent failure or `max_attempts`) is in `runner/failures.rs`;
+//! per-key parking behind a dead letter, and applying what an operator
+//! released, in `runner/parking.rs`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -20,6 +22,9 @@ use crate::fault::{FaultPoint, Faults, InjectedFault};
 use crate::store::Db;
 
 mod failures;
+mod parking;
+
+pub use outboxd_core::config::OnDead;
 
 /// Called with every message whose effect committed (a duplicate is not
 /// one): what a caller measures around a consumer (the example's and the
@@ -48,6 +53,11 @@ pub struct ConsumerConfig {
     /// its share (`outboxd run` sets it from `database.max_connections`;
     /// see `Config::consumer_parallel_partitions`). Unbounded by default.
     pub max_parallel_partitions: usize,
+    /// What a dead letter does to the later messages of its key.
+    pub on_dead: OnDead,
+    /// How often the runner reads its parked keys and applies what an
+    /// operator released (redriven or discarded dead letters).
+    pub parking_check: Duration,
 }
 
 impl Default for ConsumerConfig {
@@ -61,6 +71,8 @@ impl Default for ConsumerConfig {
             handler_id: "builtin".into(),
             batch_in_transaction: 1,
             max_parallel_partitions: usize::MAX,
+            on_dead: OnDead::default(),
+            parking_check: Duration::from_millis(500),
         }
     }
 }
@@ -72,6 +84,10 @@ pub struct ConsumerStats {
     pub duplicates: AtomicU64,
     pub failed: AtomicU64,
     pub dead_lettered: AtomicU64,
+    /// Messages parked behind a dead letter of their key.
+    pub parked: AtomicU64,
+    /// Dead or parked messages applied after a redrive or discard.
+    pub redriven: AtomicU64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -94,6 +110,7 @@ pub struct Consumer<S, H> {
     attempts: std::sync::Mutex<HashMap<(String, i32, i64), u32>>,
     dlq_topic: Option<DeadLetterTopic>,
     on_handled: Option<OnHandled>,
+    parking: parking::Parking,
 }
 
 impl<S: MessageSource, H: Handler> Consumer<S, H> {
@@ -109,6 +126,7 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
             attempts: std::sync::Mutex::default(),
             dlq_topic: None,
             on_handled: None,
+            parking: parking::Parking::default(),
         }
     }
 
@@ -145,9 +163,10 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
     /// Fetches once and handles what came. Returns how many messages were
     /// handled or dropped as duplicates, and whether any failed.
     pub async fn step(&mut self) -> Result<(usize, bool), ConsumerError> {
+        let (redriven, redrive_failed) = self.check_parking().await?;
         let batch = self.source.fetch(self.config.fetch_max).await?;
         if batch.is_empty() {
-            return Ok((0, false));
+            return Ok((redriven, redrive_failed));
         }
         let mut by_partition: BTreeMap<(String, i32), Vec<Delivery>> = BTreeMap::new();
         for d in batch {
@@ -176,8 +195,8 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
             }
             results
         };
-        let mut done = 0;
-        let mut any_failed = false;
+        let mut done = redriven;
+        let mut any_failed = redrive_failed;
         for (last_ok, count, failed) in results {
             done += count;
             any_failed |= failed;
@@ -200,6 +219,14 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
         let mut last_ok = None;
         let mut count = 0;
         for mut d in msgs {
+            if self.is_parked(&d) {
+                if !self.park(&d).await {
+                    return (last_ok, count, true);
+                }
+                count += 1;
+                last_ok = Some(d);
+                continue;
+            }
             d.attempt = self.failed_attempts(&d);
             let a = attempt(&self.db, &self.config.name, &d, self.handler.as_ref()).await;
             match a.result {
@@ -231,7 +258,20 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
         let mut count = 0;
         let mut start = 0;
         while start < msgs.len() {
-            let end = (start + self.config.batch_in_transaction).min(msgs.len());
+            if self.is_parked(&msgs[start]) {
+                if !self.park(&msgs[start]).await {
+                    return (last_ok, count, true);
+                }
+                count += 1;
+                last_ok = Some(msgs[start].clone());
+                start += 1;
+                continue;
+            }
+            // The chunk stops before the next message of a parked key.
+            let limit = (start + self.config.batch_in_transaction).min(msgs.len());
+            let end = (start + 1..limit)
+                .find(|&i| self.is_parked(&msgs[i]))
+                .unwrap_or(limit);
             let chunk = &msgs[start..end];
             let results = match super::inbox::attempt_batch(
                 &self.db,
@@ -269,7 +309,7 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
         (last_ok, count, false)
     }
 
-    fn count_processed(&self, d: &Delivery, outcome: Processed) {
+    pub(super) fn count_processed(&self, d: &Delivery, outcome: Processed) {
         match outcome {
             Processed::Handled => {
                 self.stats.handled.fetch_add(1, Ordering::Relaxed);

@@ -71,6 +71,7 @@ pub(super) async fn spawn_consumers(
             handler_id: handler.id(),
             batch_in_transaction: c.batch_in_transaction,
             max_attempts: c.max_attempts,
+            on_dead: c.on_dead,
             max_parallel_partitions: config.consumer_parallel_partitions(),
             ..ConsumerConfig::default()
         };

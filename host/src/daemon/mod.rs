@@ -237,6 +237,13 @@ async fn spawn_pipeline(
             broker_check,
             routes: Arc::new(config.routes.clone()),
             plugins: Arc::new(config.plugins.clone()),
+            consumers: Arc::new(
+                config
+                    .consumers
+                    .iter()
+                    .map(|c| (c.name.clone(), c.plugin_name().map(str::to_string)))
+                    .collect(),
+            ),
         };
         let (addr, serve) =
             crate::admin::bind(&config.admin.listen, state, shutdown.clone()).await?;

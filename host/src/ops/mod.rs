@@ -2,6 +2,7 @@
 //! redrive, discard; fix-forward through a chosen plugin version) and
 //! reconciliation against business tables.
 
+pub mod consumer_dead;
 pub mod dead;
 pub mod fix_forward;
 pub mod reconcile;

@@ -7,7 +7,6 @@
 
 use chrono::{DateTime, Utc};
 use outboxd_core::event::{EventId, OutboxEvent, parse_headers};
-use outboxd_core::message::Delivery;
 use serde::Serialize;
 use sqlx::Row;
 
@@ -222,60 +221,4 @@ pub async fn discard_dead_event(
     Ok(n > 0)
 }
 
-/// The stored form of a dead letter's headers: a JSON array of `[name,
-/// value]`, the value as text when it is UTF-8 and as `{"hex": …}` when not.
-fn headers_json(headers: &[(String, Vec<u8>)]) -> String {
-    let list: Vec<serde_json::Value> = headers
-        .iter()
-        .map(|(k, v)| match std::str::from_utf8(v) {
-            Ok(text) => serde_json::json!([k, text]),
-            Err(_) => serde_json::json!([k, { "hex": hex::encode(v) }]),
-        })
-        .collect();
-    serde_json::Value::Array(list).to_string()
-}
-
-/// Records `d` as dead for `consumer`, with why (cut to 2000 characters),
-/// the handler that gave up and how often it tried.
-pub async fn record(
-    db: &Db,
-    consumer: &str,
-    d: &Delivery,
-    error: &str,
-    handler: &str,
-    attempts: u32,
-) -> Result<(), sqlx::Error> {
-    let message_id = d.message_id().ok();
-    let headers = headers_json(&d.headers);
-    let error = super::truncate(error, 2000);
-    let sql = "INSERT INTO consumer_dead_letters
-        (consumer, message_id, topic, partition, \"offset\", message_key, payload, headers, error, handler, attempts)
-        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
-    // Both databases take the id as text and the attempts as a bigint;
-    // Postgres casts them to its column types (SQLite's CAST to `uuid`
-    // would make a number of the text, so the casts are Postgres's only).
-    let sql = match db {
-        Db::Postgres(_) => sql
-            .replace("$2,", "CAST($2 AS uuid),")
-            .replace("$8,", "$8::jsonb,")
-            .replace("$11)", "CAST($11 AS integer))"),
-        Db::Sqlite(_) => sql.to_string(),
-    };
-    on_pool!(db, |p| {
-        sqlx::query(&sql)
-            .bind(consumer)
-            .bind(message_id.map(|u| u.to_string()))
-            .bind(&d.topic)
-            .bind(d.partition)
-            .bind(d.offset)
-            .bind(&d.key)
-            .bind(&d.payload)
-            .bind(&headers)
-            .bind(&error)
-            .bind(handler)
-            .bind(attempts as i64)
-            .execute(p)
-            .await?;
-    });
-    Ok(())
-}
+pub use super::consumer_dead::{ConsumerDeadSummary, consumer_dead_summary, record};

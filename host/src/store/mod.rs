@@ -6,6 +6,7 @@
 //! broker acknowledged.
 
 pub mod any;
+pub mod consumer_dead;
 mod db;
 pub mod dead_letters;
 mod enqueue;

@@ -57,6 +57,33 @@ pub struct ConsumerSection {
     /// consumer is a member of the group named after it.
     #[serde(default)]
     pub kafka_partitions: Option<Vec<i32>>,
+    /// What a dead letter does to the later messages of its key.
+    #[serde(default)]
+    pub on_dead: OnDead,
+}
+
+/// What happens to the later messages of a key after one of its messages
+/// is dead-lettered by a consumer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnDead {
+    /// The key is parked: its later messages are recorded as parked, in
+    /// order, and wait until the dead letter is redriven or discarded;
+    /// other keys keep flowing.
+    #[default]
+    ParkKey,
+    /// The key moves on: later messages are handled as if the dead one had
+    /// not been (per-key order is given up for that message).
+    Skip,
+}
+
+impl OnDead {
+    pub fn name(self) -> &'static str {
+        match self {
+            OnDead::ParkKey => "park_key",
+            OnDead::Skip => "skip",
+        }
+    }
 }
 
 impl ConsumerSection {
@@ -75,6 +102,7 @@ impl ConsumerSection {
             max_rows: default_max_rows(),
             max_result_bytes: default_max_result_bytes(),
             kafka_partitions: None,
+            on_dead: OnDead::default(),
         }
     }
 

@@ -15,7 +15,7 @@ mod plugins;
 mod pool;
 mod validate;
 
-pub use consumer::{ConsumerSection, HandlerRef, TableGrants, TxnPolicy};
+pub use consumer::{ConsumerSection, HandlerRef, OnDead, TableGrants, TxnPolicy};
 pub use env::is_secret;
 use env::{apply_env, syntax_message};
 pub use ops::{ReconcileRule, RetentionConfig};

@@ -6,7 +6,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::Consumer;
+use super::{Consumer, parking};
 use crate::broker::{Delivery, MessageSource};
 use crate::consumer::dead_letter;
 use crate::consumer::inbox::{Handler, HandlerError};
@@ -63,13 +63,27 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
             tracing::error!(error = %e, topic = %d.topic, "cannot publish to the dead-letter topic; will retry");
             return false;
         }
-        if let Err(e) =
-            dead_letter::record(&self.db, &self.config.name, d, &reason, handler, attempts).await
+        let holds_key = self.parks_keys() && parking::key_of(d).is_some();
+        if let Err(e) = dead_letter::record(
+            &self.db,
+            &self.config.name,
+            d,
+            &reason,
+            handler,
+            attempts,
+            holds_key,
+        )
+        .await
         {
             tracing::error!(error = %e, topic = %d.topic, "cannot write the dead-letter record; will retry");
             return false;
         }
-        tracing::error!(topic = %d.topic, partition = d.partition, offset = d.offset, attempts, error = %reason, "message dead-lettered; the partition moves on");
+        if holds_key {
+            self.hold_key(d);
+            tracing::error!(consumer = %self.config.name, topic = %d.topic, partition = d.partition, offset = d.offset, attempts, error = %reason, "message dead-lettered; its key is parked until the dead letter is redriven or discarded (`outboxd dead list --consumer {}`), other keys move on", self.config.name);
+        } else {
+            tracing::error!(consumer = %self.config.name, topic = %d.topic, partition = d.partition, offset = d.offset, attempts, error = %reason, "message dead-lettered; the partition moves on");
+        }
         self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
         if let Some(m) = &self.metrics {
             m.dead_lettered.fetch_add(1, Ordering::Relaxed);
