@@ -341,3 +341,192 @@ async fn a_consumer_dry_run_reports_the_outcome_and_statements_and_commits_nothi
     assert_eq!(t.count("SELECT count(*) FROM invoices").await, 1);
 }
 on_both!(a_consumer_dry_run_reports_the_outcome_and_statements_and_commits_nothing);
+
+async fn a_consumer_dead_letter_dry_runs_on_a_candidate_and_on_the_active_version(t: TestDb) {
+    billing::create_schema(&t.db).await.expect("billing schema");
+    let reg = Registry::new(t.db.clone());
+    let v1 = deploy(&reg, "c", wasm("billing")).await;
+    let v2 = deploy(&reg, "c", wasm("invoicing")).await;
+    reg.activate("c", v1, "test").await.expect("activate v1");
+    // A dead letter as the consumer writes it: billing (v1) refused it.
+    let d = delivery("o-9");
+    outboxd::store::consumer_dead::record(&t.db, "billing", &d, "refused", "plugin c@1", 1, true)
+        .await
+        .expect("record a dead letter");
+    let letters = outboxd::ops::consumer_dead::list(&t.db, "billing", None, 10)
+        .await
+        .expect("list");
+    let letter = outboxd::ops::consumer_dead::show(&t.db, "billing", letters[0].id)
+        .await
+        .expect("show");
+    let mut consumer =
+        outboxd::config::ConsumerSection::new("billing", vec!["orders".into()], "plugin:c");
+    consumer.tables = crate::support::plugin_tables();
+    let plugins = vec![registry_spec("c")];
+    let before = t
+        .count("SELECT count(*) FROM consumer_dead_letters WHERE resolved_at IS NULL")
+        .await;
+
+    let runs = outboxd::ops::fix_forward::consumer_dry_run(
+        &t.db,
+        engine().clone(),
+        &consumer,
+        &plugins,
+        std::slice::from_ref(&letter),
+        Some(&format!("c@{v2}")),
+    )
+    .await
+    .expect("dry run on the candidate");
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].id, letter.id);
+    assert_eq!(runs[0].run.handled_by, Some(format!("c@{v2}")));
+    assert!(
+        matches!(runs[0].run.outcome, Ok(Processed::Handled)),
+        "{:?}",
+        runs[0].run.outcome
+    );
+    let kinds: Vec<StatementKind> = runs[0].run.statements.iter().map(|s| s.kind).collect();
+    assert_eq!(kinds, vec![StatementKind::Query, StatementKind::Emit]);
+
+    let runs = outboxd::ops::fix_forward::consumer_dry_run(
+        &t.db,
+        engine().clone(),
+        &consumer,
+        &plugins,
+        std::slice::from_ref(&letter),
+        None,
+    )
+    .await
+    .expect("dry run on the active version");
+    assert_eq!(runs[0].run.handled_by, Some(format!("c@{v1}")));
+    assert!(
+        matches!(runs[0].run.outcome, Ok(Processed::Handled)),
+        "{:?}",
+        runs[0].run.outcome
+    );
+    assert_eq!(
+        runs[0].run.statements.len(),
+        1,
+        "billing writes one invoice"
+    );
+
+    let e = outboxd::ops::fix_forward::consumer_dry_run(
+        &t.db,
+        engine().clone(),
+        &consumer,
+        &plugins,
+        std::slice::from_ref(&letter),
+        Some("c@77"),
+    )
+    .await
+    .expect_err("no such version");
+    assert!(e.to_string().contains("no version 77"), "{e}");
+
+    for sql in [
+        "SELECT count(*) FROM invoices",
+        "SELECT count(*) FROM outbox",
+        "SELECT count(*) FROM inbox",
+    ] {
+        assert_eq!(t.count(sql).await, 0, "{sql}: nothing committed");
+    }
+    assert_eq!(
+        t.count("SELECT count(*) FROM consumer_dead_letters WHERE resolved_at IS NULL")
+            .await,
+        before,
+        "the dead letter is untouched"
+    );
+}
+on_both!(a_consumer_dead_letter_dry_runs_on_a_candidate_and_on_the_active_version);
+
+async fn the_command_line_dry_runs_a_consumer_redrive_and_changes_nothing(t: TestDb) {
+    billing::create_schema(&t.db).await.expect("billing schema");
+    let reg = Registry::new(t.db.clone());
+    let v1 = deploy(&reg, "c", wasm("billing")).await;
+    let v2 = deploy(&reg, "c", wasm("invoicing")).await;
+    reg.activate("c", v1, "test").await.expect("activate v1");
+    let mut consumer =
+        outboxd::config::ConsumerSection::new("billing", vec!["orders".into()], "plugin:c");
+    consumer.tables = outboxd::config::TableGrants {
+        read: vec![],
+        write: vec!["invoices".into()],
+    };
+    let role = t.provision_plugin_role(&mut consumer).await;
+    let d = delivery("o-5");
+    outboxd::store::consumer_dead::record(&t.db, "billing", &d, "refused", "plugin c@1", 1, true)
+        .await
+        .expect("record a dead letter");
+    let id = outboxd::ops::consumer_dead::list(&t.db, "billing", None, 10)
+        .await
+        .expect("list")[0]
+        .id
+        .to_string();
+    let dir = tempfile::tempdir().expect("dir");
+    let config = dir.path().join("outboxd.toml");
+    let role_line = role
+        .map(|r| format!("db_role = \"{r}\"\n"))
+        .unwrap_or_default();
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[[plugins]]
+name = "c"
+source = "registry"
+
+[[consumers]]
+name = "billing"
+topics = ["orders"]
+handler = "plugin:c"
+{role_line}
+[consumers.tables]
+write = ["invoices"]
+"#
+        ),
+    )
+    .expect("config");
+    let out = crate::process::outboxd(&t)
+        .arg("--config")
+        .arg(&config)
+        .args([
+            "dead",
+            "redrive",
+            "--consumer",
+            "billing",
+            "--id",
+            &id,
+            "--with",
+            &format!("c@{v2}"),
+            "--dry-run",
+        ])
+        .output()
+        .await
+        .expect("run outboxd");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains(&format!("dead letter {id}  orders/0@0  through c@{v2}"))
+            && text.contains("would apply it")
+            && text.contains("query   INSERT INTO invoices")
+            && text.contains("emit    invoice.issued  -> ok: event written to the outbox")
+            && text.contains("nothing was applied or changed"),
+        "{text}"
+    );
+    for sql in [
+        "SELECT count(*) FROM invoices",
+        "SELECT count(*) FROM outbox",
+        "SELECT count(*) FROM inbox",
+    ] {
+        assert_eq!(t.count(sql).await, 0, "{sql}: nothing committed");
+    }
+    assert_eq!(
+        t.count("SELECT count(*) FROM consumer_dead_letters WHERE state = 'dead' AND resolved_at IS NULL")
+            .await,
+        1,
+        "the dead letter was not released"
+    );
+}
+on_both!(the_command_line_dry_runs_a_consumer_redrive_and_changes_nothing);

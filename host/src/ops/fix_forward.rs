@@ -1,7 +1,8 @@
 //! Fix-forward: redriving dead events through a chosen registry version of
 //! one of their route's transformers (a candidate included), without
 //! activating it for live traffic, and a dry run that shows what that
-//! version would publish.
+//! version would publish; and a consumer's dry run, which runs its dead
+//! letters on a version in transactions that are rolled back.
 //!
 //! The choice is stored on each row (`outbox.redrive_with`, migration
 //! 0013); the relay that claims the row runs the route's chain with that
@@ -9,17 +10,23 @@
 //! redrive checks first that the version can run there, so an operator's
 //! typo is an error now, not a second death later.
 
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
-use outboxd_core::config::{PluginSource, PluginSpec};
+use outboxd_core::config::{ConsumerSection, PluginSource, PluginSpec};
 use outboxd_core::route::{Route, Router};
 
 use super::dead::DeadFilter;
 use super::like_pattern;
 use crate::broker::OutgoingMessage;
+use crate::consumer::PluginHandler;
+use crate::consumer::inbox::Handler;
+use crate::consumer::plugin_handler::DryRun;
 use crate::plugin::registry::{Registry, RegistryError};
 use crate::plugin::versions::{BadLabel, VersionLabel};
-use crate::plugin::{PluginEngine, Rollout};
+use crate::plugin::{ConsumerPlugin, PluginEngine, Rollout};
 use crate::store::Db;
+use crate::store::consumer_dead::ConsumerDeadLetter;
 use crate::store::dead_letters::{self, DeadSelection};
 
 /// What a redrive through a version needs of the config: the routes (which
@@ -265,6 +272,87 @@ pub async fn dry_run(
             chain: route.active.label(),
             outcome,
         });
+    }
+    Ok(out)
+}
+
+/// What one consumer dead letter would do, redriven.
+#[derive(Debug)]
+pub struct ConsumerDryRun {
+    /// The dead letter's id.
+    pub id: i64,
+    pub run: DryRun,
+}
+
+/// Runs `consumer`'s dead `letters` (read in full, with their payloads)
+/// through its plugin as a redrive would apply them, each in a transaction
+/// that is rolled back: on `with`'s version (`NAME@VERSION`, a registry
+/// candidate included) when given, else on the active one. Returns each
+/// one's outcome and the plugin's statements; commits nothing.
+pub async fn consumer_dry_run(
+    db: &Db,
+    engine: PluginEngine,
+    consumer: &ConsumerSection,
+    plugins: &[PluginSpec],
+    letters: &[ConsumerDeadLetter],
+    with: Option<&str>,
+) -> Result<Vec<ConsumerDryRun>, FixForwardError> {
+    let not_runnable = |reason: String| FixForwardError::NotRunnable {
+        label: with.unwrap_or("the active version").to_string(),
+        reason,
+    };
+    let Some(name) = consumer.plugin_name() else {
+        return Err(not_runnable(format!(
+            "consumer `{}` runs a native handler, which may act outside its transaction, so it is not dry-run",
+            consumer.name
+        )));
+    };
+    let spec = plugins
+        .iter()
+        .find(|p| p.name == name)
+        .ok_or_else(|| not_runnable(format!("no [[plugins]] entry is named `{name}`")))?;
+    let policy = consumer.txn_policy();
+    let handler = if spec.source == PluginSource::Registry {
+        let rollout = Rollout::new(
+            engine,
+            Registry::new(db.clone()),
+            plugins.to_vec(),
+            Vec::new(),
+        )
+        .map_err(FixForwardError::Plugin)?
+        .with_consumers([name.to_string()]);
+        if with.is_none() {
+            rollout.refresh().await?;
+        }
+        let slot = rollout
+            .consumer(name)
+            .ok_or_else(|| not_runnable(format!("plugin `{name}` has no slot")))?;
+        PluginHandler::swappable(slot, policy)
+    } else {
+        let plugin = ConsumerPlugin::load(&engine, spec)
+            .map_err(|e| FixForwardError::Plugin(e.to_string()))?;
+        PluginHandler::new(Arc::new(plugin), policy)
+    }
+    .with_db(db);
+    let pinned = match with {
+        Some(label) => handler
+            .pin_version(label)
+            .await
+            .map_err(|e| not_runnable(e.to_string()))?,
+        None => handler.pin(),
+    };
+    let mut out = Vec::with_capacity(letters.len());
+    for letter in letters {
+        let Some(delivery) = letter.delivery() else {
+            return Err(not_runnable(format!(
+                "dead letter {} was read without its payload",
+                letter.id
+            )));
+        };
+        let run = handler
+            .dry_run(db, &consumer.name, &pinned, &delivery)
+            .await;
+        out.push(ConsumerDryRun { id: letter.id, run });
     }
     Ok(out)
 }
