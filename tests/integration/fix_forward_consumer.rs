@@ -68,11 +68,12 @@ async fn apply_pinned<H: Handler>(
     tx.commit().await.expect("commit");
 }
 
-/// `issued_at = 0` marks an invoice of v2 (`invoicing`).
+/// Each invoice's order and the component that wrote it: `invoicing`
+/// writes `issued_at = 0`, `billing` the time.
 async fn invoices(t: &TestDb) -> Vec<(String, Option<String>)> {
     pairs(
         &t.db,
-        "SELECT order_id, CASE WHEN issued_at = 0 THEN 'v2' ELSE 'v1' END FROM invoices ORDER BY order_id",
+        "SELECT order_id, CASE WHEN issued_at = 0 THEN 'invoicing' ELSE 'billing' END FROM invoices ORDER BY order_id",
     )
     .await
 }
@@ -108,8 +109,8 @@ async fn pin_version_runs_a_candidate_for_one_message_while_pin_keeps_the_live_v
     assert_eq!(
         invoices(&t).await,
         vec![
-            ("o-live".to_string(), Some("v1".to_string())),
-            ("o-redriven".to_string(), Some("v2".to_string())),
+            ("o-live".to_string(), Some("billing".to_string())),
+            ("o-redriven".to_string(), Some("invoicing".to_string())),
         ]
     );
     assert_eq!(
@@ -530,3 +531,144 @@ write = ["invoices"]
     );
 }
 on_both!(the_command_line_dry_runs_a_consumer_redrive_and_changes_nothing);
+
+/// A message dead on v1, released through v2 (a candidate) by an operator,
+/// is applied by the running consumer on v2 (its key's parked successor
+/// following on v1), while live traffic stays on v1: the redrive applier
+/// calling `pin_version`.
+async fn a_consumer_message_dead_on_v1_is_applied_by_a_v2_candidate_while_live_traffic_stays_on_v1(
+    t: TestDb,
+) {
+    use outboxd::broker::embedded::{EmbeddedConsumer, EmbeddedConsumerConfig, EmbeddedPublisher};
+    use outboxd::broker::{OutgoingMessage, Publisher};
+    use outboxd::consumer::{Consumer, ConsumerConfig};
+    billing::create_schema(&t.db).await.expect("billing schema");
+    let reg = Registry::new(t.db.clone());
+    // invoicing (v1) cannot read a CloudEvents envelope; billing (v2) can.
+    let v1 = deploy(&reg, "c", wasm("invoicing")).await;
+    let v2 = deploy(&reg, "c", wasm("billing")).await;
+    reg.activate("c", v1, "test").await.expect("activate v1");
+    let (host, handler) = consumer_host(&t).await;
+    let publisher = EmbeddedPublisher::new(t.db.clone(), 1);
+    let send = |key: &str, payload: serde_json::Value| {
+        let id = uuid::Uuid::new_v4();
+        let msg = OutgoingMessage {
+            topic: "orders".into(),
+            key: key.as_bytes().to_vec(),
+            payload: payload.to_string().into_bytes(),
+            headers: vec![(
+                outboxd::broker::headers::MESSAGE_ID.into(),
+                id.to_string().into_bytes(),
+            )],
+            message_id: id,
+            created_at: chrono::Utc::now(),
+        };
+        let publisher = &publisher;
+        async move {
+            publisher.publish(msg).await.expect("publish");
+            id
+        }
+    };
+    let order = |o: &str| json!({"order_id": o, "customer_id": "c1", "total_cents": 5});
+    let poison = send(
+        "k",
+        json!({"specversion": "1.0", "data": order("o-envelope")}),
+    )
+    .await;
+    let parked = send("k", order("o-after")).await;
+    let mut consumer = Consumer::new(
+        t.db.clone(),
+        EmbeddedConsumer::new(
+            t.db.clone(),
+            EmbeddedConsumerConfig {
+                group: "billing".into(),
+                topics: vec!["orders".into()],
+                partitions: 1,
+                lease: std::time::Duration::from_secs(30),
+            },
+        ),
+        Arc::new(handler),
+        ConsumerConfig {
+            name: "billing".into(),
+            max_attempts: 1,
+            parking_check: std::time::Duration::ZERO,
+            ..ConsumerConfig::default()
+        },
+    );
+    for _ in 0..3 {
+        consumer.step().await.expect("step");
+    }
+    assert_eq!(
+        t.count("SELECT count(*) FROM consumer_dead_letters WHERE state = 'dead'")
+            .await,
+        1,
+        "the envelope died on v1"
+    );
+    assert_eq!(
+        t.count("SELECT count(*) FROM invoices").await,
+        0,
+        "its successor is parked"
+    );
+    let dead = outboxd::ops::consumer_dead::list(&t.db, "billing", None, 10)
+        .await
+        .expect("list")
+        .into_iter()
+        .find(|r| r.state == "dead")
+        .expect("a dead letter");
+    outboxd::ops::consumer_dead::check_with(&t.db, Some("c"), &format!("c@{v2}"))
+        .await
+        .expect("c@2 is a version of the consumer's plugin");
+    let n = outboxd::ops::consumer_dead::redrive(
+        &t.db,
+        "billing",
+        &outboxd::ops::consumer_dead::Target::Id(dead.id),
+        Some(&format!("c@{v2}")),
+        &outboxd::fault::Faults::none(),
+    )
+    .await
+    .expect("release through v2");
+    assert_eq!(n, 1);
+    let live = send("other", order("o-live")).await;
+    let started = std::time::Instant::now();
+    while t.count("SELECT count(*) FROM invoices").await < 3 {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "not applied: {:?}",
+            invoices(&t).await
+        );
+        consumer.step().await.expect("step");
+    }
+    let id = |u: uuid::Uuid| u.to_string();
+    let by = pairs(
+        &t.db,
+        "SELECT CAST(message_id AS TEXT), handled_by FROM inbox",
+    )
+    .await
+    .into_iter()
+    .collect::<std::collections::BTreeMap<_, _>>();
+    assert_eq!(
+        by[&id(poison)],
+        Some(format!("c@{v2}")),
+        "the redriven message ran on v2"
+    );
+    assert_eq!(
+        by[&id(parked)],
+        Some(format!("c@{v1}")),
+        "its parked successor on v1"
+    );
+    assert_eq!(by[&id(live)], Some(format!("c@{v1}")), "live traffic on v1");
+    assert_eq!(
+        invoices(&t).await,
+        vec![
+            ("o-after".to_string(), Some("invoicing".to_string())),
+            ("o-envelope".to_string(), Some("billing".to_string())),
+            ("o-live".to_string(), Some("invoicing".to_string())),
+        ]
+    );
+    assert_eq!(
+        host.consumer("c").expect("slot").label(),
+        Some(format!("c@{v1}"))
+    );
+    assert_eq!(reg.get("c", v2).await.expect("v2").state, "candidate");
+}
+on_both!(a_consumer_message_dead_on_v1_is_applied_by_a_v2_candidate_while_live_traffic_stays_on_v1);
