@@ -27,6 +27,8 @@ mod crate_layout;
 mod dead_letters;
 mod dev_dir;
 mod embedded;
+mod fix_forward;
+mod fix_forward_consumer;
 mod full_postgres_disk;
 mod host_schema;
 mod hostile;

@@ -235,6 +235,8 @@ async fn spawn_pipeline(
             metrics: metrics.clone(),
             history: history.clone(),
             broker_check,
+            routes: Arc::new(config.routes.clone()),
+            plugins: Arc::new(config.plugins.clone()),
             consumers: Arc::new(
                 config
                     .consumers
