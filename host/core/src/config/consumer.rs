@@ -58,9 +58,10 @@ pub struct ConsumerSection {
     #[serde(default)]
     pub kafka_partitions: Option<Vec<i32>>,
     /// Kafka group members: when the group has partitions with lag and no
-    /// progress for this long (at least the group's `session.timeout.ms`),
-    /// the member leaves and joins again with a new client, and logs why.
-    /// `"0s"` turns the watch off.
+    /// progress for this long on top of the group's `session.timeout.ms`
+    /// (the time a dead member's partitions normally wait), the member
+    /// leaves and joins again with a new client, and logs why. `"0s"` turns
+    /// the watch off.
     #[serde(
         default = "default_kafka_stall_timeout",
         deserialize_with = "super::duration::keys::kafka_stall_timeout"

@@ -59,8 +59,8 @@ pub struct KafkaConsumerConfig {
     /// offsets in the database (`None`: be a member of the group `group`).
     pub partitions: Option<Vec<i32>>,
     /// A group member whose group has partitions with lag and no progress
-    /// for this long (at least the group's `session.timeout.ms`) joins
-    /// again with a new client. `None`: never.
+    /// for this long on top of the group's `session.timeout.ms` joins again
+    /// with a new client. `None`: never.
     pub stall_timeout: Option<Duration>,
 }
 
@@ -104,7 +104,10 @@ impl Watch {
             .get("session.timeout.ms")
             .and_then(|v| v.trim().parse::<u64>().ok())
             .map_or(DEFAULT_SESSION_TIMEOUT, Duration::from_millis);
-        let stall_after = stall_timeout.max(session);
+        // A dead member's partitions wait `session.timeout.ms` for the
+        // coordinator to notice, and then a rebalance: the watch counts
+        // from there.
+        let stall_after = stall_timeout + session;
         let from_start = props.get("auto.offset.reset").is_none_or(|v| {
             matches!(
                 v.trim().to_ascii_lowercase().as_str(),

@@ -10,9 +10,11 @@
 //! never counted: its handler is working on them (or failing, which is the
 //! handler's story, told by the failure metrics and dead letters).
 //!
-//! The stall time is the larger of `consumers[].kafka_stall_timeout` and the
-//! group's `session.timeout.ms`: after a member dies, its partitions
-//! legitimately wait that long for the coordinator to move them.
+//! The stall time is `consumers[].kafka_stall_timeout` on top of the group's
+//! `session.timeout.ms`: after a member dies, its partitions legitimately
+//! wait that long for the coordinator to notice, and then for a rebalance
+//! (librdkafka's mock cluster took up to 12 s with 6 s sessions; counting
+//! from the session timeout alone made members rejoin in the middle of it).
 //!
 //! Why: tansu 0.6.0's coordinator, when a member misses its heartbeats,
 //! drops it and puts the group back into "forming" without a leader and
