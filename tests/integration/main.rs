@@ -43,6 +43,7 @@ mod kafka_assigned;
 mod kafka_auth;
 mod kafka_consumers;
 mod kafka_failures;
+mod kafka_liveness;
 mod kafka_relay;
 mod ops;
 mod ordering;

@@ -6,7 +6,8 @@
 //! delivery timeout replaces the producer, because librdkafka cannot recover
 //! by itself from a broker that lost its producer state.
 //!
-//! The consumer is in [`consumer`].
+//! The consumer is in [`consumer`]; a group member's watch over its
+//! group's progress, and why it rejoins, in [`liveness`].
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
@@ -21,7 +22,8 @@ use rdkafka::types::RDKafkaErrorCode;
 mod broker_error;
 mod client;
 mod consumer;
-pub use consumer::{KafkaConsumer, KafkaConsumerConfig};
+mod liveness;
+pub use consumer::{DEFAULT_STALL_TIMEOUT, KafkaConsumer, KafkaConsumerConfig};
 
 use super::{OutgoingMessage, PublishError, Publisher};
 use broker_error::BrokerErrors;
