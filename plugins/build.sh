@@ -24,6 +24,11 @@ done
 # in a target dir of its own so the two builds never overwrite each other.
 CARGO_TARGET_DIR="$PWD/target/v2" cargo build --release --target wasm32-wasip2 -p ledger --features v2
 cp "$PWD/target/v2/wasm32-wasip2/release/ledger.wasm" "$dist/ledger-v2.wasm"
+# The fix-forward tests' transformer: v1 dead-letters an amount written as
+# text, v2 (the fix) reads it.
+cp "$CARGO_TARGET_DIR/wasm32-wasip2/release/amount_cents.wasm" "$dist/amount-cents.wasm"
+CARGO_TARGET_DIR="$PWD/target/v2" cargo build --release --target wasm32-wasip2 -p amount-cents --features v2
+cp "$PWD/target/v2/wasm32-wasip2/release/amount_cents.wasm" "$dist/amount-cents-v2.wasm"
 
 if [[ "${PLUGINS_SKIP_PYTHON:-0}" != 1 ]]; then
   if ! command -v componentize-py >/dev/null; then

@@ -176,6 +176,7 @@ async fn run_baseline<P: Publisher>(
                 headers: Default::default(),
                 created_at: ev.get(4),
                 attempts: 0,
+                redrive_with: None,
             };
             if sink.publish(router.message_for(&event)).await.is_ok() {
                 sqlx::query("UPDATE outbox SET published_at = now() WHERE seq = $1")

@@ -79,6 +79,7 @@ fuzz_target!(|input: Input| {
         headers,
         created_at,
         attempts: 0,
+        redrive_with: None,
     };
     let router = Router::new(vec![Route::new("order.*", "orders")]);
 

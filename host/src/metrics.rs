@@ -150,6 +150,12 @@ pub struct ConsumerMetrics {
     pub failed: AtomicU64,
     pub dead_lettered: AtomicU64,
     pub lag: Histogram,
+    /// Kafka group members: rejoins because the group stopped making
+    /// progress, by reason (`broker::kafka` liveness).
+    pub recoveries: LabelledCounter,
+    /// Kafka group members: partitions with lag and no progress for the
+    /// stall time, at the last look.
+    pub stalled_partitions: AtomicU64,
     /// Per-key parking (`on_dead = "park_key"`): see [`ParkingMetrics`].
     pub parking: ParkingMetrics,
 }
@@ -434,6 +440,7 @@ impl Metrics {
             );
         }
         ParkingMetrics::render(&mut out, &consumers);
+        render_liveness(&mut out, &consumers);
         render_plugins(&mut out, &self.plugins());
         let _ = writeln!(
             out,
@@ -465,6 +472,33 @@ impl Metrics {
             );
         }
         out
+    }
+}
+
+fn render_liveness(out: &mut String, consumers: &[(String, std::sync::Arc<ConsumerMetrics>)]) {
+    let name = "outboxd_consumer_recoveries_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Kafka group rejoins (a new client) because the group had lag and made no progress, by reason.\n# TYPE {name} counter"
+    );
+    for (c, m) in consumers {
+        for (reason, n) in m.recoveries.snapshot() {
+            let _ = writeln!(
+                out,
+                "{name}{{consumer=\"{}\",reason=\"{}\"}} {n}",
+                escape(c),
+                escape(&reason)
+            );
+        }
+    }
+    let name = "outboxd_consumer_stalled_partitions";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Partitions with lag and no progress for the stall time, as the Kafka group member last saw them.\n# TYPE {name} gauge"
+    );
+    for (c, m) in consumers {
+        let v = m.stalled_partitions.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}{{consumer=\"{}\"}} {v}", escape(c));
     }
 }
 

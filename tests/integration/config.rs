@@ -255,6 +255,42 @@ fn kafka_partitions_are_checked() {
     }
 }
 
+/// `consumers[].kafka_stall_timeout`: 30 s unless set, a duration, and
+/// `"0s"` turns the group member's watch off.
+#[test]
+fn kafka_stall_timeout_is_a_duration_with_a_default() {
+    let kafka =
+        "[transport]\nkind = \"kafka\"\n[transport.kafka]\n\"bootstrap.servers\" = \"b:9092\"\n";
+    let consumer = |extra: &str| {
+        format!(
+            "{kafka}[[consumers]]\nname = \"c\"\ntopics = [\"t\"]\nhandler = \"builtin:billing\"\n{extra}"
+        )
+    };
+    let stall = |extra: &str| {
+        Config::from_toml("t.toml", &consumer(extra), env(&[]))
+            .expect(extra)
+            .consumers[0]
+            .kafka_stall_timeout
+    };
+    assert_eq!(stall(""), Duration::from_secs(30));
+    assert_eq!(
+        stall("kafka_stall_timeout = \"2m\"\n"),
+        Duration::from_secs(120)
+    );
+    assert_eq!(stall("kafka_stall_timeout = \"0s\"\n"), Duration::ZERO);
+    let err = Config::from_toml(
+        "t.toml",
+        &consumer("kafka_stall_timeout = \"soon\"\n"),
+        env(&[]),
+    )
+    .expect_err("not a duration")
+    .to_string();
+    assert!(
+        err.contains("kafka_stall_timeout") && err.contains("`soon` is not a duration"),
+        "{err}"
+    );
+}
+
 /// A SQLite relay renews its lease every third of it while a batch is in
 /// flight; a lease too short to renew is refused, and only on SQLite.
 #[test]

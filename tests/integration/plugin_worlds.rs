@@ -50,6 +50,8 @@ fn no_transformer_in_dist_imports_transaction() {
         "hostile-huge-output",
         "hostile-escape",
         "hostile-misbehave",
+        "amount-cents",
+        "amount-cents-v2",
         "python-tag",
         "js-tag",
     ] {

@@ -43,6 +43,7 @@ impl MemStore {
                 headers: Default::default(),
                 created_at: now,
                 attempts: 0,
+                redrive_with: None,
             },
             published: false,
             dead: false,

@@ -415,6 +415,7 @@ async fn republish_some(db: &Db, config: &Config, count: usize) -> anyhow::Resul
             headers: Default::default(),
             created_at: from_micros(r.get(5)),
             attempts: 0,
+            redrive_with: None,
         };
         messages.push(relay.message_for(&ev));
     }

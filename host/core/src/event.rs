@@ -101,6 +101,10 @@ pub struct OutboxEvent {
     pub created_at: DateTime<Utc>,
     /// Failed attempts so far.
     pub attempts: i32,
+    /// `NAME@VERSION` when an operator redrove this event through that
+    /// registry version of one of its route's plugins (fix-forward);
+    /// `None` runs the active versions.
+    pub redrive_with: Option<String>,
 }
 
 /// Parses the stored header object. Values that are not strings (only

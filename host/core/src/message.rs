@@ -234,6 +234,7 @@ mod tests {
             headers: Default::default(),
             created_at: chrono::Utc::now(),
             attempts: 0,
+            redrive_with: None,
         };
         let out = |index, count| {
             let m = GuestMessage {
@@ -267,6 +268,7 @@ mod tests {
             .into(),
             created_at: chrono::Utc::now(),
             attempts: 0,
+            redrive_with: None,
         };
         let msg = message_for_event(&Router::new(Vec::new()), &ev);
         let ids: Vec<&[u8]> = msg

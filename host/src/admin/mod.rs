@@ -42,6 +42,10 @@ pub struct AdminState {
     pub broker_check: Option<BrokerCheck>,
     /// The Kafka consumer groups' lag, on Kafka.
     pub consumer_lag: Option<ConsumerLag>,
+    /// The config's routes and plugins: a redrive through a chosen version
+    /// is checked against them.
+    pub routes: Arc<Vec<outboxd_core::route::Route>>,
+    pub plugins: Arc<Vec<outboxd_core::config::PluginSpec>>,
     /// The configured consumers, each with its plugin's name when its
     /// handler is a plugin (for a fix-forward redrive's check).
     pub consumers: Arc<std::collections::BTreeMap<String, Option<String>>>,

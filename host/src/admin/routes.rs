@@ -14,6 +14,7 @@ use serde_json::json;
 use super::AdminState;
 use super::auth::require_token;
 use crate::ops::dead::{self, DeadFilter, DiscardError};
+use crate::ops::fix_forward::{self, FixForwardError};
 use crate::store::{AnyStore, Db, OutboxStore};
 
 const DASHBOARD: &str = include_str!("dashboard.html");
@@ -146,23 +147,68 @@ async fn show_dead(State(s): State<AdminState>, Path(seq): Path<i64>) -> Respons
     }
 }
 
-async fn redrive_one(State(s): State<AdminState>, Path(seq): Path<i64>) -> Response {
+/// The optional body of a redrive: `{"with": "NAME@VERSION"}` runs the
+/// events through that registry version (fix-forward).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RedriveBody {
+    with: Option<String>,
+}
+
+/// Redrives `filter`'s dead events, through `body.with` when given.
+async fn redrive(
+    s: &AdminState,
+    filter: &DeadFilter,
+    body: Option<Json<RedriveBody>>,
+) -> Result<u64, Response> {
+    let with = body.and_then(|Json(b)| b.with);
+    let now = chrono::Utc::now();
+    let Some(label) = with else {
+        return dead::redrive(&s.db, filter, now).await.map_err(internal);
+    };
+    let pipeline = fix_forward::Pipeline {
+        routes: &s.routes,
+        plugins: &s.plugins,
+    };
+    fix_forward::redrive_with(&s.db, pipeline, filter, &label, now)
+        .await
+        .map_err(|e| match e {
+            FixForwardError::Database(_)
+            | FixForwardError::Registry(_)
+            | FixForwardError::Plugin(_) => internal(e),
+            refused => (
+                StatusCode::BAD_REQUEST,
+                Json(json!({ "error": refused.to_string() })),
+            )
+                .into_response(),
+        })
+}
+
+async fn redrive_one(
+    State(s): State<AdminState>,
+    Path(seq): Path<i64>,
+    body: Option<Json<RedriveBody>>,
+) -> Response {
     let filter = DeadFilter {
         seq: Some(seq),
         ..DeadFilter::default()
     };
-    match dead::redrive(&s.db, &filter, chrono::Utc::now()).await {
+    match redrive(&s, &filter, body).await {
         Ok(0) => (
             StatusCode::NOT_FOUND,
             Json(json!({ "error": format!("outbox row {seq} is not a dead event") })),
         )
             .into_response(),
         Ok(n) => Json(json!({ "redriven": n })).into_response(),
-        Err(e) => internal(e),
+        Err(response) => response,
     }
 }
 
-async fn redrive_filter(State(s): State<AdminState>, Query(q): Query<DeadQuery>) -> Response {
+async fn redrive_filter(
+    State(s): State<AdminState>,
+    Query(q): Query<DeadQuery>,
+    body: Option<Json<RedriveBody>>,
+) -> Response {
     if q.event_type.is_none() && q.aggregate.is_none() && q.all != Some(true) {
         return (
             StatusCode::BAD_REQUEST,
@@ -170,9 +216,9 @@ async fn redrive_filter(State(s): State<AdminState>, Query(q): Query<DeadQuery>)
         )
             .into_response();
     }
-    match dead::redrive(&s.db, &q.filter(), chrono::Utc::now()).await {
+    match redrive(&s, &q.filter(), body).await {
         Ok(n) => Json(json!({ "redriven": n })).into_response(),
-        Err(e) => internal(e),
+        Err(response) => response,
     }
 }
 

@@ -91,6 +91,8 @@ pub(super) async fn command(
             event_type,
             aggregate,
             all,
+            dry_run,
+            limit,
             ..
         } => {
             if seq.is_some() || event_type.is_some() || aggregate.is_some() {
@@ -106,6 +108,15 @@ pub(super) async fn command(
                     "say which dead letters of consumer {consumer} to redrive: --id N, --key K, or --all"
                 ),
             };
+            if dry_run {
+                let Some(configured) = configured else {
+                    anyhow::bail!(
+                        "a dry run needs consumer `{consumer}` in the config, to run its plugin"
+                    );
+                };
+                return dry_run_redrive(config, &db, configured, &target, with.as_deref(), limit)
+                    .await;
+            }
             if let Some(with) = &with {
                 consumer_dead::check_with(&db, configured.and_then(|c| c.plugin_name()), with)
                     .await?;
@@ -128,5 +139,78 @@ pub(super) async fn command(
             );
         }
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `dead redrive --consumer NAME --dry-run`: runs the selected dead letters
+/// (the `dead` ones; parked messages follow them) through the consumer's
+/// plugin, on `with`'s version or the active one, each in a transaction
+/// that is rolled back, and prints each one's outcome and the plugin's
+/// statements.
+async fn dry_run_redrive(
+    config: &Config,
+    db: &crate::store::Db,
+    consumer: &crate::config::ConsumerSection,
+    target: &Target,
+    with: Option<&str>,
+    limit: i64,
+) -> anyhow::Result<ExitCode> {
+    use crate::config::ConfigExt;
+    use crate::consumer::Processed;
+    use crate::ops::fix_forward;
+    let name = consumer.name.as_str();
+    let ids: Vec<i64> = match target {
+        Target::Id(id) => vec![*id],
+        Target::Key(k) => consumer_dead::list(db, name, Some(k), limit)
+            .await?
+            .into_iter()
+            .filter(|r| r.state == crate::store::consumer_dead::DEAD)
+            .map(|r| r.id)
+            .collect(),
+        Target::All => consumer_dead::list(db, name, None, limit)
+            .await?
+            .into_iter()
+            .filter(|r| r.state == crate::store::consumer_dead::DEAD)
+            .map(|r| r.id)
+            .collect(),
+    };
+    let mut letters = Vec::with_capacity(ids.len());
+    for id in ids {
+        letters.push(consumer_dead::show(db, name, id).await?);
+    }
+    let engine = crate::plugin::PluginEngine::new(config.plugin_engine_config())?;
+    let runs = fix_forward::consumer_dry_run(db, engine, consumer, &config.plugins, &letters, with)
+        .await?;
+    if runs.is_empty() {
+        println!("no dead letters of consumer {name} match");
+    }
+    for (letter, r) in letters.iter().zip(&runs) {
+        println!(
+            "dead letter {}  {}/{}@{}  through {}",
+            r.id,
+            letter.topic,
+            letter.partition,
+            letter.offset,
+            r.run.handled_by.as_deref().unwrap_or("no version")
+        );
+        match &r.run.outcome {
+            Ok(Processed::Handled) => {
+                println!("  would apply it: the effect commits with its inbox mark")
+            }
+            Ok(Processed::Duplicate) => {
+                println!("  would skip it: the inbox has this message already")
+            }
+            Err(e) => println!("  would fail ({e})"),
+        }
+        for s in &r.run.statements {
+            println!(
+                "  {:<7} {}  -> {}",
+                format!("{:?}", s.kind).to_lowercase(),
+                s.text.split_whitespace().collect::<Vec<_>>().join(" "),
+                s.outcome
+            );
+        }
+    }
+    println!("dry run: every transaction was rolled back; nothing was applied or changed");
     Ok(ExitCode::SUCCESS)
 }

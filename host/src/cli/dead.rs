@@ -51,8 +51,10 @@ pub(super) enum DeadCommand {
         /// With --consumer: every dead letter of this key.
         #[arg(long, requires = "consumer", conflicts_with_all = ["all"])]
         key: Option<String>,
-        /// Fix-forward: run the redriven messages through this registry
-        /// version (a candidate included), not the active one.
+        /// Fix-forward: run the redriven events through this registry
+        /// version of one of their route's transformers (with --consumer,
+        /// of the consumer's plugin), a candidate included, instead of the
+        /// active one, without activating it.
         #[arg(long = "with", value_name = "NAME@VERSION")]
         with: Option<String>,
         /// One event by seq.
@@ -65,6 +67,15 @@ pub(super) enum DeadCommand {
         /// Every dead event (required when no other filter is given).
         #[arg(long)]
         all: bool,
+        /// Show what they would publish (per event: topic, key, headers,
+        /// payload, or the error; with --consumer, per message: the outcome
+        /// and the plugin's statements, in a transaction rolled back),
+        /// changing nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// With --dry-run: at most this many events, oldest first.
+        #[arg(long, default_value_t = 50, requires = "dry_run")]
+        limit: i64,
     },
     /// Finish a dead event without publishing it, recording why (with
     /// --consumer, resolve that consumer's dead letter ID unapplied; the
@@ -91,7 +102,9 @@ impl DeadCommand {
 }
 
 pub(super) async fn dead_command(config: &Config, cmd: DeadCommand) -> anyhow::Result<ExitCode> {
+    use crate::config::ConfigExt;
     use crate::ops::dead::{self, DeadFilter};
+    use crate::ops::fix_forward;
     if let Some(consumer) = cmd.consumer() {
         let consumer = consumer.to_string();
         return super::consumer_dead::command(config, &consumer, cmd).await;
@@ -141,29 +154,45 @@ pub(super) async fn dead_command(config: &Config, cmd: DeadCommand) -> anyhow::R
             aggregate,
             all,
             with,
+            dry_run,
+            limit,
             ..
         } => {
-            if with.is_some() {
-                anyhow::bail!(
-                    "--with on relay events is not supported yet; use it with --consumer"
-                );
-            }
             if seq.is_none() && event_type.is_none() && aggregate.is_none() && !all {
                 anyhow::bail!(
                     "say which dead events to redrive: --seq N, --type T, --aggregate A, or --all"
                 );
             }
-            let n = dead::redrive(
-                &db,
-                &DeadFilter {
-                    seq,
-                    event_type,
-                    aggregate_id: aggregate,
-                },
-                chrono::Utc::now(),
-            )
-            .await?;
-            println!("redrove {n} dead event(s); the relay will publish them now");
+            let filter = DeadFilter {
+                seq,
+                event_type,
+                aggregate_id: aggregate,
+            };
+            let pipeline = fix_forward::Pipeline {
+                routes: &config.routes,
+                plugins: &config.plugins,
+            };
+            if dry_run {
+                let engine = crate::plugin::PluginEngine::new(config.plugin_engine_config())?;
+                let events =
+                    fix_forward::dry_run(&db, engine, pipeline, &filter, with.as_deref(), limit)
+                        .await?;
+                print_dry_run(&events, with.as_deref());
+                return Ok(ExitCode::SUCCESS);
+            }
+            let n = match &with {
+                Some(label) => {
+                    fix_forward::redrive_with(&db, pipeline, &filter, label, chrono::Utc::now())
+                        .await?
+                }
+                None => dead::redrive(&db, &filter, chrono::Utc::now()).await?,
+            };
+            match with {
+                Some(label) => println!(
+                    "redrove {n} dead event(s) through {label}; the relay will publish them now (live traffic stays on the active version)"
+                ),
+                None => println!("redrove {n} dead event(s); the relay will publish them now"),
+            }
         }
         DeadCommand::Discard { seq, reason, .. } => {
             dead::discard(&db, seq, &reason, chrono::Utc::now()).await?;
@@ -171,4 +200,60 @@ pub(super) async fn dead_command(config: &Config, cmd: DeadCommand) -> anyhow::R
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Prints a redrive's dry run: per event, what the relay would publish
+/// (topic, key, headers, payload), or that it would drop it, or the error.
+fn print_dry_run(events: &[crate::ops::fix_forward::DryRunEvent], with: Option<&str>) {
+    use crate::ops::fix_forward::DryRunOutcome;
+    let text = |bytes: &[u8]| match std::str::from_utf8(bytes) {
+        Ok(t) => t.to_string(),
+        Err(_) => format!("hex:{}", hex::encode(bytes)),
+    };
+    if events.is_empty() {
+        println!("no dead events match");
+    }
+    for e in events {
+        let through = if e.chain.is_empty() {
+            "no plugins".to_string()
+        } else {
+            e.chain.clone()
+        };
+        println!(
+            "seq {}  {}  aggregate {}  through {through}",
+            e.seq, e.event_type, e.aggregate_id
+        );
+        match &e.outcome {
+            DryRunOutcome::Publish(messages) => {
+                println!("  would publish {} message(s):", messages.len());
+                for (i, m) in messages.iter().enumerate() {
+                    println!(
+                        "  [{i}] topic {}  key {}  message-id {}",
+                        m.topic,
+                        text(&m.key),
+                        m.message_id
+                    );
+                    for (name, value) in &m.headers {
+                        println!("      header {name}: {}", text(value));
+                    }
+                    println!("      payload {}", text(&m.payload));
+                }
+            }
+            DryRunOutcome::Dropped => {
+                println!("  would drop it: the chain returned no message (marked filtered)")
+            }
+            DryRunOutcome::Failed { error, permanent } => println!(
+                "  would fail ({}): {error}",
+                if *permanent {
+                    "permanent: dead again"
+                } else {
+                    "retryable"
+                }
+            ),
+        }
+    }
+    match with {
+        Some(label) => println!("dry run through {label}: nothing was published or changed"),
+        None => println!("dry run on the active versions: nothing was published or changed"),
+    }
 }

@@ -14,7 +14,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use super::inbox::{Handler, HandlerError, InboxTx, Pinned};
-use super::plugin_handler::PluginHandler;
+use super::plugin_handler::{DryRun, PluginHandler};
 use crate::broker::Delivery;
 use crate::config::HandlerRef;
 
@@ -34,6 +34,8 @@ trait DynHandler: Send + Sync + 'static {
         d: &'a Delivery,
     ) -> BoxFuture<'a, Result<(), HandlerError>>;
     fn dyn_pin(&self) -> Pinned;
+    fn dyn_pin_version<'a>(&'a self, label: &'a str)
+    -> BoxFuture<'a, Result<Pinned, HandlerError>>;
     fn dyn_handle_pinned<'a>(
         &'a self,
         pinned: &'a Pinned,
@@ -61,6 +63,12 @@ impl<H: Handler> DynHandler for H {
     }
     fn dyn_pin(&self) -> Pinned {
         Handler::pin(self)
+    }
+    fn dyn_pin_version<'a>(
+        &'a self,
+        label: &'a str,
+    ) -> BoxFuture<'a, Result<Pinned, HandlerError>> {
+        Box::pin(Handler::pin_version(self, label))
     }
     fn dyn_handle_pinned<'a>(
         &'a self,
@@ -140,6 +148,32 @@ impl ConsumerHandler {
     }
 }
 
+impl ConsumerHandler {
+    /// What `d` would do on `pinned`'s version, in a transaction that is
+    /// rolled back ([`PluginHandler::dry_run`]). A native handler is not
+    /// dry-run: it may act outside the transaction (a call to another
+    /// service, say), which no rollback would undo.
+    pub async fn dry_run(
+        &self,
+        db: &crate::store::Db,
+        consumer: &str,
+        pinned: &Pinned,
+        d: &Delivery,
+    ) -> DryRun {
+        match self {
+            ConsumerHandler::Plugin(h) => h.dry_run(db, consumer, pinned, d).await,
+            ConsumerHandler::Native(h) => DryRun {
+                handled_by: None,
+                outcome: Err(HandlerError::Permanent(format!(
+                    "consumer `{consumer}` runs the native handler `builtin:{}`, which may act outside its transaction, so it is not dry-run; only plugin handlers are",
+                    h.name
+                ))),
+                statements: Vec::new(),
+            },
+        }
+    }
+}
+
 impl Handler for ConsumerHandler {
     async fn begin(&self, tx: &mut InboxTx) -> Result<(), sqlx::Error> {
         match self {
@@ -166,6 +200,13 @@ impl Handler for ConsumerHandler {
         match self {
             ConsumerHandler::Native(h) => h.handler.dyn_pin(),
             ConsumerHandler::Plugin(h) => h.pin(),
+        }
+    }
+
+    async fn pin_version(&self, label: &str) -> Result<Pinned, HandlerError> {
+        match self {
+            ConsumerHandler::Native(h) => h.handler.dyn_pin_version(label).await,
+            ConsumerHandler::Plugin(h) => h.pin_version(label).await,
         }
     }
 

@@ -83,7 +83,9 @@ pub trait Handler: Send + Sync + 'static {
 
     /// Picks a named version (`NAME@VERSION`, a registry candidate
     /// included) for one redriven message, without activating it for live
-    /// traffic (fix-forward). A handler without versions refuses.
+    /// traffic: [`handle_pinned`](Self::handle_pinned) then runs the
+    /// message on it, and [`pin`](Self::pin) still gives the live version
+    /// (fix-forward). A handler without versions refuses.
     fn pin_version(
         &self,
         label: &str,

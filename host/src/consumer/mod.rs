@@ -19,5 +19,5 @@ pub use configured::{ConsumerHandler, NativeHandler, NativeHandlers};
 pub use inbox::{
     Attempt, Handler, HandlerError, InboxTx, PgInboxTx, Pinned, Processed, attempt, process,
 };
-pub use plugin_handler::PluginHandler;
+pub use plugin_handler::{DryRun, PluginHandler};
 pub use runner::{Consumer, ConsumerConfig, ConsumerStats, OnDead};

@@ -9,14 +9,22 @@
 //! reads the slot once, so it runs entirely on one version (and, while a
 //! candidate is in shadow, the candidate first runs in a savepoint that is
 //! always rolled back).
+//!
+//! For a redriven message, `pin_version` picks any registry version of the
+//! plugin (a candidate included) without touching the slot, and
+//! [`PluginHandler::dry_run`] runs one message on a version in a
+//! transaction that is always rolled back, recording the plugin's
+//! statements.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::inbox::{Handler, HandlerError, InboxTx, Pinned};
+use super::inbox::{Handler, HandlerError, InboxTx, Pinned, Processed};
 use crate::broker::Delivery;
 use crate::plugin::bindings::transformer::outbox::plugin::types::Message;
+use crate::plugin::host::transaction::PluginStatement;
 use crate::plugin::shadow::Comparison;
+use crate::plugin::versions::{BadLabel, VersionLabel};
 use crate::plugin::{ActiveConsumer, ConsumerPlugin, PluginError, TxnPolicy};
 
 #[derive(Debug, Clone)]
@@ -73,6 +81,95 @@ impl PluginHandler {
         &self.plugin
     }
 
+    /// Runs `d` for `consumer` on the version `pinned` holds (from
+    /// [`pin`](Handler::pin) or [`pin_version`](Handler::pin_version)) as
+    /// the consumer would, inbox mark included, in a transaction that is
+    /// always rolled back: what the message would do, and every statement
+    /// the plugin sent (text only, never a parameter value). Nothing is
+    /// committed; a duplicate runs nothing, as it would for real.
+    pub async fn dry_run(
+        &self,
+        db: &crate::store::Db,
+        consumer: &str,
+        pinned: &Pinned,
+        d: &Delivery,
+    ) -> DryRun {
+        let mut run = DryRun {
+            handled_by: pinned.label.clone(),
+            outcome: Ok(Processed::Handled),
+            statements: Vec::new(),
+        };
+        let message_id = match d.message_id() {
+            Ok(id) => id,
+            Err(e) => {
+                run.outcome = Err(HandlerError::Permanent(e));
+                return run;
+            }
+        };
+        let mut tx = match InboxTx::begin(db).await {
+            Ok(tx) => tx,
+            Err(e) => {
+                run.outcome = Err(e.into());
+                return run;
+            }
+        };
+        run.outcome = self
+            .dry_run_in(
+                &mut tx,
+                consumer,
+                message_id,
+                pinned,
+                d,
+                &mut run.statements,
+            )
+            .await;
+        if let Err(e) = tx.rollback().await {
+            // Dropping the connection's transaction rolls it back as well.
+            tracing::warn!(error = %e, "rolling back a dry run failed; its connection is dropped");
+        }
+        run
+    }
+
+    async fn dry_run_in(
+        &self,
+        tx: &mut InboxTx,
+        consumer: &str,
+        message_id: uuid::Uuid,
+        pinned: &Pinned,
+        d: &Delivery,
+        statements: &mut Vec<PluginStatement>,
+    ) -> Result<Processed, HandlerError> {
+        self.begin(tx).await?;
+        if !tx
+            .mark(consumer, message_id, pinned.label.as_deref())
+            .await?
+        {
+            return Ok(Processed::Duplicate);
+        }
+        let plugin = self.pinned_plugin(pinned)?;
+        let message = to_message(d, message_id.to_string());
+        let (result, sent) = plugin
+            .handle_recorded(tx, &message, &self.policy, self.cancel.as_ref())
+            .await;
+        *statements = sent;
+        result.map_err(|e| handler_error(&plugin.label(), e))?;
+        Ok(Processed::Handled)
+    }
+
+    /// The version a pinned message runs on.
+    fn pinned_plugin(&self, pinned: &Pinned) -> Result<Arc<ConsumerPlugin>, HandlerError> {
+        let versions = match &pinned.versions {
+            Some(v) => v.clone(),
+            None => self.plugin.snapshot(),
+        };
+        versions.active.clone().ok_or_else(|| {
+            HandlerError::Unavailable(format!(
+                "plugin `{}`: no version is active in the registry; `outboxd plugin activate` one",
+                self.plugin.name()
+            ))
+        })
+    }
+
     /// Runs the candidate in a savepoint that is always rolled back, so it
     /// sees exactly what the active version will see and leaves nothing.
     async fn run_shadow(
@@ -90,6 +187,31 @@ impl PluginHandler {
         tx.rollback_to("outboxd_shadow").await?;
         tx.release("outboxd_shadow").await?;
         Ok((result, took))
+    }
+}
+
+/// What one delivery would do on a version: [`PluginHandler::dry_run`].
+#[derive(Debug)]
+pub struct DryRun {
+    /// The version that ran (`name@version`).
+    pub handled_by: Option<String>,
+    /// `Ok(Handled)`: the effect would commit with the inbox mark;
+    /// `Ok(Duplicate)`: the inbox has the message already, nothing would
+    /// run; an error: the message would be rolled back (and retried or
+    /// dead-lettered by its kind).
+    pub outcome: Result<Processed, HandlerError>,
+    /// Every statement the plugin sent, in order.
+    pub statements: Vec<PluginStatement>,
+}
+
+/// A plugin's failure as the runner branches on it: a guest `permanent`
+/// dead-letters, everything else is retried.
+fn handler_error(label: &str, e: PluginError) -> HandlerError {
+    let text = format!("plugin {label}: {e}");
+    if e.is_permanent() {
+        HandlerError::Permanent(text)
+    } else {
+        HandlerError::Retryable(text)
     }
 }
 
@@ -149,6 +271,31 @@ impl Handler for PluginHandler {
         }
     }
 
+    /// A registry version of this consumer's plugin (a candidate
+    /// included), loaded on demand and kept, as the one version of one
+    /// message; the slot's live versions stay as they are. A file plugin
+    /// has only its own version.
+    async fn pin_version(&self, label: &str) -> Result<Pinned, HandlerError> {
+        if !self.swappable && self.plugin.label().as_deref() == Some(label) {
+            return Ok(self.pin());
+        }
+        let parsed: VersionLabel = label
+            .parse()
+            .map_err(|e: BadLabel| HandlerError::Permanent(e.to_string()))?;
+        let versions = self.plugin.pinned(&parsed).await.map_err(|e| {
+            if e.permanent {
+                HandlerError::Permanent(e.to_string())
+            } else {
+                HandlerError::Retryable(e.to_string())
+            }
+        })?;
+        Ok(Pinned {
+            label: versions.active.as_ref().map(|p| p.label()),
+            versions: Some(Arc::new(versions)),
+            picked_at: Instant::now(),
+        })
+    }
+
     async fn handle_pinned(
         &self,
         pinned: &Pinned,
@@ -159,12 +306,7 @@ impl Handler for PluginHandler {
             Some(v) => v.clone(),
             None => self.plugin.snapshot(),
         };
-        let Some(plugin) = versions.active.clone() else {
-            return Err(HandlerError::Unavailable(format!(
-                "plugin `{}`: no version is active in the registry; `outboxd plugin activate` one",
-                self.plugin.name()
-            )));
-        };
+        let plugin = self.pinned_plugin(pinned)?;
         let label = plugin.label();
         let id = d.message_id().map_err(HandlerError::Permanent)?.to_string();
         let message = to_message(d, id);
@@ -187,14 +329,7 @@ impl Handler for PluginHandler {
                 shadow_took,
             );
         }
-        result.map_err(|e| {
-            let text = format!("plugin {label}: {e}");
-            if e.is_permanent() {
-                HandlerError::Permanent(text)
-            } else {
-                HandlerError::Retryable(text)
-            }
-        })
+        result.map_err(|e| handler_error(&label, e))
     }
 }
 

@@ -119,6 +119,7 @@ pub(super) async fn spawn_consumers(
             TransportKind::Kafka => {
                 // The consumer group is the consumer's name, as in the inbox.
                 let mut kafka_cfg = KafkaConsumerConfig::new(c.name.clone(), c.topics.clone());
+                kafka_cfg.stall_timeout = Some(c.kafka_stall_timeout);
                 let source = match &c.kafka_partitions {
                     // Static assignment: no group, offsets in the database.
                     Some(parts) => {
@@ -126,7 +127,8 @@ pub(super) async fn spawn_consumers(
                         KafkaConsumer::assigned(&config.transport.kafka, kafka_cfg, db.clone())
                             .await?
                     }
-                    None => KafkaConsumer::new(&config.transport.kafka, kafka_cfg)?,
+                    None => KafkaConsumer::new(&config.transport.kafka, kafka_cfg)?
+                        .with_metrics(consumer_metrics.clone()),
                 };
                 let dlq = Arc::new(KafkaPublisher::new(
                     &config.transport.kafka,

@@ -246,6 +246,8 @@ async fn spawn_pipeline(
                 TransportKind::Kafka => consumers::kafka_lag(config),
                 TransportKind::Embedded => None,
             },
+            routes: Arc::new(config.routes.clone()),
+            plugins: Arc::new(config.plugins.clone()),
             consumers: Arc::new(
                 config
                     .consumers

@@ -51,7 +51,7 @@ pub async fn get(db: &Db, seq: i64) -> Result<Option<DeadEvent>, sqlx::Error> {
 /// An empty filter redrives every dead event. Returns how many.
 pub async fn redrive(db: &Db, filter: &DeadFilter, now: DateTime<Utc>) -> Result<u64, sqlx::Error> {
     let type_like = filter.event_type.as_deref().map(like_pattern);
-    dead_letters::redrive_dead_events(db, filter.selection(type_like.as_deref()), now).await
+    dead_letters::redrive_dead_events(db, filter.selection(type_like.as_deref()), None, now).await
 }
 
 #[derive(Debug, thiserror::Error)]

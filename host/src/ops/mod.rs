@@ -1,8 +1,10 @@
 //! Operations on a running outbox: retention, dead letters (inspect,
-//! redrive, discard) and reconciliation against business tables.
+//! redrive, discard; fix-forward through a chosen plugin version) and
+//! reconciliation against business tables.
 
 pub mod consumer_dead;
 pub mod dead;
+pub mod fix_forward;
 pub mod reconcile;
 pub mod retention;
 

@@ -112,6 +112,29 @@ impl Chain {
         &self.plugins
     }
 
+    /// The same chain (same topics) with the plugin named like `plugin` in
+    /// its place; `None` when no plugin of the chain has that name. An
+    /// unavailable chain stays unavailable.
+    pub fn with_plugin_replaced(&self, plugin: Arc<TransformerPlugin>) -> Option<Chain> {
+        if self.unavailable.is_some() {
+            return Some(self.clone());
+        }
+        let at = self
+            .plugins
+            .iter()
+            .position(|p| p.name() == plugin.name())?;
+        let mut plugins = self.plugins.clone();
+        plugins[at] = plugin;
+        let mut chain = Chain::new(plugins);
+        chain.topics = self.topics.clone();
+        Some(chain)
+    }
+
+    /// Whether a registry plugin of this chain has no active version.
+    pub fn is_unavailable(&self) -> bool {
+        self.unavailable.is_some()
+    }
+
     /// `a@1,b@2`: what the outbox records as `transformed_by`.
     pub fn label(&self) -> String {
         self.label.clone()

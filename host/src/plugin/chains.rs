@@ -7,8 +7,10 @@ use std::sync::{Arc, RwLock};
 
 use super::chain::{Chain, TopicPolicy};
 use super::engine::PluginEngine;
+use super::registry::RegistryError;
 use super::shadow::ShadowStats;
 use super::transformer::{PluginSpec, TransformerPlugin};
+use super::versions::{BadLabel, RegistryVersions, VersionLabel};
 use outboxd_core::route::{Route, Router};
 
 /// What one route runs: its chain and, while a candidate is in shadow, the
@@ -36,16 +38,41 @@ pub struct ChainTable {
 /// replaces the whole table at once; a worker reads it once per event, so
 /// each event runs entirely on one version and calls in flight finish on
 /// the version they started with.
+///
+/// With the registry's versions ([`with_versions`](Self::with_versions)),
+/// they also build the chain of a redriven event pinned to one version
+/// ([`pinned_for_event`](Self::pinned_for_event)), which never enters the
+/// table.
 #[derive(Debug, Clone, Default)]
 pub struct Chains {
     table: Arc<RwLock<Arc<ChainTable>>>,
+    versions: Option<Arc<RegistryVersions>>,
+}
+
+/// Why a redriven event's pinned chain cannot run: `permanent` when no
+/// retry can help (the event goes back to the dead events with this
+/// reason), otherwise it is retried like any failed event.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("redriven with {label}: {reason}")]
+pub struct PinError {
+    pub label: String,
+    pub reason: String,
+    pub permanent: bool,
 }
 
 impl Chains {
     pub fn new(table: ChainTable) -> Self {
         Self {
             table: Arc::new(RwLock::new(Arc::new(table))),
+            versions: None,
         }
+    }
+
+    /// Lets these chains load registry versions on demand for redriven
+    /// events (the rollout's loaded versions).
+    pub fn with_versions(mut self, versions: Arc<RegistryVersions>) -> Self {
+        self.versions = Some(versions);
+        self
     }
 
     /// The current table; hold it for one event.
@@ -72,6 +99,76 @@ impl Chains {
         }
         let i = router.route_index(event_type)?;
         table.by_route.get(i)?.clone()
+    }
+
+    /// The chain of `event_type`'s route as it runs now, with its plugin
+    /// `label.name` replaced by registry version `label.version` (loaded on
+    /// demand, a candidate included, and kept for the next event), for an
+    /// event an operator redrove through that version. Nothing live
+    /// changes: the table still runs the active version, and no shadow runs
+    /// beside a pinned chain.
+    pub async fn pinned_for_event(
+        &self,
+        router: &Router,
+        event_type: &str,
+        label: &str,
+    ) -> Result<RouteChain, PinError> {
+        let fail = |permanent: bool, reason: String| PinError {
+            label: label.to_string(),
+            reason,
+            permanent,
+        };
+        let parsed: VersionLabel = label
+            .parse()
+            .map_err(|e: BadLabel| fail(true, e.to_string()))?;
+        let Some(versions) = &self.versions else {
+            return Err(fail(
+                true,
+                "this host runs no registry plugins, so it cannot load a version; run the relay with the route's plugin as `source = \"registry\"` in [[plugins]], or redrive without --with".into(),
+            ));
+        };
+        let index = router.route_index(event_type);
+        let route = index.and_then(|i| self.snapshot().by_route.get(i).cloned().flatten());
+        let where_ = match index {
+            Some(i) => format!("routes[{i}]"),
+            None => format!("the default route of `{event_type}`"),
+        };
+        let Some(route) = route else {
+            return Err(fail(
+                true,
+                format!("{where_} runs no plugin chain; redrive the event without --with"),
+            ));
+        };
+        if !route.active.is_unavailable()
+            && !route
+                .active
+                .plugins()
+                .iter()
+                .any(|p| p.name() == parsed.name)
+        {
+            return Err(fail(
+                true,
+                format!(
+                    "{where_}'s chain `{}` does not run plugin `{}`; redrive the event with a plugin of {where_}.transformers, or without --with",
+                    route.active.label(),
+                    parsed.name
+                ),
+            ));
+        }
+        let plugin = versions.pinned_transformer(&parsed).await.map_err(|e| {
+            let permanent = !matches!(e, RegistryError::Database(_));
+            fail(permanent, e.to_string())
+        })?;
+        let chain = route.active.with_plugin_replaced(plugin).ok_or_else(|| {
+            fail(
+                true,
+                format!("{where_} does not run plugin `{}`", parsed.name),
+            )
+        })?;
+        Ok(RouteChain {
+            active: Arc::new(chain),
+            shadow: None,
+        })
     }
 
     /// Every plugin loaded for these chains, once each.

@@ -9,7 +9,7 @@ use super::bindings::consumer::{Consumer, ConsumerPre};
 use super::bindings::transformer::outbox::plugin::types::{Message, PluginError as WitError};
 use super::error::{PluginError, classify};
 use super::host::transaction::server::TxnServer;
-use super::host::transaction::{TxnPolicy, link, next_request};
+use super::host::transaction::{PluginStatement, TxnPolicy, link, next_request};
 use super::host::{ConsumerState, StoreState};
 use super::loaded::Loaded;
 use crate::store::InboxTx;
@@ -54,8 +54,36 @@ impl ConsumerPlugin {
         policy: &TxnPolicy,
         cancel: Option<&crate::store::Db>,
     ) -> Result<(), PluginError> {
+        self.measured(tx, message, policy, cancel, None).await
+    }
+
+    /// [`handle_cancellable`](Self::handle_cancellable), also returning
+    /// every statement the plugin sent (kind, text, outcome; never a
+    /// parameter value), in order: what a dry run shows.
+    pub async fn handle_recorded(
+        &self,
+        tx: &mut InboxTx,
+        message: &Message,
+        policy: &TxnPolicy,
+        cancel: Option<&crate::store::Db>,
+    ) -> (Result<(), PluginError>, Vec<PluginStatement>) {
+        let mut statements = Vec::new();
+        let result = self
+            .measured(tx, message, policy, cancel, Some(&mut statements))
+            .await;
+        (result, statements)
+    }
+
+    async fn measured(
+        &self,
+        tx: &mut InboxTx,
+        message: &Message,
+        policy: &TxnPolicy,
+        cancel: Option<&crate::store::Db>,
+        record: Option<&mut Vec<PluginStatement>>,
+    ) -> Result<(), PluginError> {
         let start = Instant::now();
-        let result = self.call(tx, message, policy, cancel).await;
+        let result = self.call(tx, message, policy, cancel, record).await;
         self.loaded.metrics.record(
             start.elapsed(),
             result.as_ref().err().map(PluginError::kind),
@@ -69,11 +97,15 @@ impl ConsumerPlugin {
         message: &Message,
         policy: &TxnPolicy,
         cancel: Option<&crate::store::Db>,
+        record: Option<&mut Vec<PluginStatement>>,
     ) -> Result<(), PluginError> {
         let mut slot = self.loaded.slot().await?;
         let mailbox = link();
         let handle = slot.store.data_mut().transaction().lend(mailbox.clone())?;
         let mut server = TxnServer::new(tx, policy);
+        if record.is_some() {
+            server = server.recording();
+        }
         // The epoch deadline stops guest code; this bounds a host call that
         // hangs (a lock wait on SQLite, say) as well.
         let wall = self
@@ -96,6 +128,9 @@ impl ConsumerPlugin {
             };
             tokio::time::timeout(wall, serve).await
         };
+        if let Some(out) = record {
+            *out = server.recorded.take().unwrap_or_default();
+        }
         let Ok(result) = result else {
             // The Store was abandoned mid-call: drop it. A statement may
             // still be running on the server: stop it there too.

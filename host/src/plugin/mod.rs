@@ -20,7 +20,9 @@
 //!   rollback, retire, shadow), shared by every host on that database.
 //! - [`chains`]: the chain each route runs (and its shadow), the table a
 //!   rollout swaps whole; [`slot`]: the same for one consumer plugin.
-//! - [`rollout`]: keeps the chains and the slots on the registry's versions.
+//! - [`rollout`]: keeps the chains and the slots on the registry's versions;
+//!   [`versions`]: the registry versions a host has loaded, live or pinned
+//!   for a redrive (fix-forward).
 //! - [`shadow`]: compares a candidate's outputs with the active version's.
 //! - [`metrics`], [`error`], [`validate`].
 
@@ -45,10 +47,11 @@ pub mod slot;
 pub mod sql_values;
 pub mod transformer;
 pub mod validate;
+pub mod versions;
 
 pub use bindings::{GuestEvent, GuestMessage};
 pub use chain::{Chain, ChainError, TopicPolicy};
-pub use chains::{ChainTable, Chains, RouteChain, Shadow, build_chains};
+pub use chains::{ChainTable, Chains, PinError, RouteChain, Shadow, build_chains};
 pub use consumer::ConsumerPlugin;
 pub use engine::{EngineConfig, PluginEngine};
 pub use error::{ErrorKind, PluginError};
@@ -59,3 +62,4 @@ pub use registry::{Deployed, PluginRecord, Registry, RegistryError};
 pub use rollout::{Refreshed, Rollout};
 pub use slot::{ActiveConsumer, ConsumerVersions};
 pub use transformer::{PluginSource, PluginSpec, TransformerPlugin};
+pub use versions::{RegistryVersions, VersionLabel};

@@ -17,10 +17,8 @@ use super::chains::{ChainTable, Chains, RouteChain, Shadow};
 use super::registry::{Desired, Registry, RegistryError};
 use super::shadow::ShadowStats;
 use super::slot::{ActiveConsumer, ConsumerVersions};
-use super::{
-    Chain, ConsumerPlugin, PluginEngine, PluginError, PluginSource, PluginSpec, TopicPolicy,
-    TransformerPlugin,
-};
+use super::versions::RegistryVersions;
+use super::{Chain, PluginEngine, PluginSource, PluginSpec, TopicPolicy, TransformerPlugin};
 use crate::store::Channel;
 
 /// What a refresh changed.
@@ -33,23 +31,18 @@ pub enum Refreshed {
 
 pub struct Rollout {
     registry: Registry,
-    engine: PluginEngine,
-    specs: Vec<PluginSpec>,
     routes: Vec<Route>,
     files: BTreeMap<String, Arc<TransformerPlugin>>,
-    /// Registry versions loaded so far, by (name, version); versions are
-    /// immutable, so a reactivation reuses the compiled plugin.
-    loaded: Mutex<BTreeMap<(String, i64), Arc<TransformerPlugin>>>,
+    /// Registry versions loaded so far, of both worlds; versions are
+    /// immutable, so a reactivation reuses the compiled plugin. The chains
+    /// and the consumer slots share it, to load a pinned version on demand.
+    versions: Arc<RegistryVersions>,
     /// Registry plugins run by consumers (world `consumer`), by name.
     consumers: BTreeMap<String, ActiveConsumer>,
-    /// Consumer versions loaded so far, like `loaded`.
-    loaded_consumers: Mutex<BTreeMap<(String, i64), Arc<ConsumerPlugin>>>,
     stats: Mutex<BTreeMap<(String, i64), Arc<ShadowStats>>>,
     applied: Mutex<Option<Desired>>,
     chains: Chains,
     host: String,
-    /// Where every version this host loads is reported, when set.
-    metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 impl Rollout {
@@ -70,20 +63,17 @@ impl Rollout {
                 files.insert(spec.name.clone(), Arc::new(p));
             }
         }
+        let versions = Arc::new(RegistryVersions::new(engine, registry.clone(), specs));
         let rollout = Self {
             registry,
-            engine,
-            specs,
             routes,
             files,
-            loaded: Mutex::default(),
+            versions: versions.clone(),
             consumers: BTreeMap::new(),
-            loaded_consumers: Mutex::default(),
             stats: Mutex::default(),
             applied: Mutex::default(),
-            chains: Chains::default(),
+            chains: Chains::default().with_versions(versions),
             host: format!("host-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]),
-            metrics: None,
         };
         rollout.chains.replace(rollout.table(&Desired::default()));
         Ok(rollout)
@@ -94,23 +84,24 @@ impl Rollout {
     /// to its consumer. Slots are empty until the first refresh.
     pub fn with_consumers<I: IntoIterator<Item = String>>(mut self, names: I) -> Self {
         for name in names {
-            self.consumers
-                .insert(name.clone(), ActiveConsumer::empty(name));
+            let slot = ActiveConsumer::empty(name.clone()).with_versions(self.versions.clone());
+            self.consumers.insert(name, slot);
         }
         self
     }
 
     /// Reports every version this host loads in `metrics`: the file
     /// plugins now, and each registry version (of either world, a shadow
-    /// candidate included) when it is loaded, so a version activated after
-    /// start has its series from its first call.
-    pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> Self {
+    /// candidate or a version pinned for a redrive included) when it is
+    /// loaded, so a version activated after start has its series from its
+    /// first call.
+    pub fn with_metrics(self, metrics: Arc<crate::metrics::Metrics>) -> Self {
         metrics.register_plugins(
             self.files
                 .values()
                 .map(|p| p.clone() as Arc<dyn crate::metrics::PluginReport>),
         );
-        self.metrics = Some(metrics);
+        self.versions.report_to(metrics);
         self
     }
 
@@ -127,6 +118,11 @@ impl Rollout {
 
     pub fn registry(&self) -> &Registry {
         &self.registry
+    }
+
+    /// The registry versions this host has loaded, live or not.
+    pub fn versions(&self) -> &Arc<RegistryVersions> {
+        &self.versions
     }
 
     /// Reads the registry and, when it changed, loads the new versions and
@@ -195,72 +191,13 @@ impl Rollout {
     /// Loads one registry version of a transformer unless it is loaded
     /// already.
     async fn load(&self, name: &str, version: i64) -> Result<(), RegistryError> {
-        self.load_into(&self.loaded, name, version, TransformerPlugin::from_bytes)
-            .await
+        self.versions.transformer(name, version).await.map(drop)
     }
 
     /// Loads one registry version of a consumer plugin unless it is loaded
     /// already; a version of another world fails here.
     async fn load_consumer(&self, name: &str, version: i64) -> Result<(), RegistryError> {
-        self.load_into(
-            &self.loaded_consumers,
-            name,
-            version,
-            ConsumerPlugin::from_bytes,
-        )
-        .await
-    }
-
-    /// Fetches, compiles and prepares `name` version `version` with
-    /// `build` into `loaded`, unless it is there already.
-    async fn load_into<T: crate::metrics::PluginReport + 'static>(
-        &self,
-        loaded: &Mutex<BTreeMap<(String, i64), Arc<T>>>,
-        name: &str,
-        version: i64,
-        build: fn(&PluginEngine, &PluginSpec, &[u8]) -> Result<T, PluginError>,
-    ) -> Result<(), RegistryError> {
-        let key = (name.to_string(), version);
-        if loaded.lock().map(|l| l.contains_key(&key)).unwrap_or(false) {
-            return Ok(());
-        }
-        let wasm = self.registry.component(name, version).await?;
-        let spec = self.registry_spec(name, version);
-        let engine = self.engine.clone();
-        // Compiling is CPU work: keep it off the relay's async threads.
-        let plugin = tokio::task::spawn_blocking(move || build(&engine, &spec, &wasm))
-            .await
-            .map_err(|e| RegistryError::Conflict {
-                name: name.into(),
-                reason: format!("loading version {version} panicked: {e}"),
-            })?
-            .map_err(|e| RegistryError::Refused {
-                name: name.into(),
-                reason: e.to_string(),
-            })?;
-        // Two refreshes racing keep the first copy: the one reported is the
-        // one that runs.
-        let kept = match loaded.lock() {
-            Ok(mut l) => l.entry(key).or_insert_with(|| Arc::new(plugin)).clone(),
-            Err(_) => return Ok(()),
-        };
-        if let Some(metrics) = &self.metrics {
-            metrics.register_plugins([kept as Arc<dyn crate::metrics::PluginReport>]);
-        }
-        Ok(())
-    }
-
-    /// The configured spec of `name` (limits, config), as version `version`.
-    fn registry_spec(&self, name: &str, version: i64) -> PluginSpec {
-        let mut spec = self
-            .specs
-            .iter()
-            .find(|s| s.name == name)
-            .cloned()
-            .unwrap_or_else(|| PluginSpec::new(name, ""));
-        spec.version = Some(version.to_string());
-        spec.path = format!("registry:{name}@{version}").into();
-        spec
+        self.versions.consumer(name, version).await.map(drop)
     }
 }
 
@@ -270,13 +207,7 @@ impl Rollout {
     /// replaced whole, so a message sees the old or the new versions, never
     /// a mix.
     pub(super) fn swap_consumers(&self, desired: &Desired) -> bool {
-        let loaded = |name: &str, v: i64| {
-            self.loaded_consumers
-                .lock()
-                .ok()?
-                .get(&(name.to_string(), v))
-                .cloned()
-        };
+        let loaded = |name: &str, v: i64| self.versions.loaded_consumer(name, v);
         let mut changed = false;
         for (name, slot) in &self.consumers {
             let active = desired.active(name).and_then(|v| loaded(name, v));
@@ -291,11 +222,7 @@ impl Rollout {
     }
 
     fn loaded(&self, name: &str, version: i64) -> Option<Arc<TransformerPlugin>> {
-        self.loaded
-            .lock()
-            .ok()?
-            .get(&(name.to_string(), version))
-            .cloned()
+        self.versions.loaded_transformer(name, version)
     }
 
     fn stats_for(&self, name: &str, version: i64) -> Arc<ShadowStats> {

@@ -5,8 +5,11 @@
 
 use std::sync::{Arc, RwLock};
 
+use super::chains::PinError;
 use super::consumer::ConsumerPlugin;
+use super::registry::RegistryError;
 use super::shadow::ShadowStats;
+use super::versions::{RegistryVersions, VersionLabel};
 
 /// What a consumer runs: its active version and, while a candidate is in
 /// shadow, that candidate with its counters.
@@ -23,6 +26,9 @@ pub struct ConsumerVersions {
 pub struct ActiveConsumer {
     name: String,
     slot: Arc<RwLock<Arc<ConsumerVersions>>>,
+    /// Where a registry plugin's other versions come from, for a message
+    /// redriven through one of them (`None` for a file plugin).
+    versions: Option<Arc<RegistryVersions>>,
 }
 
 impl ActiveConsumer {
@@ -35,7 +41,53 @@ impl ActiveConsumer {
                 active: None,
                 shadow: None,
             }))),
+            versions: None,
         }
+    }
+
+    /// Lets this slot's plugin run any registry version on demand
+    /// ([`pinned`](Self::pinned)); the rollout's slots have it.
+    pub fn with_versions(mut self, versions: Arc<RegistryVersions>) -> Self {
+        self.versions = Some(versions);
+        self
+    }
+
+    /// Registry version `label` of this slot's plugin (a candidate
+    /// included) as the one active version for a single message, loaded on
+    /// demand and kept for the next, without touching what the slot holds
+    /// for live traffic.
+    pub async fn pinned(&self, label: &VersionLabel) -> Result<ConsumerVersions, PinError> {
+        let fail = |permanent: bool, reason: String| PinError {
+            label: label.to_string(),
+            reason,
+            permanent,
+        };
+        if label.name != self.name {
+            return Err(fail(
+                true,
+                format!(
+                    "this consumer runs plugin `{}`, not `{}`; pick a version of `{}` (`outboxd plugin list`)",
+                    self.name, label.name, self.name
+                ),
+            ));
+        }
+        let Some(versions) = &self.versions else {
+            return Err(fail(
+                true,
+                format!(
+                    "plugin `{}` is loaded from a file (plugins[].source = \"file\"), so it has no registry versions to run; deploy it to the registry and set source = \"registry\", or redrive without a version",
+                    self.name
+                ),
+            ));
+        };
+        let plugin = versions.pinned_consumer(label).await.map_err(|e| {
+            let permanent = !matches!(e, RegistryError::Database(_));
+            fail(permanent, e.to_string())
+        })?;
+        Ok(ConsumerVersions {
+            active: Some(plugin),
+            shadow: None,
+        })
     }
 
     /// A slot holding one version for good (a file plugin).

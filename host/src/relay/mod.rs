@@ -22,7 +22,7 @@ use crate::fault::{FaultPoint, Faults, InjectedFault};
 pub use crate::store::truncate;
 use crate::store::{BatchOutcome, ClaimedBatch, FailedEvent, OutboxStore, StoreError};
 
-pub use crate::plugin::chains::{ChainTable, Chains, RouteChain, Shadow, build_chains};
+pub use crate::plugin::chains::{ChainTable, Chains, PinError, RouteChain, Shadow, build_chains};
 pub use crate::plugin::rollout::{Refreshed, Rollout};
 pub use backoff::Backoff;
 pub use outboxd_core::message::message_for_event;
@@ -227,13 +227,26 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         if batch.events().is_empty() {
             return Ok(None);
         }
-        let transformed = self.run_chains(batch.events()).await;
+        let mut pinned = self.pinned_chains(batch.events()).await;
+        let transformed = self.run_chains(batch.events(), &pinned).await;
         let results = join_all(
             batch
                 .events()
                 .iter()
                 .zip(transformed)
-                .map(|(ev, t)| self.handle_event(ev, t)),
+                .zip(pinned.iter_mut().map(Option::take))
+                .map(|((ev, t), pin)| async move {
+                    match pin {
+                        // A redriven event whose version cannot run is never
+                        // published through the live chain instead.
+                        Some(Err(e)) => EventResult::Failed {
+                            permanent: e.permanent,
+                            error: e.to_string(),
+                            cause: FailureCause::Plugin,
+                        },
+                        _ => self.handle_event(ev, t).await,
+                    }
+                }),
         )
         .await;
         Ok(Some(Sent { batch, results }))

@@ -7,10 +7,10 @@ use std::time::Instant;
 
 use futures_util::future::join_all;
 
-use super::{EventResult, FailureCause, Relay};
-use crate::broker::Publisher;
+use super::{EventResult, FailureCause, Relay, Router};
+use crate::broker::{OutgoingMessage, Publisher};
 use crate::event::OutboxEvent;
-use crate::plugin::chains::{RouteChain, Shadow};
+use crate::plugin::chains::{PinError, RouteChain, Shadow};
 use crate::plugin::shadow;
 use crate::plugin::{Chain, GuestEvent, GuestMessage};
 use crate::store::OutboxStore;
@@ -58,25 +58,54 @@ async fn run_job(
     }
 }
 
+/// The chain an event redriven through a chosen version runs (`Some`
+/// only for such events), or why it cannot.
+pub(super) type PinnedChain = Option<Result<RouteChain, PinError>>;
+
 impl<S: OutboxStore, P: Publisher> Relay<S, P> {
+    /// The pinned chain of every event of a batch that an operator redrove
+    /// through a chosen version (`redrive_with`), loading that version on
+    /// first use; aligned with `events`, `None` for every other event.
+    pub(super) async fn pinned_chains(&self, events: &[OutboxEvent]) -> Vec<PinnedChain> {
+        let mut out = Vec::with_capacity(events.len());
+        for ev in events {
+            out.push(match &ev.redrive_with {
+                Some(label) => Some(
+                    self.chains
+                        .pinned_for_event(&self.router, &ev.event_type, label)
+                        .await,
+                ),
+                None => None,
+            });
+        }
+        out
+    }
+
     /// Runs the chain of every event of a batch that has one, before any of
     /// them is published. Plugin calls are CPU work: the events are split
     /// into one contiguous run per runtime worker thread, each on its own
     /// task, so a batch's calls use every core while costing a task spawn
     /// (and its cross-thread wake) per thread rather than per event. Each
     /// event reads the chain table once here and runs entirely on that
-    /// snapshot. The result is aligned with `events`; `None` for an event
+    /// snapshot, except an event redriven through a chosen version, which
+    /// runs its `pinned` chain (and one whose pinned chain failed runs
+    /// nothing). The result is aligned with `events`; `None` for an event
     /// whose route has no chain.
     pub(super) async fn run_chains(
         &self,
         events: &[OutboxEvent],
+        pinned: &[PinnedChain],
     ) -> Vec<Option<(RouteChain, ChainOutput)>> {
         let mut out: Vec<Option<(RouteChain, ChainOutput)>> = events.iter().map(|_| None).collect();
         let jobs: Vec<(usize, RouteChain, Job)> = events
             .iter()
             .enumerate()
             .filter_map(|(i, ev)| {
-                let route = self.chains.for_event(&self.router, &ev.event_type)?;
+                let route = match pinned.get(i) {
+                    Some(Some(Ok(route))) => route.clone(),
+                    Some(Some(Err(_))) => return None,
+                    _ => self.chains.for_event(&self.router, &ev.event_type)?,
+                };
                 let job = if route.shadow.is_some() {
                     Job::Shadowed(Box::new(ev.clone()))
                 } else {
@@ -179,6 +208,25 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         }
         failure.unwrap_or_else(|| EventResult::Published(Some(chain.label())))
     }
+}
+
+/// What the relay would publish for `ev` through `route`'s chain, without
+/// publishing: the broker messages exactly as they would be sent (ids,
+/// topic, key, headers, payload); none when the chain drops the event. A
+/// dry run of a redrive shows this.
+pub async fn preview(
+    router: &Router,
+    route: &RouteChain,
+    ev: &OutboxEvent,
+) -> Result<Vec<OutgoingMessage>, crate::plugin::ChainError> {
+    let outputs = route.active.run(guest_event(ev)).await?;
+    let count = outputs.len();
+    let topic = router.topic_for(&ev.event_type).to_string();
+    Ok(outputs
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| plugin_message(ev, &topic, plain(m), i, count))
+        .collect())
 }
 
 /// Runs the active and the shadow chain side by side on the same event and

@@ -6,6 +6,7 @@
 //! SQL, except where SQLite lacks Postgres's column types.
 
 use chrono::{DateTime, Utc};
+use outboxd_core::event::{EventId, OutboxEvent, parse_headers};
 use serde::Serialize;
 use sqlx::Row;
 
@@ -95,17 +96,21 @@ fn json(text: String) -> serde_json::Value {
 }
 
 /// Makes the selected dead events pending again, due at `now`, with zero
-/// attempts; the reason they died is kept in `last_error`. Returns how
+/// attempts; the reason they died is kept in `last_error`. `with`
+/// (`NAME@VERSION`) is the plugin version the relay runs them through
+/// instead of the active one; `None` clears an earlier choice. Returns how
 /// many.
 pub async fn redrive_dead_events(
     db: &Db,
     selection: DeadSelection<'_>,
+    with: Option<&str>,
     now: DateTime<Utc>,
 ) -> Result<u64, sqlx::Error> {
     let sql = format!(
         "UPDATE outbox AS o
             SET dead_at = NULL, dead_reason = NULL, attempts = 0, next_attempt_at = $4,
-                last_error = 'redriven after: ' || coalesce(o.dead_reason, '')
+                last_error = 'redriven after: ' || coalesce(o.dead_reason, ''),
+                redrive_with = $5
           WHERE {SELECTED}"
     );
     Ok(on_pool!(db, |p| sqlx::query(&sql)
@@ -113,9 +118,87 @@ pub async fn redrive_dead_events(
         .bind(selection.type_like)
         .bind(selection.aggregate_id)
         .bind(StoredTime(now))
+        .bind(with)
         .execute(p)
         .await?
         .rows_affected()))
+}
+
+/// The event types among the selected dead events, each with its oldest
+/// dead event's seq, by that seq.
+pub async fn dead_event_types(
+    db: &Db,
+    selection: DeadSelection<'_>,
+) -> Result<Vec<(i64, String)>, sqlx::Error> {
+    let sql = format!(
+        "SELECT min(o.seq), o.event_type FROM outbox o WHERE {SELECTED}
+          GROUP BY o.event_type ORDER BY min(o.seq)"
+    );
+    on_pool!(db, |p| {
+        let rows = sqlx::query(&sql)
+            .bind(selection.seq)
+            .bind(selection.type_like)
+            .bind(selection.aggregate_id)
+            .fetch_all(p)
+            .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect()
+    })
+}
+
+/// The selected dead events, oldest first and at most `limit`, as the relay
+/// would claim them once redriven (the payload as stored, zero attempts,
+/// no version chosen): what a dry run of a redrive feeds the plugins.
+pub async fn dead_events_as_claimed(
+    db: &Db,
+    selection: DeadSelection<'_>,
+    limit: i64,
+) -> Result<Vec<OutboxEvent>, sqlx::Error> {
+    let sql = format!(
+        "SELECT o.seq, CAST(o.id AS text), o.aggregate_id, o.event_type, CAST(o.payload AS text),
+                CAST(o.headers AS text), {created}
+           FROM outbox o
+          WHERE {SELECTED}
+          ORDER BY o.seq
+          LIMIT $4",
+        created = db.epoch_micros("o.created_at"),
+    );
+    on_pool!(db, |p| {
+        let rows = sqlx::query(&sql)
+            .bind(selection.seq)
+            .bind(selection.type_like)
+            .bind(selection.aggregate_id)
+            .bind(limit)
+            .fetch_all(p)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                let seq: i64 = r.try_get(0)?;
+                let id: String = r.try_get(1)?;
+                let id = uuid::Uuid::parse_str(&id).map_err(|e| {
+                    sqlx::Error::Decode(
+                        format!("outbox row {seq}: id `{id}` is not a uuid ({e})").into(),
+                    )
+                })?;
+                let headers =
+                    parse_headers(seq, &r.try_get::<String, _>(5)?).unwrap_or_else(|problem| {
+                        std::iter::once(("outboxd-header-error".to_string(), problem)).collect()
+                    });
+                Ok(OutboxEvent {
+                    seq,
+                    id: EventId(id),
+                    aggregate_id: r.try_get(2)?,
+                    event_type: r.try_get(3)?,
+                    payload: r.try_get(4)?,
+                    headers,
+                    created_at: super::sqlite::from_micros(r.try_get(6)?),
+                    attempts: 0,
+                    redrive_with: None,
+                })
+            })
+            .collect()
+    })
 }
 
 /// Finishes dead event `seq` without publishing it, recording `reason`;

@@ -46,6 +46,7 @@ migrations! {
     10, "advisory_keyspaces", "0010_advisory_keyspaces.sql";
     11, "host_schema", "0011_host_schema.sql";
     12, "consumer_parking", "0012_consumer_parking.sql";
+    13, "redrive_with", "0013_redrive_with.sql";
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -29,7 +29,7 @@ impl PgStore {
 /// SKIP LOCKED lets relays run side by side without double claims.
 const CLAIM: &str = "
 SELECT o.seq, o.id, o.aggregate_id, o.event_type, o.payload::text, o.headers::text,
-       o.created_at, o.attempts
+       o.created_at, o.attempts, o.redrive_with
   FROM outbox o
  WHERE o.published_at IS NULL
    AND o.dead_at IS NULL
@@ -189,6 +189,7 @@ fn decode_row(row: &PgRow) -> Result<OutboxEvent, StoreError> {
         headers,
         created_at: row.try_get(6)?,
         attempts: row.try_get(7)?,
+        redrive_with: row.try_get(8)?,
     })
 }
 

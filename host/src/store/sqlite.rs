@@ -59,7 +59,7 @@ UPDATE outbox
            AND earlier.seq < o.seq)
     ORDER BY o.seq
     LIMIT $1)
-RETURNING seq, id, aggregate_id, event_type, payload, headers, created_at, attempts";
+RETURNING seq, id, aggregate_id, event_type, payload, headers, created_at, attempts, redrive_with";
 
 const MARK_PUBLISHED: &str = "
 UPDATE outbox SET published_at = $2, outcome = 'published', lease_owner = NULL, lease_until = NULL
@@ -309,5 +309,6 @@ fn decode_row(row: &SqliteRow) -> Result<OutboxEvent, StoreError> {
         headers,
         created_at: from_micros(row.try_get(6)?),
         attempts: row.try_get::<i64, _>(7)? as i32,
+        redrive_with: row.try_get(8)?,
     })
 }

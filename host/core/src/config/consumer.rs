@@ -57,6 +57,16 @@ pub struct ConsumerSection {
     /// consumer is a member of the group named after it.
     #[serde(default)]
     pub kafka_partitions: Option<Vec<i32>>,
+    /// Kafka group members: when the group has partitions with lag and no
+    /// progress for this long on top of the group's `session.timeout.ms`
+    /// (the time a dead member's partitions normally wait), the member
+    /// leaves and joins again with a new client, and logs why. `"0s"` turns
+    /// the watch off.
+    #[serde(
+        default = "default_kafka_stall_timeout",
+        deserialize_with = "super::duration::keys::kafka_stall_timeout"
+    )]
+    pub kafka_stall_timeout: std::time::Duration,
     /// What a dead letter does to the later messages of its key.
     #[serde(default)]
     pub on_dead: OnDead,
@@ -103,6 +113,7 @@ impl ConsumerSection {
             max_result_bytes: default_max_result_bytes(),
             kafka_partitions: None,
             on_dead: OnDead::default(),
+            kafka_stall_timeout: default_kafka_stall_timeout(),
         }
     }
 
@@ -173,6 +184,9 @@ impl ConsumerSection {
     }
 }
 
+fn default_kafka_stall_timeout() -> std::time::Duration {
+    std::time::Duration::from_secs(30)
+}
 fn default_statement_timeout() -> std::time::Duration {
     TxnPolicy::default().statement_timeout
 }

@@ -107,6 +107,9 @@ pub(crate) mod keys {
         lease: "relay.lease", "relay.lease_ms";
         plugin_timeout: "plugins[].limits.timeout", "plugins[].limits.timeout_ms";
         statement_timeout: "consumers[].statement_timeout", "consumers[].statement_timeout_ms";
+        // A new key: a bare number is read as milliseconds with a warning
+        // that shows the duration to write instead.
+        kafka_stall_timeout: "consumers[].kafka_stall_timeout", "consumers[].kafka_stall_timeout";
     }
 
     /// `plugin_runtime.registry_poll`, which may be left out.

@@ -20,10 +20,15 @@
 //! does not own. A partition whose buffer fills up (its handler keeps
 //! failing) is paused rather than left unpolled, which would cost the group
 //! membership after `max.poll.interval.ms`.
+//!
+//! A group member also watches the group's progress ([`super::liveness`]):
+//! when partitions with lag make no progress for the stall time, it drops
+//! its client and joins again as a new member, which makes the coordinator
+//! rebalance the group.
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
 use rdkafka::client::ClientContext;
@@ -34,7 +39,9 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use super::KafkaSetupError;
 use super::client::{client, to_delivery};
+use super::liveness::{Liveness, Snapshot, Verdict, probe};
 use crate::broker::{ConsumeError, Delivery, MessageSource};
+use crate::metrics::ConsumerMetrics;
 use crate::store::{Db, offsets};
 
 /// Settings of one Kafka consumer.
@@ -51,6 +58,10 @@ pub struct KafkaConsumerConfig {
     /// Read these partitions of every topic without joining a group, with
     /// offsets in the database (`None`: be a member of the group `group`).
     pub partitions: Option<Vec<i32>>,
+    /// A group member whose group has partitions with lag and no progress
+    /// for this long on top of the group's `session.timeout.ms` joins again
+    /// with a new client. `None`: never.
+    pub stall_timeout: Option<Duration>,
 }
 
 impl KafkaConsumerConfig {
@@ -61,11 +72,58 @@ impl KafkaConsumerConfig {
             fetch_wait: Duration::from_millis(250),
             partition_limit: 1_000,
             partitions: None,
+            stall_timeout: Some(DEFAULT_STALL_TIMEOUT),
         }
     }
 }
 
 type PartitionKey = (String, i32);
+
+/// `consumers[].kafka_stall_timeout`'s default.
+pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// librdkafka's `session.timeout.ms` default.
+const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(45);
+
+/// How long one request of a liveness probe may wait.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A group member's watch over its group's progress.
+struct Watch {
+    liveness: Liveness,
+    /// When the next probe starts.
+    next: Instant,
+    every: Duration,
+    /// The probe in flight, off the async threads.
+    running: Option<tokio::task::JoinHandle<Result<Snapshot, String>>>,
+}
+
+impl Watch {
+    fn new(props: &BTreeMap<String, String>, stall_timeout: Duration) -> Self {
+        let session = props
+            .get("session.timeout.ms")
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map_or(DEFAULT_SESSION_TIMEOUT, Duration::from_millis);
+        // A dead member's partitions wait `session.timeout.ms` for the
+        // coordinator to notice, and then a rebalance: the watch counts
+        // from there.
+        let stall_after = stall_timeout + session;
+        let from_start = props.get("auto.offset.reset").is_none_or(|v| {
+            matches!(
+                v.trim().to_ascii_lowercase().as_str(),
+                "earliest" | "smallest" | "beginning"
+            )
+        });
+        let every = (stall_after / 6).clamp(Duration::from_millis(250), Duration::from_secs(5));
+        let now = Instant::now();
+        Self {
+            liveness: Liveness::new(stall_after, from_start, now),
+            next: now + every,
+            every,
+            running: None,
+        }
+    }
+}
 
 /// Records revoked partitions so `fetch` can drop what it buffered for them.
 #[derive(Default)]
@@ -91,6 +149,12 @@ impl ConsumerContext for GroupContext {
 pub struct KafkaConsumer {
     consumer: Arc<StreamConsumer<GroupContext>>,
     cfg: KafkaConsumerConfig,
+    /// The user's properties, to create a new client on recovery. May
+    /// hold secrets: never logged.
+    props: BTreeMap<String, String>,
+    /// Group members only, unless `stall_timeout` is `None`.
+    watch: Option<Watch>,
+    metrics: Option<Arc<ConsumerMetrics>>,
     /// Handed out and not yet committed, per partition, in offset order.
     buffer: BTreeMap<PartitionKey, VecDeque<Delivery>>,
     /// Partitions paused because their buffer reached the limit.
@@ -119,15 +183,26 @@ impl KafkaConsumer {
         props: &BTreeMap<String, String>,
         cfg: KafkaConsumerConfig,
     ) -> Result<Self, KafkaSetupError> {
-        let consumer = client(props, &cfg)?;
-        let topics: Vec<&str> = cfg.topics.iter().map(String::as_str).collect();
-        consumer
-            .subscribe(&topics)
-            .map_err(|e| KafkaSetupError::Client {
-                role: "consumer",
-                message: format!("group `{}` cannot subscribe to {topics:?}: {e}", cfg.group),
-            })?;
-        Ok(Self::with_client(consumer, cfg, None))
+        let consumer = subscribed(props, &cfg)?;
+        let watch = cfg
+            .stall_timeout
+            .filter(|t| !t.is_zero())
+            .map(|t| Watch::new(props, t));
+        let mut this = Self::with_client(consumer, cfg, props, None);
+        this.watch = watch;
+        Ok(this)
+    }
+
+    /// Counts recoveries and stalled partitions in `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<ConsumerMetrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// How long a group member waits for progress before it joins again
+    /// (`None`: it does not watch).
+    pub fn stall_after(&self) -> Option<Duration> {
+        self.watch.as_ref().map(|w| w.liveness.stall_after())
     }
 
     /// Reads `cfg.partitions` of every topic in `cfg.topics` without joining
@@ -180,22 +255,121 @@ impl KafkaConsumer {
             })?;
         tracing::info!(consumer = %cfg.group, topics = ?cfg.topics, ?partitions,
             "reading assigned partitions; offsets are kept in the database");
-        Ok(Self::with_client(consumer, cfg, Some(db)))
+        Ok(Self::with_client(consumer, cfg, props, Some(db)))
     }
 
     fn with_client(
         consumer: StreamConsumer<GroupContext>,
         cfg: KafkaConsumerConfig,
+        props: &BTreeMap<String, String>,
         offsets_db: Option<Db>,
     ) -> Self {
         Self {
             consumer: Arc::new(consumer),
             cfg,
+            props: props.clone(),
+            watch: None,
+            metrics: None,
             buffer: BTreeMap::new(),
             paused: HashSet::new(),
             rotation: 0,
             offsets_db,
         }
+    }
+
+    /// Takes the answer of the liveness probe in flight, if it is there,
+    /// and starts the next one when due. Never waits for a probe.
+    async fn watch_group(&mut self) -> Result<(), ConsumeError> {
+        let Some(watch) = self.watch.as_mut() else {
+            return Ok(());
+        };
+        let now = Instant::now();
+        let mut verdict = None;
+        if watch.running.as_ref().is_some_and(|h| h.is_finished())
+            && let Some(handle) = watch.running.take()
+        {
+            let held: std::collections::BTreeSet<PartitionKey> = self
+                .buffer
+                .iter()
+                .filter(|(_, q)| !q.is_empty())
+                .map(|(k, _)| k.clone())
+                .collect();
+            match handle.await {
+                Ok(Ok(snap)) => {
+                    let (stalled, v) = watch.liveness.observe(&snap, &held, now);
+                    if let Some(m) = &self.metrics {
+                        m.stalled_partitions
+                            .store(stalled as u64, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    verdict = v;
+                }
+                Ok(Err(e)) => {
+                    tracing::debug!(consumer = %self.cfg.group, error = %e, "liveness probe did not answer");
+                    verdict = watch.liveness.no_answer(now);
+                }
+                Err(e) => {
+                    tracing::warn!(consumer = %self.cfg.group, error = %e, "liveness probe task failed");
+                }
+            }
+        }
+        if verdict.is_none() && watch.running.is_none() && now >= watch.next {
+            watch.next = now + watch.every;
+            let consumer = self.consumer.clone();
+            let topics = self.cfg.topics.clone();
+            watch.running = Some(tokio::task::spawn_blocking(move || {
+                probe(consumer.as_ref(), &topics, PROBE_TIMEOUT)
+            }));
+        }
+        match verdict {
+            Some(v) => self.recover(&v),
+            None => Ok(()),
+        }
+    }
+
+    /// Leaves the group and joins again with a new client (a new member
+    /// id), which makes the coordinator rebalance. What this member held
+    /// uncommitted is dropped: its partitions resume from the committed
+    /// offsets, wherever they land.
+    fn recover(&mut self, v: &Verdict) -> Result<(), ConsumeError> {
+        let stalled: Vec<String> = v
+            .stalled
+            .iter()
+            .map(|((t, p), lag)| format!("{t}/{p} (lag {lag})"))
+            .collect();
+        let assignment: Vec<String> = v
+            .assignment
+            .iter()
+            .map(|(t, p)| format!("{t}/{p}"))
+            .collect();
+        tracing::warn!(
+            consumer = %self.cfg.group,
+            group = %self.cfg.group,
+            reason = v.reason.label(),
+            stalled = ?stalled,
+            assignment = ?assignment,
+            no_progress_for = ?v.for_how_long,
+            "kafka consumer group made no progress; leaving it and joining again with a new client"
+        );
+        if let Some(m) = &self.metrics {
+            m.recoveries.inc(v.reason.label());
+        }
+        let fresh = subscribed(&self.props, &self.cfg)
+            .map_err(|e| ConsumeError::Transport(format!("group `{}`: {e}", self.cfg.group)))?;
+        let old = std::mem::replace(&mut self.consumer, Arc::new(fresh));
+        self.buffer.clear();
+        self.paused.clear();
+        if let Some(watch) = self.watch.as_mut() {
+            // A probe of the old client would describe the old member.
+            if let Some(h) = watch.running.take() {
+                h.abort();
+            }
+            watch.liveness.reset(Instant::now());
+            watch.next = Instant::now() + watch.every;
+        }
+        // Closing sends LeaveGroup and may wait for the coordinator: off the
+        // async threads, and nobody waits for it.
+        drop(tokio::task::spawn_blocking(move || drop(old)));
+        Ok(())
     }
 
     /// How many messages are handed out and not yet committed.
@@ -295,6 +469,7 @@ impl KafkaConsumer {
 
 impl MessageSource for KafkaConsumer {
     async fn fetch(&mut self, max: usize) -> Result<Vec<Delivery>, ConsumeError> {
+        self.watch_group().await?;
         self.drop_revoked();
         let buffered = self.buffered();
         let room = max.saturating_sub(buffered);
@@ -376,4 +551,20 @@ impl MessageSource for KafkaConsumer {
         }
         Ok(())
     }
+}
+
+/// A new client of `cfg.group`, subscribed to `cfg.topics`.
+fn subscribed(
+    props: &BTreeMap<String, String>,
+    cfg: &KafkaConsumerConfig,
+) -> Result<StreamConsumer<GroupContext>, KafkaSetupError> {
+    let consumer = client(props, cfg)?;
+    let topics: Vec<&str> = cfg.topics.iter().map(String::as_str).collect();
+    consumer
+        .subscribe(&topics)
+        .map_err(|e| KafkaSetupError::Client {
+            role: "consumer",
+            message: format!("group `{}` cannot subscribe to {topics:?}: {e}", cfg.group),
+        })?;
+    Ok(consumer)
 }

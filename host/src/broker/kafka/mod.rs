@@ -6,7 +6,8 @@
 //! delivery timeout replaces the producer, because librdkafka cannot recover
 //! by itself from a broker that lost its producer state.
 //!
-//! The consumer is in [`consumer`].
+//! The consumer is in [`consumer`]; a group member's watch over its
+//! group's progress, and why it rejoins, in [`liveness`].
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
@@ -22,7 +23,8 @@ mod broker_error;
 mod client;
 mod consumer;
 mod lag;
-pub use consumer::{KafkaConsumer, KafkaConsumerConfig};
+mod liveness;
+pub use consumer::{DEFAULT_STALL_TIMEOUT, KafkaConsumer, KafkaConsumerConfig};
 pub use lag::GroupLag;
 
 use super::{OutgoingMessage, PublishError, Publisher};

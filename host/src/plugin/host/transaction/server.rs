@@ -3,7 +3,7 @@
 //! guard, the capability gate and the statement and result budgets, and
 //! answers the guest through the [`Mailbox`](super::Mailbox).
 
-use super::{Op, Reply, TxnLink};
+use super::{Op, PluginStatement, Reply, TxnLink};
 use crate::plugin::bindings::consumer::outbox::plugin::transaction::{
     self as wit, DbError, Rows, Value,
 };
@@ -35,6 +35,8 @@ pub(crate) struct TxnServer<'a> {
     /// error fails even if the plugin returns `ok`: on Postgres the
     /// transaction is aborted, and a refused statement is a broken plugin.
     pub(crate) failure: Option<String>,
+    /// Every statement served, when recording (a dry run).
+    pub(crate) recorded: Option<Vec<PluginStatement>>,
 }
 
 impl<'a> TxnServer<'a> {
@@ -47,12 +49,29 @@ impl<'a> TxnServer<'a> {
             bytes: 0,
             touched: false,
             failure: None,
+            recorded: None,
         }
+    }
+
+    /// Also records each statement's kind, text and outcome.
+    pub(crate) fn recording(mut self) -> Self {
+        self.recorded = Some(Vec::new());
+        self
     }
 
     /// Runs one request and leaves its answer in `link`.
     pub(crate) async fn serve(&mut self, link: &TxnLink, op: Op) {
+        let seen = self.recorded.is_some().then(|| op.statement());
         let result = self.run(op).await;
+        if let (Some(log), Some(mut statement)) = (self.recorded.as_mut(), seen) {
+            statement.outcome = match &result {
+                Ok(reply) => reply.outcome(),
+                Err(DbError::Database((Some(code), _))) => format!("database error {code}"),
+                Err(DbError::Database((None, _))) => "database error".into(),
+                Err(e) => describe(e),
+            };
+            log.push(statement);
+        }
         if let Err(e) = &result
             && self.failure.is_none()
         {

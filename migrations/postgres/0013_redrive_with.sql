@@ -1,0 +1,12 @@
+-- 0013: fix-forward. A dead event redriven with `--with NAME@VERSION` runs
+-- through that registry version of plugin NAME (one of its route's chain,
+-- a candidate included) instead of the active one, without activating it.
+-- The relay reads the choice when it claims the row; it stays on the row as
+-- the record of how the event was redriven (the row's `transformed_by`
+-- names the chain that ran), and the next redrive sets it again (NULL: the
+-- active versions).
+--
+-- Since 0011 the outbox lives in outboxd's own schema; the rolling-upgrade
+-- view `outbox` in the application's schema keeps the columns it had (a
+-- producer of an earlier release never writes this one).
+ALTER TABLE outboxd.outbox ADD COLUMN redrive_with text;
