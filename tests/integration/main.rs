@@ -61,3 +61,4 @@ mod sqlite_leases;
 mod sqlite_wake;
 mod swap_processes;
 mod timing;
+mod traces;
