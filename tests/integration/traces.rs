@@ -347,10 +347,25 @@ service_name = "relay"
         }
     }
     let enqueue = one(&spans, "enqueue");
-    let claim = one(&spans, "claim");
-    let transform = one(&spans, "plugin.transform");
-    let publish = one(&spans, "publish");
     let fetch = one(&spans, "fetch");
+    // A publish the broker did not acknowledge in time is retried by a
+    // later claim: every claim is the enqueue's, and the chain that reached
+    // the consumer is the one the fetch names.
+    let parent_of = |child: &Received, name: &str| -> &Received {
+        spans
+            .iter()
+            .find(|r| r.span.name == name && r.span.span_id == child.span.parent_span_id)
+            .unwrap_or_else(|| panic!("`{}` has no `{name}` parent", child.span.name))
+    };
+    let publish = parent_of(fetch, "publish");
+    let claim = parent_of(publish, "claim");
+    let transform = *named(&spans, "plugin.transform")
+        .iter()
+        .find(|r| r.span.parent_span_id == claim.span.span_id)
+        .expect("the plugin call of the claim that was fetched");
+    for other in named(&spans, "claim") {
+        assert_child(other, enqueue);
+    }
     let mark = one(&spans, "inbox.mark");
     let handle = one(&spans, "handle");
     let commit = one(&spans, "commit");
