@@ -18,6 +18,8 @@
 //!   around it.
 //! - [`ops`], [`admin`], [`metrics`]: retention, dead events and
 //!   reconciliation; the admin API and dashboard; Prometheus metrics.
+//! - [`telemetry`]: OpenTelemetry traces of each event, producer to inbox
+//!   commit, off unless an OTLP endpoint is set.
 //! - [`fault`], [`clock`]: seams that let tests crash and time-travel it.
 //!
 //! [`config`], [`event`], `consumer::sql_guard`, the message and header
@@ -38,6 +40,7 @@ pub mod ops;
 pub mod plugin;
 pub mod relay;
 pub mod store;
+pub mod telemetry;
 
 pub use outboxd_core::event;
 

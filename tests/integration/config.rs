@@ -375,6 +375,7 @@ fn the_example_config_parses_and_validates() {
         "retention",
         "reconcile",
         "admin",
+        "telemetry",
     ] {
         assert!(
             table.contains_key(section),

@@ -64,3 +64,4 @@ mod sqlite_leases;
 mod sqlite_wake;
 mod swap_processes;
 mod timing;
+mod traces;

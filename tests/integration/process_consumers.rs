@@ -274,7 +274,7 @@ on_both!(a_consumer_only_process_publishes_nothing);
 /// `OUTBOXD__PLUGINS` and `OUTBOXD__CONSUMERS` for one `billing` consumer
 /// plugin of `order.confirmed` that may write `invoices` (`extra` adds keys
 /// to the consumer), with its Postgres role provisioned.
-async fn billing_plugin_consumer(t: &TestDb, extra: &str) -> (String, String) {
+pub(crate) async fn billing_plugin_consumer(t: &TestDb, extra: &str) -> (String, String) {
     let plugins = format!(
         r#"[{{name = "billing", path = "{}", limits = {{timeout_ms = 5000}}}}]"#,
         crate::plugins::plugin_path("billing").display()

@@ -16,6 +16,14 @@ pub enum DbKind {
 pub struct UnsupportedUrl(pub String);
 
 impl DbKind {
+    /// The database's name in traces (OpenTelemetry's `db.system.name`).
+    pub fn system_name(self) -> &'static str {
+        match self {
+            DbKind::Postgres => "postgresql",
+            DbKind::Sqlite => "sqlite",
+        }
+    }
+
     pub fn from_url(url: &str) -> Result<Self, UnsupportedUrl> {
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             Ok(DbKind::Postgres)

@@ -19,6 +19,26 @@ pub mod headers {
     pub const HOST_SET: [&str; 4] = [MESSAGE_ID, EVENT_TYPE, AGGREGATE_ID, CREATED_AT];
 }
 
+/// The W3C trace context headers: which trace a message belongs to, and
+/// the span it continues.
+pub const TRACE_HEADERS: [&str; 2] = ["traceparent", "tracestate"];
+
+/// Puts the event's own trace context back on a transformer's output: a
+/// plugin may neither drop it nor replace it with another (forged) one,
+/// unless its route sets `plugins_may_set_trace`. An event without a trace
+/// context gives outputs none.
+pub fn keep_event_trace(
+    event_headers: &std::collections::BTreeMap<String, String>,
+    output_headers: &mut Vec<(String, String)>,
+) {
+    output_headers.retain(|(k, _)| !TRACE_HEADERS.contains(&k.as_str()));
+    for name in TRACE_HEADERS {
+        if let Some(v) = event_headers.get(name) {
+            output_headers.push((name.to_string(), v.clone()));
+        }
+    }
+}
+
 /// Split outputs carry the outbox id they came from in this header.
 pub const SOURCE_ID_HEADER: &str = "source-message-id";
 
@@ -279,5 +299,42 @@ mod tests {
             .collect();
         assert_eq!(ids, vec![id.0.to_string().as_bytes()]);
         assert_eq!(msg.header("traceparent"), Some(&b"00-1"[..]));
+    }
+
+    #[test]
+    fn a_plugin_cannot_drop_or_forge_the_events_trace_context() {
+        let event: std::collections::BTreeMap<String, String> = [(
+            "traceparent".to_string(),
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_string(),
+        )]
+        .into();
+        let mut forged = vec![
+            (
+                "traceparent".to_string(),
+                "00-11111111111111111111111111111111-2222222222222222-01".to_string(),
+            ),
+            ("tracestate".to_string(), "evil=1".to_string()),
+            ("x-kept".to_string(), "yes".to_string()),
+        ];
+        keep_event_trace(&event, &mut forged);
+        assert_eq!(
+            forged,
+            vec![
+                ("x-kept".to_string(), "yes".to_string()),
+                ("traceparent".to_string(), event["traceparent"].clone()),
+            ]
+        );
+        let mut dropped = vec![("x-kept".to_string(), "yes".to_string())];
+        keep_event_trace(&event, &mut dropped);
+        assert_eq!(
+            dropped[1],
+            ("traceparent".to_string(), event["traceparent"].clone())
+        );
+        let mut invented = vec![("traceparent".to_string(), "00-1-2-01".to_string())];
+        keep_event_trace(&Default::default(), &mut invented);
+        assert!(
+            invented.is_empty(),
+            "an event without a trace gives its outputs none"
+        );
     }
 }

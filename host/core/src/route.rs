@@ -17,6 +17,11 @@ pub struct Route {
     /// to. A plugin output naming any other topic makes the event dead.
     #[serde(default)]
     pub allowed_topics: Vec<String>,
+    /// Lets the route's transformers replace or drop the trace context
+    /// (`traceparent`, `tracestate`). Off by default: the host puts the
+    /// event's own trace context back on every output after the chain.
+    #[serde(default)]
+    pub plugins_may_set_trace: bool,
 }
 
 impl Route {
@@ -26,7 +31,14 @@ impl Route {
             topic: topic.into(),
             transformers: Vec::new(),
             allowed_topics: Vec::new(),
+            plugins_may_set_trace: false,
         }
+    }
+
+    /// Lets the route's transformers set the trace context themselves.
+    pub fn letting_plugins_set_trace(mut self) -> Self {
+        self.plugins_may_set_trace = true;
+        self
     }
 
     /// Lets the route's transformers also send to `topics`.

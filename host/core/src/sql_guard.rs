@@ -172,9 +172,62 @@ pub fn check_statement(sql: &str) -> Result<&'static str, GuardError> {
     Ok(kind)
 }
 
+/// What a trace may say about an admitted statement: its kind and the
+/// table it names first (the target of an INSERT, UPDATE or DELETE, the
+/// first table after FROM for a query), in lower case as the lexer reads
+/// it, never its values. `None` for text the guard would refuse.
+pub fn statement_target(sql: &str) -> Option<(&'static str, Option<String>)> {
+    let kind = check_statement(sql).ok()?;
+    let tokens = tokenize(sql).ok()?;
+    let after = match kind {
+        "insert" => "into",
+        "update" => "update",
+        _ => "from",
+    };
+    let table = tokens
+        .iter()
+        .skip_while(|t| !matches!(t, Token::Word(w) if w == after))
+        .nth(1)
+        .and_then(|t| match t {
+            Token::Word(w) | Token::Quoted(w) => Some(w.clone()),
+            _ => None,
+        });
+    Some((kind, table))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_statements_target_is_its_kind_and_table_never_its_values() {
+        for (sql, kind, table) in [
+            (
+                "INSERT INTO invoices (order_id) VALUES ($1)",
+                "insert",
+                Some("invoices"),
+            ),
+            (
+                "update accounts set n = 'from secret' where id = ?",
+                "update",
+                Some("accounts"),
+            ),
+            ("DELETE FROM carts WHERE id = $1", "delete", Some("carts")),
+            (
+                "SELECT 'into x' FROM \"Ledger\" WHERE k = $1",
+                "select",
+                Some("ledger"),
+            ),
+            ("SELECT 1", "select", None),
+        ] {
+            assert_eq!(
+                statement_target(sql),
+                Some((kind, table.map(str::to_string))),
+                "{sql}"
+            );
+        }
+        assert_eq!(statement_target("DROP TABLE x"), None);
+    }
 
     #[test]
     fn plain_dml_with_parameters_passes() {

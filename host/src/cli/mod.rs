@@ -223,6 +223,8 @@ async fn dispatch(cli: Cli, daemon: Daemon) -> anyhow::Result<ExitCode> {
     }
     let config = load_config(&cli)?;
     init_logging(config.log.format);
+    // Sends the spans left when the command returns (SIGTERM included).
+    let _telemetry = crate::telemetry::Telemetry::start(&config.telemetry)?;
     for deprecated in &config.deprecations {
         tracing::warn!("{deprecated}");
     }

@@ -5,7 +5,9 @@
 //! each. [`process_batch`] and [`attempt_batch`] are re-exported from
 //! [`super::inbox`], where one message at a time lives.
 
-use super::inbox::{Attempt, Handler, HandlerError, InboxTx, Pinned, Processed, mark_and_handle};
+use super::inbox::{
+    Attempt, Handler, HandlerError, InboxTx, Pinned, Processed, handle_traced, mark_and_handle,
+};
 use crate::broker::Delivery;
 use crate::store::Db;
 
@@ -118,7 +120,9 @@ async fn attempt_all<H: Handler>(
     let pins: Vec<Pinned> = ids.iter().map(|_| handler.pin()).collect();
     let labels: Vec<Option<String>> = pins.iter().map(|p| p.label.clone()).collect();
     let mut tx = begin_batch(db, handler).await?;
+    let marks = spans(&deliveries[..ids.len()], "inbox.mark", consumer);
     let mut fresh = tx.mark_all(consumer, &ids, &labels).await?;
+    drop(marks);
     let mut results = Vec::with_capacity(deliveries.len());
     for ((d, id), pinned) in deliveries.iter().zip(&ids).zip(&pins) {
         // The first of several deliveries of one id in the batch is the one
@@ -130,8 +134,7 @@ async fn attempt_all<H: Handler>(
             });
             continue;
         }
-        let result = handler
-            .handle_pinned(pinned, &mut tx, d)
+        let result = handle_traced(handler, pinned, &mut tx, d, consumer)
             .await
             .map(|()| Processed::Handled);
         let handled_by = pinned.label.clone();
@@ -145,7 +148,9 @@ async fn attempt_all<H: Handler>(
         results.push(Attempt { result, handled_by });
     }
     results.extend(refused);
+    let commits = spans(&deliveries[..ids.len()], "commit", consumer);
     commit(tx, handler).await?;
+    drop(commits);
     Ok(AllOrFailure::All(results))
 }
 
@@ -179,6 +184,23 @@ async fn attempt_with_savepoints<H: Handler>(
             break;
         }
     }
+    let commits = spans(&deliveries[..results.len()], "commit", consumer);
     commit(tx, handler).await?;
+    drop(commits);
     Ok(results)
+}
+
+/// One span per message for a step the batch takes for all of them at once.
+fn spans(
+    deliveries: &[Delivery],
+    name: &'static str,
+    consumer: &str,
+) -> Vec<crate::telemetry::Span> {
+    if !crate::telemetry::enabled() {
+        return Vec::new();
+    }
+    deliveries
+        .iter()
+        .map(|d| crate::telemetry::for_delivery(d, name, consumer))
+        .collect()
 }

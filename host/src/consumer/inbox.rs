@@ -13,6 +13,7 @@ use crate::broker::Delivery;
 use crate::plugin::slot::ConsumerVersions;
 use crate::store::Db;
 pub use crate::store::{InboxTx, PgInboxTx};
+use crate::telemetry::FutureExt;
 
 pub use super::batch::{attempt_batch, process_batch};
 
@@ -187,7 +188,10 @@ pub async fn attempt<H: Handler>(
                 let _ = tx.rollback().await;
                 return failed(e.into());
             }
+            let span = crate::telemetry::for_delivery(delivery, "commit", consumer);
             let committed = tx.commit().await;
+            span.record(&committed);
+            drop(span);
             Attempt {
                 result: committed
                     .map(|()| Processed::Handled)
@@ -226,11 +230,39 @@ pub(super) async fn mark_and_handle_pinned<H: Handler>(
     handler: &H,
     pinned: Pinned,
 ) -> (Option<String>, Result<Processed, HandlerError>) {
-    match tx.mark(consumer, message_id, pinned.label.as_deref()).await {
+    let mark = crate::telemetry::for_delivery(delivery, "inbox.mark", consumer);
+    let marked = tx.mark(consumer, message_id, pinned.label.as_deref()).await;
+    mark.record(&marked);
+    drop(mark);
+    match marked {
         Ok(false) => return (None, Ok(Processed::Duplicate)),
         Ok(true) => {}
         Err(e) => return (None, Err(e.into())),
     }
-    let result = handler.handle_pinned(&pinned, tx, delivery).await;
+    let result = handle_traced(handler, &pinned, tx, delivery, consumer).await;
     (pinned.label, result.map(|()| Processed::Handled))
+}
+
+/// Runs the handler on `pinned` inside a `handle` span under the
+/// delivery's trace, which a consumer plugin's statements nest under.
+pub(super) async fn handle_traced<H: Handler>(
+    handler: &H,
+    pinned: &Pinned,
+    tx: &mut InboxTx,
+    delivery: &Delivery,
+    consumer: &str,
+) -> Result<(), HandlerError> {
+    let span = crate::telemetry::for_delivery(delivery, "handle", consumer);
+    let Some(cx) = span.context().cloned() else {
+        return handler.handle_pinned(pinned, tx, delivery).await;
+    };
+    if let Some(label) = &pinned.label {
+        crate::telemetry::plugin_attrs(&span, label);
+    }
+    let result = handler
+        .handle_pinned(pinned, tx, delivery)
+        .with_context(cx)
+        .await;
+    span.record(&result);
+    result
 }

@@ -164,10 +164,12 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
     /// handled or dropped as duplicates, and whether any failed.
     pub async fn step(&mut self) -> Result<(usize, bool), ConsumerError> {
         let (redriven, redrive_failed) = self.check_parking().await?;
-        let batch = self.source.fetch(self.config.fetch_max).await?;
+        let fetch_started = crate::telemetry::enabled().then(std::time::SystemTime::now);
+        let mut batch = self.source.fetch(self.config.fetch_max).await?;
         if batch.is_empty() {
             return Ok((redriven, redrive_failed));
         }
+        crate::telemetry::fetched(&mut batch, &self.config.name, fetch_started);
         let mut by_partition: BTreeMap<(String, i32), Vec<Delivery>> = BTreeMap::new();
         for d in batch {
             by_partition

@@ -151,7 +151,16 @@ impl Chain {
         for plugin in &self.plugins {
             let mut next = Vec::with_capacity(current.len());
             for (event, topic) in current {
-                let outputs = plugin.transform(&event).await.map_err(|error| ChainError {
+                let span = crate::telemetry::Span::in_current(
+                    "plugin.transform",
+                    opentelemetry::trace::SpanKind::Internal,
+                );
+                span.attr("outboxd.plugin.name", || plugin.name().to_string());
+                span.attr("outboxd.plugin.version", || plugin.version().to_string());
+                let outputs = plugin.transform(&event).await;
+                span.record(&outputs);
+                drop(span);
+                let outputs = outputs.map_err(|error| ChainError {
                     plugin: plugin.label(),
                     error,
                 })?;

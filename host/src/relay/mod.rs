@@ -14,6 +14,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
+use opentelemetry::Context;
+use opentelemetry::trace::SpanKind;
 
 use crate::broker::{OutgoingMessage, PublishError, Publisher};
 use crate::clock::Clock;
@@ -21,6 +23,7 @@ use crate::event::OutboxEvent;
 use crate::fault::{FaultPoint, Faults, InjectedFault};
 pub use crate::store::truncate;
 use crate::store::{BatchOutcome, ClaimedBatch, FailedEvent, OutboxStore, StoreError};
+use crate::telemetry::Span;
 
 pub use crate::plugin::chains::{ChainTable, Chains, PinError, RouteChain, Shadow, build_chains};
 pub use crate::plugin::rollout::{Refreshed, Rollout};
@@ -154,6 +157,30 @@ impl SendError {
     }
 }
 
+/// One `claim` span per traced event of a batch, from when the claim
+/// started; empty while telemetry is off.
+fn claim_spans(events: &[OutboxEvent], started: Option<std::time::SystemTime>) -> Vec<Span> {
+    if started.is_none() {
+        return Vec::new();
+    }
+    events
+        .iter()
+        .map(|ev| {
+            let parent = crate::telemetry::remote(
+                ev.headers
+                    .get(crate::telemetry::TRACEPARENT)
+                    .map(String::as_str),
+            );
+            let span = Span::child_at(parent.as_ref(), "claim", SpanKind::Internal, started);
+            span.attr("outboxd.seq", || ev.seq);
+            span.attr("messaging.message.id", || ev.id.0.to_string());
+            // The claim is over; the span stays the parent of what follows.
+            span.finish();
+            span
+        })
+        .collect()
+}
+
 /// The `relay_failures` label of a failure.
 fn failure_label(permanent: bool, cause: FailureCause) -> &'static str {
     match (permanent, cause) {
@@ -223,28 +250,34 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
     /// batch while this one is being marked (see [`worker::run`]).
     pub async fn send(&self) -> Result<Option<Sent<S::Batch>>, RelayError> {
         let now = self.clock.now();
+        let claim_started = crate::telemetry::enabled().then(std::time::SystemTime::now);
         let batch = self.store.claim(self.config.batch_size, now).await?;
         if batch.events().is_empty() {
             return Ok(None);
         }
+        let claims = claim_spans(batch.events(), claim_started);
         let mut pinned = self.pinned_chains(batch.events()).await;
-        let transformed = self.run_chains(batch.events(), &pinned).await;
+        let transformed = self.run_chains(batch.events(), &pinned, &claims).await;
         let results = join_all(
             batch
                 .events()
                 .iter()
                 .zip(transformed)
                 .zip(pinned.iter_mut().map(Option::take))
-                .map(|((ev, t), pin)| async move {
-                    match pin {
-                        // A redriven event whose version cannot run is never
-                        // published through the live chain instead.
-                        Some(Err(e)) => EventResult::Failed {
-                            permanent: e.permanent,
-                            error: e.to_string(),
-                            cause: FailureCause::Plugin,
-                        },
-                        _ => self.handle_event(ev, t).await,
+                .enumerate()
+                .map(|(i, ((ev, t), pin))| {
+                    let claim = claims.get(i).and_then(Span::context);
+                    async move {
+                        match pin {
+                            // A redriven event whose version cannot run is never
+                            // published through the live chain instead.
+                            Some(Err(e)) => EventResult::Failed {
+                                permanent: e.permanent,
+                                error: e.to_string(),
+                                cause: FailureCause::Plugin,
+                            },
+                            _ => self.handle_event(ev, t, claim).await,
+                        }
                     }
                 }),
         )
@@ -344,11 +377,12 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         &self,
         ev: &OutboxEvent,
         transformed: Option<(RouteChain, transform::ChainOutput)>,
+        claim: Option<&Context>,
     ) -> EventResult {
         if let Some((route, output)) = transformed {
-            return self.publish_outputs(ev, &route, output).await;
+            return self.publish_outputs(ev, &route, output, claim).await;
         }
-        match self.publish(self.message_for(ev)).await {
+        match self.publish(self.message_for(ev), claim).await {
             Ok(()) => EventResult::Published(None),
             Err(e) => {
                 let error = e.to_string();
@@ -357,11 +391,29 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         }
     }
 
-    async fn publish(&self, msg: OutgoingMessage) -> Result<(), SendError> {
-        match tokio::time::timeout(self.config.publish_timeout, self.publisher.publish(msg)).await {
-            Ok(result) => result.map_err(SendError::Broker),
-            Err(_) => Err(SendError::Timeout(self.config.publish_timeout)),
+    /// Publishes one message and waits for the broker's acknowledgement.
+    /// Under a traced event the `publish` span covers that wait, and the
+    /// message carries the span as its `traceparent`.
+    async fn publish(
+        &self,
+        mut msg: OutgoingMessage,
+        parent: Option<&Context>,
+    ) -> Result<(), SendError> {
+        let span = Span::child(parent, "publish", SpanKind::Producer);
+        if let Some(traceparent) = span.traceparent() {
+            span.attr("messaging.destination.name", || msg.topic.clone());
+            span.attr("messaging.message.id", || msg.message_id.to_string());
+            crate::telemetry::set_traceparent(&mut msg.headers, traceparent);
         }
+        let result =
+            match tokio::time::timeout(self.config.publish_timeout, self.publisher.publish(msg))
+                .await
+            {
+                Ok(result) => result.map_err(SendError::Broker),
+                Err(_) => Err(SendError::Timeout(self.config.publish_timeout)),
+            };
+        span.record(&result);
+        result
     }
 
     /// The message for an event: keyed by aggregate, carrying the message id,

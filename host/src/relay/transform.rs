@@ -6,6 +6,7 @@
 use std::time::Instant;
 
 use futures_util::future::join_all;
+use opentelemetry::Context;
 
 use super::{EventResult, FailureCause, Relay, Router};
 use crate::broker::{OutgoingMessage, Publisher};
@@ -14,10 +15,13 @@ use crate::plugin::chains::{PinError, RouteChain, Shadow};
 use crate::plugin::shadow;
 use crate::plugin::{Chain, GuestEvent, GuestMessage};
 use crate::store::OutboxStore;
+use crate::telemetry::{FutureExt, Span};
 
 /// How an output becomes a broker message (its id, the headers a plugin
 /// cannot set) is pure, and lives in `outboxd-core` for the fuzz targets.
-pub use outboxd_core::message::{SOURCE_ID_HEADER, output_message_id, plugin_message};
+pub use outboxd_core::message::{
+    SOURCE_ID_HEADER, keep_event_trace, output_message_id, plugin_message,
+};
 
 /// The event as a guest sees it.
 pub fn guest_event(ev: &OutboxEvent) -> GuestEvent {
@@ -95,6 +99,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         &self,
         events: &[OutboxEvent],
         pinned: &[PinnedChain],
+        claims: &[Span],
     ) -> Vec<Option<(RouteChain, ChainOutput)>> {
         let mut out: Vec<Option<(RouteChain, ChainOutput)>> = events.iter().map(|_| None).collect();
         let jobs: Vec<(usize, RouteChain, Job)> = events
@@ -125,16 +130,25 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         let mut jobs = jobs.into_iter();
         let mut tasks = Vec::with_capacity(threads);
         loop {
-            let chunk: Vec<(usize, RouteChain, Job)> = jobs.by_ref().take(per_task).collect();
+            let chunk: Vec<(usize, RouteChain, Job, Option<Context>)> = jobs
+                .by_ref()
+                .take(per_task)
+                .map(|(i, r, job)| (i, r, job, claims.get(i).and_then(Span::context).cloned()))
+                .collect();
             if chunk.is_empty() {
                 break;
             }
             let routes: Vec<(usize, RouteChain)> =
-                chunk.iter().map(|(i, r, _)| (*i, r.clone())).collect();
+                chunk.iter().map(|(i, r, _, _)| (*i, r.clone())).collect();
             let task = tokio::spawn(async move {
                 let mut results = Vec::with_capacity(chunk.len());
-                for (_, route, job) in chunk {
-                    results.push(run_job(&route, job).await);
+                for (_, route, job, trace) in chunk {
+                    // The chain's plugin calls are spans under the claim.
+                    let result = match trace {
+                        Some(cx) => run_job(&route, job).with_context(cx).await,
+                        None => run_job(&route, job).await,
+                    };
+                    results.push(result);
                 }
                 results
             });
@@ -164,6 +178,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         ev: &OutboxEvent,
         route: &RouteChain,
         output: ChainOutput,
+        claim: Option<&Context>,
     ) -> EventResult {
         let chain = &route.active;
         let outputs = match output {
@@ -188,11 +203,33 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         }
         let count = outputs.len();
         let topic = self.router.topic_for(&ev.event_type).to_string();
-        let messages = outputs
-            .into_iter()
-            .enumerate()
-            .map(|(i, m)| plugin_message(ev, &topic, plain(m), i, count));
-        let results = join_all(messages.map(|m| self.publish(m))).await;
+        let may_set_trace = self
+            .router
+            .route_index(&ev.event_type)
+            .is_some_and(|i| self.router.routes()[i].plugins_may_set_trace);
+        let messages = outputs.into_iter().enumerate().map(|(i, m)| {
+            let mut m = plain(m);
+            if !may_set_trace {
+                keep_event_trace(&ev.headers, &mut m.headers);
+            }
+            // A trace context the route let a plugin set is the parent of
+            // the publish; otherwise the claim is.
+            let own = may_set_trace
+                .then(|| crate::telemetry::from_headers(&m.headers))
+                .flatten()
+                .filter(|_| {
+                    m.headers
+                        .iter()
+                        .find(|(k, _)| k == crate::telemetry::TRACEPARENT)
+                        .map(|(_, v)| v)
+                        != ev.headers.get(crate::telemetry::TRACEPARENT)
+                });
+            (plugin_message(ev, &topic, m, i, count), own)
+        });
+        let results = join_all(
+            messages.map(|(m, own)| async move { self.publish(m, own.as_ref().or(claim)).await }),
+        )
+        .await;
         let mut failure = None;
         for (i, r) in results.into_iter().enumerate() {
             if let Err(e) = r {

@@ -38,7 +38,30 @@ pub async fn enqueue<DB: OutboxDatabase>(
     event: NewEvent,
 ) -> Result<Enqueued, EnqueueError> {
     validate(&event)?;
-    DB::enqueue_in(&mut *tx, event).await
+    let mut event = event;
+    // With telemetry on, an event whose producer passed a trace context gets
+    // an `enqueue` span under it, and the row carries that span onward.
+    let span = crate::telemetry::Span::child(
+        crate::telemetry::remote(
+            event
+                .headers
+                .get(crate::telemetry::TRACEPARENT)
+                .map(String::as_str),
+        )
+        .as_ref(),
+        "enqueue",
+        opentelemetry::trace::SpanKind::Producer,
+    );
+    if let Some(traceparent) = span.traceparent() {
+        span.attr("outboxd.aggregate_id", || event.aggregate_id.clone());
+        span.attr("outboxd.event_type", || event.event_type.clone());
+        event
+            .headers
+            .insert(crate::telemetry::TRACEPARENT.to_string(), traceparent);
+    }
+    let result = DB::enqueue_in(&mut *tx, event).await;
+    span.record(&result);
+    result
 }
 
 /// Finds the event written for an operation key, with its fingerprint.

@@ -13,6 +13,7 @@ mod env;
 mod ops;
 mod plugins;
 mod pool;
+mod telemetry;
 mod validate;
 
 pub use consumer::{ConsumerSection, HandlerRef, OnDead, TableGrants, TxnPolicy};
@@ -21,6 +22,7 @@ use env::{apply_env, syntax_message};
 pub use ops::{ReconcileRule, RetentionConfig};
 pub use plugins::{Limits, PluginSource, PluginSpec};
 pub use pool::PoolBudget;
+pub use telemetry::{TelemetryConfig, endpoint_problem};
 
 use crate::backoff::Backoff;
 use crate::route::Route;
@@ -53,6 +55,9 @@ pub struct Config {
     pub reconcile: Vec<ReconcileRule>,
     #[serde(default)]
     pub admin: AdminConfig,
+    /// OpenTelemetry traces: off unless an OTLP endpoint is set.
+    #[serde(default)]
+    pub telemetry: TelemetryConfig,
     /// Deprecated keys this config used, each with the key to write
     /// instead; the host logs them at start.
     #[serde(skip)]

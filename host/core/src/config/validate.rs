@@ -18,6 +18,11 @@ impl Config {
         if let Err(e) = DbKind::from_url(&self.database.url) {
             return bad("database.url", e.to_string());
         }
+        if let Some(url) = &self.telemetry.otlp_endpoint
+            && let Some(problem) = super::endpoint_problem(url)
+        {
+            return bad("telemetry.otlp_endpoint", problem);
+        }
         if self.database.max_connections == 0 {
             return bad("database.max_connections", "must be at least 1".into());
         }

@@ -13,6 +13,8 @@
 //!   are `list<u8>`, so that is allowed).
 //! - `{"bad_utf8": "topic" | "header"}`: returns a topic or a header value
 //!   that is not UTF-8 (see [`not_utf8`]).
+//! - `{"trace": "drop"}` drops the trace context headers; `{"trace": V}`
+//!   replaces `traceparent` with `V` (a forged trace).
 //!
 //! Without any of them it forwards the event.
 
@@ -31,6 +33,7 @@ struct Input {
     key: Option<String>,
     key_bytes: Option<Vec<u8>>,
     bad_utf8: Option<String>,
+    trace: Option<String>,
 }
 
 fn present<'de, D: serde::Deserializer<'de>>(
@@ -107,6 +110,16 @@ impl Transformer for Misbehave {
             Some("topic") => msg.topic = Some(not_utf8()),
             Some("header") => msg.headers.push(("x-bad".into(), not_utf8())),
             _ => {}
+        }
+        match input.trace.as_deref() {
+            Some("drop") => msg
+                .headers
+                .retain(|(k, _)| k != "traceparent" && k != "tracestate"),
+            Some(forged) => {
+                msg.headers.retain(|(k, _)| k != "traceparent");
+                msg.headers.push(("traceparent".into(), forged.into()));
+            }
+            None => {}
         }
         Ok(vec![msg])
     }

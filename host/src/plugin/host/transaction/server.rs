@@ -61,8 +61,13 @@ impl<'a> TxnServer<'a> {
 
     /// Runs one request and leaves its answer in `link`.
     pub(crate) async fn serve(&mut self, link: &TxnLink, op: Op) {
+        let span = statement_span(&op, self.tx.kind());
         let seen = self.recorded.is_some().then(|| op.statement());
         let result = self.run(op).await;
+        if let Err(e) = &result {
+            span.fail(|| describe(e));
+        }
+        drop(span);
         if let (Some(log), Some(mut statement)) = (self.recorded.as_mut(), seen) {
             statement.outcome = match &result {
                 Ok(reply) => reply.outcome(),
@@ -225,6 +230,31 @@ static ADMITTED: std::sync::LazyLock<
     std::sync::Mutex<std::collections::HashMap<AdmittedKey, Checked>>,
 > = std::sync::LazyLock::new(Default::default);
 const ADMITTED_MAX: usize = 4096;
+
+/// A `plugin.statement` span under the plugin's `handle` span: the
+/// statement's kind and first table, never its text's values or its
+/// parameters. Nothing while telemetry is off, or for `emit`.
+fn statement_span(op: &Op, db: DbKind) -> crate::telemetry::Span {
+    let sql = match op {
+        Op::Execute(sql, _) | Op::Query(sql, _) => sql,
+        Op::Emit(_) => return crate::telemetry::Span::default(),
+    };
+    let span = crate::telemetry::Span::in_current(
+        "plugin.statement",
+        opentelemetry::trace::SpanKind::Client,
+    );
+    if span.is_recording() {
+        let target = outboxd_core::sql_guard::statement_target(sql);
+        span.attr("db.system.name", || db.system_name());
+        if let Some((kind, table)) = target {
+            span.attr("db.operation.name", || kind);
+            if let Some(table) = table {
+                span.attr("db.collection.name", || table);
+            }
+        }
+    }
+    span
+}
 
 fn admitted_key(kind: DbKind, policy: &TxnPolicy, sql: &str) -> AdmittedKey {
     let t = &policy.tables;

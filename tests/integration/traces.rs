@@ -1,0 +1,543 @@
+//! OpenTelemetry traces: one event followed from the producer's
+//! `traceparent` through a relay process, the embedded transport and a
+//! consumer process to the inbox commit, as an OTLP/HTTP receiver started
+//! here sees them; and the trace context a transformer may not touch.
+
+use std::collections::BTreeMap;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
+use opentelemetry_proto::tonic::trace::v1::Span;
+use outboxd::event::NewEvent;
+use outboxd::relay::{Relay, RelayConfig, Route, Router, StepOutcome, build_chains};
+use outboxd::store::{Db, enqueue};
+use prost::Message as _;
+use serde_json::json;
+
+use super::plugins::{engine, spec};
+use super::process::{outboxd, wait_until};
+use super::process_consumers::billing_plugin_consumer;
+use crate::on_both;
+use crate::support::{ScriptedPublisher, TestDb};
+
+/// One span as received, with the `service.name` of the process that sent it.
+#[derive(Debug, Clone)]
+struct Received {
+    service: String,
+    span: Span,
+}
+
+impl Received {
+    fn attr(&self, key: &str) -> Option<String> {
+        self.span
+            .attributes
+            .iter()
+            .find(|kv| kv.key == key)
+            .and_then(|kv| kv.value.as_ref()?.value.as_ref())
+            .map(|v| match v {
+                AnyValue::StringValue(s) => s.clone(),
+                AnyValue::IntValue(i) => i.to_string(),
+                AnyValue::BoolValue(b) => b.to_string(),
+                other => format!("{other:?}"),
+            })
+    }
+}
+
+/// An OTLP/HTTP receiver on loopback: `POST /v1/traces` with a protobuf
+/// `ExportTraceServiceRequest`, as a collector takes it.
+struct Receiver {
+    endpoint: String,
+    spans: Arc<Mutex<Vec<Received>>>,
+}
+
+impl Receiver {
+    async fn start() -> Receiver {
+        let spans: Arc<Mutex<Vec<Received>>> = Arc::default();
+        let sink = spans.clone();
+        let app = axum::Router::new().route(
+            "/v1/traces",
+            axum::routing::post(move |body: axum::body::Bytes| {
+                let sink = sink.clone();
+                async move {
+                    let Ok(request) = ExportTraceServiceRequest::decode(body) else {
+                        return (axum::http::StatusCode::BAD_REQUEST, Vec::new());
+                    };
+                    let mut spans = sink.lock().expect("spans");
+                    for rs in request.resource_spans {
+                        let service = rs
+                            .resource
+                            .iter()
+                            .flat_map(|r| &r.attributes)
+                            .find(|kv| kv.key == "service.name")
+                            .and_then(|kv| match kv.value.as_ref()?.value.as_ref()? {
+                                AnyValue::StringValue(s) => Some(s.clone()),
+                                _ => None,
+                            })
+                            .unwrap_or_default();
+                        for ss in rs.scope_spans {
+                            for span in ss.spans {
+                                spans.push(Received {
+                                    service: service.clone(),
+                                    span,
+                                });
+                            }
+                        }
+                    }
+                    (axum::http::StatusCode::OK, Vec::new())
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the OTLP receiver");
+        let endpoint = format!("http://{}", listener.local_addr().expect("addr"));
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Receiver { endpoint, spans }
+    }
+
+    fn spans(&self) -> Vec<Received> {
+        self.spans.lock().expect("spans").clone()
+    }
+
+    /// Waits until `want` holds of the spans received so far.
+    async fn wait_for(&self, what: &str, want: impl Fn(&[Received]) -> bool) -> Vec<Received> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let spans = self.spans();
+            if want(&spans) {
+                return spans;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}; received: {:#?}",
+                spans
+                    .iter()
+                    .map(|r| (&r.service, &r.span.name))
+                    .collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const PRODUCER_SPAN: &str = "00f067aa0ba902b7";
+
+fn named<'a>(spans: &'a [Received], name: &str) -> Vec<&'a Received> {
+    spans.iter().filter(|r| r.span.name == name).collect()
+}
+
+/// The one span called `name`.
+fn one<'a>(spans: &'a [Received], name: &str) -> &'a Received {
+    let found = named(spans, name);
+    assert_eq!(
+        found.len(),
+        1,
+        "exactly one `{name}` span: {:#?}",
+        spans.iter().map(|r| &r.span.name).collect::<Vec<_>>()
+    );
+    found[0]
+}
+
+fn assert_child(child: &Received, parent: &Received) {
+    assert_eq!(
+        hex::encode(&child.span.parent_span_id),
+        hex::encode(&parent.span.span_id),
+        "`{}` is a child of `{}`",
+        child.span.name,
+        parent.span.name
+    );
+}
+
+/// A producer passes a `traceparent`; `outboxd enqueue`, a relay process
+/// (with the `cloudevents` transformer) and a consumer process (the
+/// `billing` plugin) each send their spans to the receiver. Every span of
+/// the event is in the producer's trace and the parent links form the
+/// chain enqueue → claim → plugin call, publish → fetch → inbox mark,
+/// handle → plugin statement, commit. The relay's spans arrive while it
+/// runs (the periodic export); the consumer's, sent only at shutdown, arrive
+/// after SIGTERM. An event without a trace context makes no spans.
+async fn one_events_spans_form_one_trace_across_a_relay_and_a_consumer_process(t: TestDb) {
+    traced_across_processes(t, None).await;
+}
+on_both!(one_events_spans_form_one_trace_across_a_relay_and_a_consumer_process);
+
+/// The same trace through Kafka (tansu): the context crosses the broker in
+/// the message's headers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_events_trace_crosses_kafka_in_the_message_headers() {
+    let bootstrap = super::kafka::bootstrap();
+    let topic = super::kafka::unique("traced-orders");
+    super::kafka::create_topic(&bootstrap, &topic, 1).await;
+    traced_across_processes(TestDb::sqlite().await, Some((bootstrap, topic))).await;
+}
+
+/// One traced and one untraced event, enqueued by `outboxd enqueue`,
+/// relayed by one process and consumed by another, on the embedded
+/// transport or on Kafka (`kafka`: the bootstrap servers and a topic).
+async fn traced_across_processes(t: TestDb, kafka: Option<(String, String)>) {
+    let receiver = Receiver::start().await;
+    let topic = kafka
+        .as_ref()
+        .map_or("order.confirmed".to_string(), |(_, topic)| topic.clone());
+    let transport: Vec<(&str, String)> = match &kafka {
+        Some((bootstrap, _)) => vec![
+            ("OUTBOXD__TRANSPORT__KIND", "kafka".into()),
+            (
+                "OUTBOXD__TRANSPORT__KAFKA__bootstrap.servers",
+                bootstrap.clone(),
+            ),
+        ],
+        None => Vec::new(),
+    };
+    outboxd_demo::billing::create_schema(&t.db)
+        .await
+        .expect("billing");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let relay_config = dir.path().join("relay.toml");
+    std::fs::write(
+        &relay_config,
+        format!(
+            r#"
+[[plugins]]
+name = "cloudevents"
+path = "{}"
+limits = {{ timeout_ms = 5000 }}
+
+[[routes]]
+event_type = "order.*"
+topic = "{}"
+transformers = ["cloudevents"]
+
+[telemetry]
+otlp_endpoint = "{}"
+service_name = "relay"
+"#,
+            super::plugins::plugin_path("cloudevents").display(),
+            topic,
+            receiver.endpoint
+        ),
+    )
+    .expect("relay config");
+
+    // The consumer first, so the relay's message is fetched by it; it reads
+    // the endpoint from the standard variables and exports only at exit.
+    let (plugins, consumers) = billing_plugin_consumer(&t, "").await;
+    // On Kafka the consumer group is named after the consumer: one of its
+    // own, beside the other tests on the broker.
+    let consumers = match &kafka {
+        Some(_) => consumers
+            .replace("\"order.confirmed\"", &format!("\"{topic}\""))
+            .replace("name = \"billing\"", &format!("name = \"{topic}-billing\"")),
+        None => consumers,
+    };
+    let mut consumer = outboxd(&t)
+        .arg("run")
+        .envs(transport.iter().map(|(k, v)| (k, v)))
+        .env("OUTBOXD__RELAY__WORKERS", "0")
+        .env("OUTBOXD__PLUGINS", &plugins)
+        .env("OUTBOXD__CONSUMERS", &consumers)
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &receiver.endpoint)
+        .env("OTEL_SERVICE_NAME", "billing-consumer")
+        .env("OTEL_BSP_SCHEDULE_DELAY", "600000")
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn the consumer process");
+
+    let producer = outboxd(&t)
+        .args([
+            "enqueue",
+            "--aggregate",
+            "order-7",
+            "--type",
+            "order.confirmed",
+            "--payload",
+            r#"{"order_id":"order-7","customer_id":"cust-secret-42","total_cents":4242}"#,
+            "--header",
+            &format!("traceparent=00-{TRACE_ID}-{PRODUCER_SPAN}-01"),
+        ])
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &receiver.endpoint)
+        .env("OTEL_SERVICE_NAME", "shop")
+        .output()
+        .await
+        .expect("outboxd enqueue");
+    assert!(
+        producer.status.success(),
+        "{}",
+        String::from_utf8_lossy(&producer.stderr)
+    );
+    // An event without a trace context: handled, never traced.
+    let untraced = outboxd(&t)
+        .args([
+            "enqueue",
+            "--aggregate",
+            "order-8",
+            "--type",
+            "order.confirmed",
+            "--payload",
+            r#"{"order_id":"order-8","customer_id":"c","total_cents":1}"#,
+        ])
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &receiver.endpoint)
+        .output()
+        .await
+        .expect("outboxd enqueue");
+    assert!(untraced.status.success());
+
+    let mut relay = outboxd(&t)
+        .args(["run", "--config"])
+        .arg(&relay_config)
+        .envs(transport.iter().map(|(k, v)| (k, v)))
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn the relay process");
+    wait_until(&t, "SELECT count(*) FROM invoices", 2).await;
+
+    // The relay exports periodically: its spans come while it runs.
+    receiver
+        .wait_for("the relay's publish span", |s| {
+            s.iter().any(|r| r.span.name == "publish")
+        })
+        .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !receiver
+            .spans()
+            .iter()
+            .any(|r| r.service == "billing-consumer"),
+        "the consumer exports only at shutdown here"
+    );
+    for child in [&mut relay, &mut consumer] {
+        let pid = child.id().expect("pid").to_string();
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill -TERM");
+        let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+            .await
+            .expect("exit after SIGTERM")
+            .expect("wait");
+        assert!(status.success(), "{status}");
+    }
+    let spans = receiver
+        .wait_for("the consumer's commit span", |s| {
+            s.iter().any(|r| r.span.name == "commit")
+        })
+        .await;
+
+    for r in &spans {
+        assert_eq!(
+            hex::encode(&r.span.trace_id),
+            TRACE_ID,
+            "`{}` from {} is in the producer's trace (the untraced event made no span)",
+            r.span.name,
+            r.service
+        );
+        for kv in &r.span.attributes {
+            let text = format!("{:?}", kv.value);
+            assert!(
+                !text.contains("cust-secret-42") && !text.contains("4242"),
+                "`{}` carries a value of the event: {} = {text}",
+                r.span.name,
+                kv.key
+            );
+        }
+    }
+    let enqueue = one(&spans, "enqueue");
+    let fetch = one(&spans, "fetch");
+    // A publish the broker did not acknowledge in time is retried by a
+    // later claim: every claim is the enqueue's, and the chain that reached
+    // the consumer is the one the fetch names.
+    let parent_of = |child: &Received, name: &str| -> &Received {
+        spans
+            .iter()
+            .find(|r| r.span.name == name && r.span.span_id == child.span.parent_span_id)
+            .unwrap_or_else(|| panic!("`{}` has no `{name}` parent", child.span.name))
+    };
+    let publish = parent_of(fetch, "publish");
+    let claim = parent_of(publish, "claim");
+    let transform = *named(&spans, "plugin.transform")
+        .iter()
+        .find(|r| r.span.parent_span_id == claim.span.span_id)
+        .expect("the plugin call of the claim that was fetched");
+    for other in named(&spans, "claim") {
+        assert_child(other, enqueue);
+    }
+    let mark = one(&spans, "inbox.mark");
+    let handle = one(&spans, "handle");
+    let commit = one(&spans, "commit");
+    let statements = named(&spans, "plugin.statement");
+    assert!(!statements.is_empty(), "the billing plugin's statements");
+
+    assert_eq!(hex::encode(&enqueue.span.parent_span_id), PRODUCER_SPAN);
+    assert_child(claim, enqueue);
+    assert_child(transform, claim);
+    assert_child(publish, claim);
+    assert_child(fetch, publish);
+    assert_child(mark, fetch);
+    assert_child(handle, fetch);
+    for s in &statements {
+        assert_child(s, handle);
+    }
+    assert_child(commit, fetch);
+
+    assert_eq!(enqueue.service, "shop");
+    for r in [claim, transform, publish] {
+        assert_eq!(r.service, "relay", "`{}`", r.span.name);
+    }
+    for r in [fetch, mark, handle, commit] {
+        assert_eq!(r.service, "billing-consumer", "`{}`", r.span.name);
+    }
+    assert_eq!(
+        transform.attr("outboxd.plugin.name").as_deref(),
+        Some("cloudevents")
+    );
+    assert!(transform.attr("outboxd.plugin.version").is_some());
+    assert_eq!(
+        handle.attr("outboxd.plugin.name").as_deref(),
+        Some("billing")
+    );
+    assert_eq!(
+        publish.attr("messaging.destination.name"),
+        Some(topic.clone())
+    );
+    assert!(
+        statements.iter().any(|s| {
+            s.attr("db.operation.name").as_deref() == Some("insert")
+                && s.attr("db.collection.name").as_deref() == Some("invoices")
+        }),
+        "the invoice insert, named by kind and table: {statements:#?}"
+    );
+    // The publish span lasts until the broker's acknowledgement, and the
+    // consumer's work comes after the fetch that brought the message.
+    assert!(publish.span.end_time_unix_nano >= publish.span.start_time_unix_nano);
+    for r in [mark, handle, commit] {
+        assert!(r.span.start_time_unix_nano >= fetch.span.start_time_unix_nano);
+    }
+    assert!(commit.span.start_time_unix_nano >= handle.span.end_time_unix_nano);
+}
+
+/// Writes an event with `headers` and returns nothing but the commit.
+async fn put_with_headers(
+    db: &Db,
+    agg: &str,
+    payload: serde_json::Value,
+    headers: &[(&str, &str)],
+) {
+    let mut ev = NewEvent::new(agg, "order.placed", payload);
+    for (k, v) in headers {
+        ev = ev.with_header(*k, *v);
+    }
+    match db {
+        Db::Postgres(p) => {
+            let mut tx = p.begin().await.expect("begin");
+            enqueue(&mut tx, ev).await.expect("enqueue");
+            tx.commit().await.expect("commit");
+        }
+        Db::Sqlite(p) => {
+            let mut tx = p.begin().await.expect("begin");
+            enqueue(&mut tx, ev).await.expect("enqueue");
+            tx.commit().await.expect("commit");
+        }
+    }
+}
+
+/// The `traceparent` each published message carried, by aggregate.
+async fn relayed_traceparents(t: &TestDb, route: Route) -> BTreeMap<String, Option<String>> {
+    let broker = ScriptedPublisher::new();
+    let routes = vec![route];
+    let chains = build_chains(engine(), &[spec("hostile-misbehave")], &routes).expect("chains");
+    let relay = Relay::new(
+        t.store(),
+        broker.clone(),
+        Router::new(routes),
+        RelayConfig::default(),
+        Arc::new(outboxd::clock::SystemClock),
+    )
+    .with_chains(chains);
+    assert!(matches!(
+        relay.step().await.expect("step"),
+        StepOutcome::Published(r) if r.published == 3
+    ));
+    broker
+        .sent()
+        .into_iter()
+        .map(|m| {
+            let agg = String::from_utf8(m.header("aggregate-id").expect("aggregate").to_vec())
+                .expect("utf8");
+            let tp = m
+                .header("traceparent")
+                .map(|v| String::from_utf8(v.to_vec()).expect("utf8"));
+            (agg, tp)
+        })
+        .collect()
+}
+
+const EVENT_TRACE: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+const FORGED_TRACE: &str = "00-11111111111111111111111111111111-2222222222222222-01";
+
+async fn fill_trace_cases(t: &TestDb, prefix: &str) {
+    let traced = [("traceparent", EVENT_TRACE)];
+    put_with_headers(
+        &t.db,
+        &format!("{prefix}-drop"),
+        json!({"trace": "drop"}),
+        &traced,
+    )
+    .await;
+    put_with_headers(
+        &t.db,
+        &format!("{prefix}-forge"),
+        json!({"trace": FORGED_TRACE}),
+        &traced,
+    )
+    .await;
+    put_with_headers(
+        &t.db,
+        &format!("{prefix}-invent"),
+        json!({"trace": FORGED_TRACE}),
+        &[],
+    )
+    .await;
+}
+
+/// A transformer that drops the trace context, replaces it with another,
+/// or invents one for an untraced event is overruled: the message carries
+/// the event's own. A route with `plugins_may_set_trace` lets it.
+async fn a_transformer_cannot_drop_or_forge_the_trace_unless_its_route_allows(t: TestDb) {
+    fill_trace_cases(&t, "kept").await;
+    let kept = relayed_traceparents(
+        &t,
+        Route::new("order.*", "orders").with_transformers(&["hostile-misbehave"]),
+    )
+    .await;
+    assert_eq!(
+        kept,
+        BTreeMap::from([
+            ("kept-drop".to_string(), Some(EVENT_TRACE.to_string())),
+            ("kept-forge".to_string(), Some(EVENT_TRACE.to_string())),
+            ("kept-invent".to_string(), None),
+        ])
+    );
+
+    fill_trace_cases(&t, "set").await;
+    let set = relayed_traceparents(
+        &t,
+        Route::new("order.*", "orders")
+            .with_transformers(&["hostile-misbehave"])
+            .letting_plugins_set_trace(),
+    )
+    .await;
+    assert_eq!(
+        set,
+        BTreeMap::from([
+            ("set-drop".to_string(), None),
+            ("set-forge".to_string(), Some(FORGED_TRACE.to_string())),
+            ("set-invent".to_string(), Some(FORGED_TRACE.to_string())),
+        ])
+    );
+}
+on_both!(a_transformer_cannot_drop_or_forge_the_trace_unless_its_route_allows);
