@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::process::{kill_at_fault, outboxd_with_billing, wait_until};
+use super::process::{kill_at_fault, outboxd_with_billing, terminate, wait_until};
 use crate::on_both;
 use crate::support::TestDb;
 use outboxd::event::NewEvent;
@@ -81,19 +81,6 @@ fn run(t: &TestDb, via: &Transport, fault: Option<&str>) -> tokio::process::Chil
         None => cmd.stderr(Stdio::null()),
     };
     cmd.spawn().expect("spawn outboxd run")
-}
-
-async fn stop(mut child: tokio::process::Child) {
-    let pid = child.id().expect("pid").to_string();
-    std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("kill -TERM");
-    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
-        .await
-        .expect("exit")
-        .expect("wait");
-    assert!(status.success(), "outboxd run stopped cleanly: {status}");
 }
 
 async fn a_redrive_survives_sigkills_of_the_cli_and_of_the_consumer(t: TestDb) {
@@ -239,7 +226,7 @@ async fn redrive_with_kills(t: TestDb, via: Transport) {
     let child = run(&t, &via, Some("redrive-after-commit:hang:2"));
     kill_at_fault(child).await;
     assert_eq!(amounts(&t, "order-x").await, [10, 11, 12, 13, 14, 15, 16]);
-    let child = run(&t, &via, None);
+    let mut child = run(&t, &via, None);
     wait_until(
         &t,
         "SELECT count(*) FROM invoices WHERE order_id = 'order-x'",
@@ -252,7 +239,7 @@ async fn redrive_with_kills(t: TestDb, via: Transport) {
         0,
     )
     .await;
-    stop(child).await;
+    terminate(&mut child).await;
     assert_eq!(
         amounts(&t, "order-x").await,
         (10..20).collect::<Vec<i64>>(),

@@ -57,6 +57,22 @@ fn configured(mut cmd: Command, t: &TestDb) -> Command {
     cmd
 }
 
+/// Stops `child` as an operator would (SIGTERM) and asserts that it drains
+/// and exits 0 within 30 s.
+pub(crate) async fn terminate(child: &mut Child) {
+    let pid = child.id().expect("pid").to_string();
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill -TERM");
+    assert!(term.success(), "kill -TERM {pid}");
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("exits within 30 s of SIGTERM")
+        .expect("wait");
+    assert!(status.success(), "SIGTERM must exit 0, got {status}");
+}
+
 /// Waits for the `OUTBOXD FAULT` line, then SIGKILLs the process.
 pub(crate) async fn kill_at_fault(mut child: Child) {
     let stderr = child.stderr.take().expect("piped stderr");
@@ -153,17 +169,7 @@ async fn relay_killed_between_publish_and_mark_republishes_only_that_batch(t: Te
     )
     .await;
     // Graceful stop: SIGTERM drains and exits 0.
-    let pid = child.id().expect("pid").to_string();
-    let term = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("kill -TERM");
-    assert!(term.success());
-    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
-        .await
-        .expect("exits after SIGTERM")
-        .expect("wait");
-    assert!(status.success(), "SIGTERM must exit 0, got {status}");
+    terminate(&mut child).await;
 
     let lost = "SELECT count(*) FROM outbox o WHERE NOT EXISTS (SELECT 1 FROM transport_messages m WHERE m.message_id = o.id)";
     assert_eq!(
@@ -328,14 +334,7 @@ async fn the_product_binary_registers_no_native_handler(t: TestDb) {
         .spawn()
         .expect("spawn the example's binary");
     wait_until(&t, "SELECT count(*) FROM invoices WHERE order_id = 'o1'", 1).await;
-    let pid = child.id().expect("pid").to_string();
-    Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .await
-        .expect("kill");
-    let status = child.wait().await.expect("wait");
-    assert!(status.success(), "{status}");
+    terminate(&mut child).await;
 }
 on_both!(the_product_binary_registers_no_native_handler);
 

@@ -3,14 +3,13 @@
 //! processes starting together, and a consumer-only process
 //! (`relay.workers = 0`). The relay and producer cases are in `process.rs`.
 
-use super::process::{kill_at_fault, outboxd, outboxd_with_billing, wait_until};
+use super::process::{kill_at_fault, outboxd, outboxd_with_billing, terminate, wait_until};
 use crate::on_both;
 use crate::support::TestDb;
 use outboxd::event::NewEvent;
 use outboxd::store::{Db, enqueue};
 use serde_json::json;
 use std::process::Stdio;
-use std::time::Duration;
 
 /// After a kill between the handler's commit and the offset's: more
 /// invoices are in than `billing`'s stored offsets cover, so those messages
@@ -75,16 +74,7 @@ async fn consumer_killed_before_offset_commit_has_no_double_effect(t: TestDb) {
         .spawn()
         .expect("restart");
     wait_until(&t, "SELECT count(DISTINCT order_id) FROM invoices", 120).await;
-    let pid = child.id().expect("pid").to_string();
-    std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("kill -TERM");
-    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
-        .await
-        .expect("exit")
-        .expect("wait");
-    assert!(status.success());
+    terminate(&mut child).await;
     assert_eq!(
         t.count("SELECT count(*) FROM invoices").await,
         120,
@@ -146,16 +136,7 @@ async fn plugin_consumer_killed_mid_batch_has_exactly_one_effect(t: TestDb) {
         .spawn()
         .expect("restart");
     wait_until(&t, "SELECT count(DISTINCT order_id) FROM invoices", 120).await;
-    let pid = child.id().expect("pid").to_string();
-    std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("kill -TERM");
-    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
-        .await
-        .expect("exit")
-        .expect("wait");
-    assert!(status.success());
+    terminate(&mut child).await;
     assert_eq!(
         t.count("SELECT count(*) FROM invoices").await,
         120,
@@ -258,16 +239,7 @@ async fn a_consumer_only_process_publishes_nothing(t: TestDb) {
     );
     assert_eq!(t.count("SELECT count(*) FROM invoices").await, 5);
 
-    let pid = child.id().expect("pid").to_string();
-    std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("kill -TERM");
-    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
-        .await
-        .expect("exit")
-        .expect("wait");
-    assert!(status.success(), "{status}");
+    terminate(&mut child).await;
 }
 on_both!(a_consumer_only_process_publishes_nothing);
 

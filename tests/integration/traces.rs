@@ -311,16 +311,7 @@ service_name = "relay"
         "the consumer exports only at shutdown here"
     );
     for child in [&mut relay, &mut consumer] {
-        let pid = child.id().expect("pid").to_string();
-        std::process::Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .expect("kill -TERM");
-        let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
-            .await
-            .expect("exit after SIGTERM")
-            .expect("wait");
-        assert!(status.success(), "{status}");
+        super::process::terminate(child).await;
     }
     let spans = receiver
         .wait_for("the consumer's commit span", |s| {
