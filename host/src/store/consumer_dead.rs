@@ -373,18 +373,6 @@ pub async fn next_to_apply(
     })
 }
 
-/// Whether there is anything to apply for `consumer` (a cheap check the
-/// runner makes before each fetch).
-pub async fn any_to_apply(db: &Db, consumer: &str) -> Result<bool, sqlx::Error> {
-    let sql = "SELECT 1 FROM consumer_dead_letters
-                WHERE consumer = $1 AND resolved_at IS NULL AND state <> 'dead' LIMIT 1";
-    on_pool!(db, |p| Ok(sqlx::query(sql)
-        .bind(consumer)
-        .fetch_optional(p)
-        .await?
-        .is_some()))
-}
-
 /// Inside the transaction that applies row `id`: takes the row (locking it
 /// on Postgres until the commit) if it is still unresolved and not dead.
 /// False when someone else resolved it first.
@@ -557,34 +545,21 @@ pub async fn redrive(
         bytes = bytes_type(db)
     );
     let point = crate::fault::FaultPoint::RedriveReleaseBeforeCommit;
-    let n = match db {
-        Db::Postgres(p) => {
-            let mut tx = p.begin().await?;
-            let q = sqlx::query(&sql)
-                .bind(consumer)
-                .bind(id)
-                .bind(key)
-                .bind(all)
-                .bind(with);
-            let n = q.execute(&mut *tx).await?.rows_affected();
-            faults.check(point).await?;
-            tx.commit().await?;
-            n
-        }
-        Db::Sqlite(p) => {
-            let mut tx = p.begin().await?;
-            let q = sqlx::query(&sql)
-                .bind(consumer)
-                .bind(id)
-                .bind(key)
-                .bind(all)
-                .bind(with);
-            let n = q.execute(&mut *tx).await?.rows_affected();
-            faults.check(point).await?;
-            tx.commit().await?;
-            n
-        }
-    };
+    let n = on_pool!(db, |p| {
+        let mut tx = p.begin().await?;
+        let n = sqlx::query(&sql)
+            .bind(consumer)
+            .bind(id)
+            .bind(key)
+            .bind(all)
+            .bind(with)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        faults.check(point).await?;
+        tx.commit().await?;
+        n
+    });
     Ok(n)
 }
 
