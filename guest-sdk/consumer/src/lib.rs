@@ -26,6 +26,8 @@
 
 use crate::wit::consumer::outbox::plugin::transaction as txn;
 
+pub mod http;
+
 pub use outboxd_guest::{Delivery, Error, Result, config};
 pub use txn::{DbError, Rows, Value};
 
@@ -43,6 +45,24 @@ pub mod wit {
             with: {
                 "outbox:plugin/types@0.1.0": outboxd_guest::wit::transformer::outbox::plugin::types,
                 "outbox:plugin/config@0.1.0": outboxd_guest::wit::transformer::outbox::plugin::config,
+            },
+        });
+    }
+
+    /// `consumer-http`: only its `wasi:http` (and `wasi:io`, `wasi:clocks`)
+    /// imports are new; the `outbox:plugin` interfaces are the ones above.
+    /// Its import functions are linked only into a plugin that calls
+    /// [`crate::http`], so other consumers import no `wasi:http`.
+    pub mod consumer_http {
+        wit_bindgen::generate!({
+            world: "consumer-http",
+            path: "../../wit",
+            default_bindings_module: "outboxd_guest_consumer::wit::consumer_http",
+            generate_all,
+            with: {
+                "outbox:plugin/types@0.1.0": outboxd_guest::wit::transformer::outbox::plugin::types,
+                "outbox:plugin/config@0.1.0": outboxd_guest::wit::transformer::outbox::plugin::config,
+                "outbox:plugin/transaction@0.1.0": crate::wit::consumer::outbox::plugin::transaction,
             },
         });
     }

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 mod consumer_dead;
 mod dead;
+mod outbound;
 mod plugin;
 mod registry;
 
@@ -20,6 +21,7 @@ use crate::fault::Faults;
 use crate::store::plugin_roles::PluginRoles;
 use crate::store::{AnyStore, Db, InboxTx, OutboxStore, migrate};
 use dead::DeadCommand;
+use outbound::OutboundCommand;
 use plugin::PluginCommand;
 
 /// Hides the password in a URL before it is printed.
@@ -124,6 +126,10 @@ enum Command {
     /// Inspect and act on dead events (the relay gave up on them).
     #[command(subcommand)]
     Dead(DeadCommand),
+    /// What consumer plugins did outside the database: their HTTP requests
+    /// (`outbound_calls`), by idempotency key.
+    #[command(subcommand)]
+    Outbound(OutboundCommand),
     /// Run the configured reconciliation queries and report business rows
     /// that have no event.
     Reconcile {
@@ -409,6 +415,7 @@ async fn dispatch(cli: Cli, daemon: Daemon) -> anyhow::Result<ExitCode> {
             })
         }
         Command::Dead(cmd) => dead::dead_command(&config, cmd).await,
+        Command::Outbound(cmd) => outbound::command(&config, cmd).await,
     }
 }
 

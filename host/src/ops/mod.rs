@@ -1,10 +1,12 @@
 //! Operations on a running outbox: retention, dead letters (inspect,
 //! redrive, discard; fix-forward through a chosen plugin version) and
-//! reconciliation against business tables.
+//! reconciliation against business tables; the outbound calls plugins
+//! made, by idempotency key.
 
 pub mod consumer_dead;
 pub mod dead;
 pub mod fix_forward;
+pub mod outbound;
 pub mod reconcile;
 pub mod retention;
 
