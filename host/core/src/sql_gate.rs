@@ -210,6 +210,7 @@ pub const HOST_NAMES: &[&str] = &[
     "consumer_dead_letters",
     "consumer_offsets",
     "outboxd_migrations",
+    "outbound_calls",
     "pg_shadow",
     "pg_authid",
     "pg_settings",

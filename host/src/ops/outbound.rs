@@ -19,7 +19,6 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::Row;
 
-use crate::store::sqlite::from_micros;
 use crate::store::{Db, on_pool};
 
 /// One request the host sent for a plugin.
@@ -74,7 +73,9 @@ const NO_OUTCOME: &str = "status IS NULL AND error IS NULL";
 const TARGET: &str =
     "method || ' ' || scheme || '://' || host || ':' || CAST(port AS text) || path";
 
-/// The keys `filter` selects, each with all of its calls.
+/// The keys `filter` selects, each with all of its calls. Times are a
+/// `timestamptz` on Postgres and RFC 3339 text on SQLite (which sorts as
+/// time does); sqlx decodes both.
 pub async fn list(db: &Db, filter: &Filter) -> Result<Vec<KeyCalls>, sqlx::Error> {
     let having = if filter.unresolved {
         format!(
@@ -86,7 +87,7 @@ pub async fn list(db: &Db, filter: &Filter) -> Result<Vec<KeyCalls>, sqlx::Error
     };
     let sql = format!(
         "SELECT id, message_id, consumer, plugin, method, scheme, host, CAST(port AS bigint), path,
-                {started}, CAST(status AS bigint), error, CAST(duration_ms AS bigint), {completed},
+                started_at, CAST(status AS bigint), error, CAST(duration_ms AS bigint), completed_at,
                 idempotency_key
            FROM outbound_calls
           WHERE idempotency_key IN (
@@ -95,11 +96,9 @@ pub async fn list(db: &Db, filter: &Filter) -> Result<Vec<KeyCalls>, sqlx::Error
                    AND ($2 IS NULL OR message_id = $2)
                  GROUP BY idempotency_key
                  {having}
-                 ORDER BY min({started}), idempotency_key
+                 ORDER BY min(started_at), idempotency_key
                  LIMIT $3)
-          ORDER BY idempotency_key, {started}, id",
-        started = db.epoch_micros("started_at"),
-        completed = db.epoch_micros("completed_at"),
+          ORDER BY idempotency_key, started_at, id"
     );
     let rows = on_pool!(db, |p| {
         let rows = sqlx::query(&sql)
@@ -119,11 +118,11 @@ pub async fn list(db: &Db, filter: &Filter) -> Result<Vec<KeyCalls>, sqlx::Error
                     plugin: r.try_get(3)?,
                     method: r.try_get(4)?,
                     url: format!("{scheme}://{host}:{port}{path}"),
-                    started_at: from_micros(r.try_get(9)?),
+                    started_at: r.try_get(9)?,
                     status: r.try_get(10)?,
                     error: r.try_get(11)?,
                     duration_ms: r.try_get(12)?,
-                    completed_at: r.try_get::<Option<i64>, _>(13)?.map(from_micros),
+                    completed_at: r.try_get(13)?,
                 };
                 Ok((r.try_get(14)?, call))
             })
@@ -184,6 +183,7 @@ fn reasons(calls: &[OutboundCall]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::sqlite::from_micros;
 
     fn call(method: &str, url: &str, status: Option<i64>, at: i64) -> OutboundCall {
         OutboundCall {
