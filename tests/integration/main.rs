@@ -12,6 +12,7 @@ mod backoff;
 mod bad_input;
 mod bad_kafka_input;
 mod batches;
+mod charge_plugin;
 mod config;
 mod consumer_dead_ops;
 mod consumer_parking;

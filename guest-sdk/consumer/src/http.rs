@@ -14,11 +14,12 @@
 //!
 //! The host sends the request, and only to a host the plugin's
 //! `allowed_outbound_hosts` lists; it adds `Idempotency-Key: <message id>`
-//! (a value the plugin sets for that header is replaced). `send` blocks
-//! until the whole response body has arrived.
+//! (a plugin that sets that header itself gets a permanent error naming
+//! it). `send` blocks until the whole response body has arrived.
 //!
-//! Errors: a request the host refuses (host not allowed, bad URL, too many
-//! requests for one message, body too large) is [`Error::Permanent`];
+//! Errors: a request the host refuses (host not allowed, bad URL, a header
+//! only the host sets, too many requests for one message, body too large)
+//! is [`Error::Permanent`];
 //! every other failure (DNS, connect, TLS, timeout, reset) is
 //! [`Error::Retryable`]. A response of any status is `Ok`: the status is
 //! the plugin's to judge, or [`Response::error_for_status`]'s.
@@ -29,7 +30,7 @@
 use crate::Error;
 use crate::wit::consumer_http::wasi::http::outgoing_handler;
 use crate::wit::consumer_http::wasi::http::types::{
-    ErrorCode, Fields, IncomingBody, Method, OutgoingBody, OutgoingRequest, Scheme,
+    ErrorCode, Fields, HeaderError, IncomingBody, Method, OutgoingBody, OutgoingRequest, Scheme,
 };
 use crate::wit::consumer_http::wasi::io::streams::StreamError;
 
@@ -190,8 +191,12 @@ fn send(
     path: &str,
 ) -> Result<Response, Failure> {
     let bad = |what: &str| Failure::Refused(format!("invalid {what}"));
-    let headers = Fields::from_list(&request.headers)
-        .map_err(|e| Failure::Refused(format!("invalid header: {e:?}")))?;
+    let headers = Fields::from_list(&request.headers).map_err(|e| match e {
+        HeaderError::Forbidden => Failure::Refused(
+            "a header only the host sets (the idempotency key, host, hop-by-hop headers)".into(),
+        ),
+        other => Failure::Refused(format!("invalid header: {other:?}")),
+    })?;
     let outgoing = OutgoingRequest::new(headers);
     outgoing
         .set_method(&request.method)
@@ -209,26 +214,19 @@ fn send(
 
     // Handle first, then stream the body: the host reads it as it comes.
     let future = outgoing_handler::handle(outgoing, None)?;
-    {
-        let stream = body.write().map_err(|()| bad("body stream"))?;
-        for chunk in request.body.chunks(WRITE_CHUNK) {
-            stream
-                .blocking_write_and_flush(chunk)
-                .map_err(stream_failure)?;
-        }
-    } // The stream is a child of the body: dropped before `finish`.
-    OutgoingBody::finish(body, None)?;
+    let sent = write_body(&body, &request.body)
+        .and_then(|()| OutgoingBody::finish(body, None).map_err(Failure::from));
 
+    // A request the host refused fails its future at once, and the body
+    // stream then reads as closed: the future's error says why.
     future.subscribe().block();
     let response = match future.get() {
-        Some(Ok(result)) => result?,
+        Some(Ok(Ok(response))) => response,
+        Some(Ok(Err(code))) => return Err(code.into()),
         Some(Err(())) => return Err(Failure::Transport("response already taken".into())),
-        None => {
-            return Err(Failure::Transport(
-                "no response after the pollable was ready".into(),
-            ));
-        }
+        None => return Err(Failure::Transport("no response after the pollable was ready".into())),
     };
+    sent?;
     let status = response.status();
     let headers = response.headers().entries(); // the child `fields` drops here
     let incoming = response
@@ -241,6 +239,16 @@ fn send(
         headers,
         body,
     })
+}
+
+/// Writes `bytes` to the request body; the stream (a child of the body)
+/// is dropped before the body is finished.
+fn write_body(body: &OutgoingBody, bytes: &[u8]) -> Result<(), Failure> {
+    let stream = body.write().map_err(|()| Failure::Refused("invalid body stream".into()))?;
+    for chunk in bytes.chunks(WRITE_CHUNK) {
+        stream.blocking_write_and_flush(chunk).map_err(stream_failure)?;
+    }
+    Ok(())
 }
 
 fn read_all(incoming: &IncomingBody) -> Result<Vec<u8>, Failure> {
