@@ -40,7 +40,10 @@ fn bad_allow_list_entries_are_named_with_the_shape() {
             "{BASE}[[plugins]]\nname = \"charge\"\npath = \"c.wasm\"\nallowed_outbound_hosts = [\"https://ok.example.com\", \"{entry}\"]\n"
         ));
         assert_eq!(key, "plugins[0].allowed_outbound_hosts[1]", "{entry}");
-        assert!(msg.contains(why) && msg.contains("https://HOST[:PORT]"), "{entry}: {msg}");
+        assert!(
+            msg.contains(why) && msg.contains("https://HOST[:PORT]"),
+            "{entry}: {msg}"
+        );
     }
     let (key, msg) = key_error(&format!(
         "{BASE}[[plugins]]\nname = \"charge\"\npath = \"c.wasm\"\n[plugins.http]\nmax_requests_per_message = 0\n"
@@ -61,33 +64,65 @@ fn a_transformer_with_an_allow_list_is_refused() {
 #[test]
 fn a_consumer_importing_http_needs_an_allow_list() {
     let spec = http_spec(&[], HttpLimits::default());
-    let e = ConsumerPlugin::load(engine(), &spec).expect_err("no allow-list").to_string();
-    assert!(e.contains("plugins[hostile-consumer-http].allowed_outbound_hosts is empty"), "{e}");
+    let e = ConsumerPlugin::load(engine(), &spec)
+        .expect_err("no allow-list")
+        .to_string();
+    assert!(
+        e.contains("plugins[hostile-consumer-http].allowed_outbound_hosts is empty"),
+        "{e}"
+    );
     let wasm = std::fs::read(plugin_path("hostile-consumer-http")).expect("read");
     let v = validate::validate(engine(), &wasm).expect("a component");
     assert_eq!(v.world, Some("consumer"));
-    assert!(v.problems.iter().any(|p| p.contains("allowed_outbound_hosts")), "{:?}", v.problems);
+    assert!(
+        v.problems
+            .iter()
+            .any(|p| p.contains("allowed_outbound_hosts")),
+        "{:?}",
+        v.problems
+    );
     let hosts = ["https://api.example.com".to_string()];
     let v = validate::validate_with_hosts(engine(), &wasm, &hosts).expect("a component");
     assert!(v.is_ok(), "{:?}", v.problems);
-    assert!(v.imports.iter().any(|(n, verdict)| n.starts_with("wasi:http/outgoing-handler") && *verdict == Verdict::Allowed));
+    assert!(
+        v.imports
+            .iter()
+            .any(|(n, verdict)| n.starts_with("wasi:http/outgoing-handler")
+                && *verdict == Verdict::Allowed)
+    );
     // A consumer built without HTTP does not import it and loads as before.
     let billing = std::fs::read(plugin_path("billing")).expect("read");
     let v = validate::validate(engine(), &billing).expect("a component");
-    assert!(v.is_ok() && !v.imports.iter().any(|(n, _)| n.starts_with("wasi:http")), "{:?}", v.imports);
+    assert!(
+        v.is_ok() && !v.imports.iter().any(|(n, _)| n.starts_with("wasi:http")),
+        "{:?}",
+        v.imports
+    );
 }
 
 #[test]
 fn a_transformer_importing_http_never_loads() {
-    let mut spec = PluginSpec::new("hostile-transformer-http", plugin_path("hostile-transformer-http"));
+    let mut spec = PluginSpec::new(
+        "hostile-transformer-http",
+        plugin_path("hostile-transformer-http"),
+    );
     // Even with a list (which the config check refuses for transformers).
     spec.allowed_outbound_hosts = vec!["https://api.example.com".into()];
-    let e = TransformerPlugin::load(engine(), &spec).expect_err("no network").to_string();
+    let e = TransformerPlugin::load(engine(), &spec)
+        .expect_err("no network")
+        .to_string();
     assert!(e.contains("transformers never get network"), "{e}");
     let wasm = std::fs::read(plugin_path("hostile-transformer-http")).expect("read");
-    let v = validate::validate_with_hosts(engine(), &wasm, &spec.allowed_outbound_hosts).expect("component");
+    let v = validate::validate_with_hosts(engine(), &wasm, &spec.allowed_outbound_hosts)
+        .expect("component");
     assert_eq!(v.world, Some("transformer"));
-    assert!(v.problems.iter().any(|p| p.contains("transformers never get network")), "{:?}", v.problems);
+    assert!(
+        v.problems
+            .iter()
+            .any(|p| p.contains("transformers never get network")),
+        "{:?}",
+        v.problems
+    );
 }
 
 /// The fault point sits after the plugin's requests and before the inbox
@@ -98,27 +133,39 @@ async fn consumer_before_commit_leaves_the_intent_open(t: TestDb) {
     let plugin = Arc::new(ConsumerPlugin::load(engine(), &spec).expect("load"));
     let handler = PluginHandler::new(plugin, plugin_policy())
         .with_db(&t.db)
-        .with_faults(Faults::arm(FaultPoint::ConsumerBeforeCommit, FaultAction::Error, 1));
+        .with_faults(Faults::arm(
+            FaultPoint::ConsumerBeforeCommit,
+            FaultAction::Error,
+            1,
+        ));
     let mut d = super::consumer_plugins::order(0, "o1");
     d.payload = json!({"requests": [{"method": "POST", "url": server.url("/charges")}]})
         .to_string()
         .into_bytes();
     let id = d.message_id().expect("id").to_string();
-    process(&t.db, "test", &d, &handler).await.expect_err("the fault");
+    process(&t.db, "test", &d, &handler)
+        .await
+        .expect_err("the fault");
     assert_eq!(server.seen().len(), 1);
     assert_eq!(t.count("SELECT count(*) FROM inbox").await, 0);
     let open = t
-        .count(&format!("SELECT count(*) FROM outbound_calls WHERE idempotency_key = '{id}' AND status IS NULL"))
+        .count(&format!(
+            "SELECT count(*) FROM outbound_calls WHERE idempotency_key = '{id}' AND status IS NULL"
+        ))
         .await;
     assert_eq!(open, 1, "the intent without an outcome is the evidence");
     // Redelivered without the fault: the same key again, and this time the
     // outcome commits with the mark.
-    process(&t.db, "test", &d, &handler).await.expect("second run");
+    process(&t.db, "test", &d, &handler)
+        .await
+        .expect("second run");
     let keys: Vec<_> = server.seen().iter().map(|s| s.keys.clone()).collect();
     assert_eq!(keys, [vec![id.clone()], vec![id.clone()]]);
     assert_eq!(t.count("SELECT count(*) FROM inbox").await, 1);
     let done = t
-        .count(&format!("SELECT count(*) FROM outbound_calls WHERE idempotency_key = '{id}' AND status = 200"))
+        .count(&format!(
+            "SELECT count(*) FROM outbound_calls WHERE idempotency_key = '{id}' AND status = 200"
+        ))
         .await;
     assert_eq!(done, 1);
 }

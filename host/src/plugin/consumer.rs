@@ -8,13 +8,13 @@ use std::time::Instant;
 use super::bindings::consumer::{Consumer, ConsumerPre};
 use super::bindings::transformer::outbox::plugin::types::{Message, PluginError as WitError};
 use super::error::{PluginError, classify};
+use super::host::http::{HttpCall, HttpRecord, Transport};
 use super::host::transaction::server::TxnServer;
 use super::host::transaction::{PluginStatement, TxnPolicy, link, next_request};
 use super::host::{ConsumerState, StoreState};
-use super::host::http::{HttpCall, HttpRecord, Transport};
 use super::loaded::Loaded;
-use crate::store::outbound;
 use crate::store::InboxTx;
+use crate::store::outbound;
 
 /// A loaded consumer plugin. Share it with `Arc`; calls may overlap.
 #[derive(Debug)]
@@ -92,7 +92,15 @@ impl ConsumerPlugin {
         let mut http = Vec::new();
         let start = Instant::now();
         let result = self
-            .call(tx, message, policy, cancel, Some(&mut statements), transport, &mut http)
+            .call(
+                tx,
+                message,
+                policy,
+                cancel,
+                Some(&mut statements),
+                transport,
+                &mut http,
+            )
             .await;
         self.loaded.metrics.record(
             start.elapsed(),
@@ -115,8 +123,16 @@ impl ConsumerPlugin {
         cancel: Option<&crate::store::Db>,
     ) -> Result<(), PluginError> {
         let mut http = Vec::new();
-        self.call(tx, message, policy, cancel, None, Transport::Shadow, &mut http)
-            .await
+        self.call(
+            tx,
+            message,
+            policy,
+            cancel,
+            None,
+            Transport::Shadow,
+            &mut http,
+        )
+        .await
     }
 
     async fn measured(
@@ -130,7 +146,15 @@ impl ConsumerPlugin {
         let start = Instant::now();
         let mut http = Vec::new();
         let result = self
-            .call(tx, message, policy, cancel, record, Transport::Live, &mut http)
+            .call(
+                tx,
+                message,
+                policy,
+                cancel,
+                record,
+                Transport::Live,
+                &mut http,
+            )
             .await;
         self.loaded.metrics.record(
             start.elapsed(),
@@ -158,7 +182,9 @@ impl ConsumerPlugin {
             transport,
             audit: cancel.cloned(),
         });
-        let result = self.run(&mut slot, tx, message, policy, cancel, record).await;
+        let result = self
+            .run(&mut slot, tx, message, policy, cancel, record)
+            .await;
         *http = slot.store.data_mut().http().finish();
         let result = match (result, cancel) {
             (Ok(()), _) => match outbound::write_outcomes(tx, http).await {
@@ -214,9 +240,7 @@ impl ConsumerPlugin {
             .saturating_mul(2)
             .saturating_add(policy.statement_timeout);
         let result = {
-            let call = slot
-                .bindings
-                .call_handle(&mut slot.store, handle, message);
+            let call = slot.bindings.call_handle(&mut slot.store, handle, message);
             tokio::pin!(call);
             let serve = async {
                 loop {

@@ -66,28 +66,24 @@ pub async fn write_outcomes(tx: &mut InboxTx, records: &[HttpRecord]) -> Result<
         let Some(id) = &r.audit_id else { continue };
         let (status, error, ms, now) = outcome(r);
         match tx {
-            InboxTx::Postgres(t) => {
-                sqlx::query(UPDATE_OUTCOME)
-                    .bind(id)
-                    .bind(status)
-                    .bind(error)
-                    .bind(ms)
-                    .bind(now)
-                    .execute(&mut **t)
-                    .await
-                    .map(|_| ())?
-            }
-            InboxTx::Sqlite(t) => {
-                sqlx::query(UPDATE_OUTCOME)
-                    .bind(id)
-                    .bind(status)
-                    .bind(error)
-                    .bind(ms)
-                    .bind(now)
-                    .execute(&mut **t)
-                    .await
-                    .map(|_| ())?
-            }
+            InboxTx::Postgres(t) => sqlx::query(UPDATE_OUTCOME)
+                .bind(id)
+                .bind(status)
+                .bind(error)
+                .bind(ms)
+                .bind(now)
+                .execute(&mut **t)
+                .await
+                .map(|_| ())?,
+            InboxTx::Sqlite(t) => sqlx::query(UPDATE_OUTCOME)
+                .bind(id)
+                .bind(status)
+                .bind(error)
+                .bind(ms)
+                .bind(now)
+                .execute(&mut **t)
+                .await
+                .map(|_| ())?,
         }
     }
     Ok(())
@@ -104,7 +100,14 @@ pub async fn write_outcomes_alone(db: &Db, records: &[HttpRecord]) -> Result<(),
     tx.commit().await
 }
 
-fn outcome(r: &HttpRecord) -> (Option<i32>, Option<&str>, i64, chrono::DateTime<chrono::Utc>) {
+fn outcome(
+    r: &HttpRecord,
+) -> (
+    Option<i32>,
+    Option<&str>,
+    i64,
+    chrono::DateTime<chrono::Utc>,
+) {
     (
         r.status.map(i32::from),
         r.error.as_deref(),

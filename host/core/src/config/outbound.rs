@@ -65,7 +65,8 @@ impl OutboundHost {
         if authority.contains('*') {
             return Err(format!("`{s}` has a wildcard; list each host"));
         }
-        let (host, port) = split_host_port(authority).ok_or_else(|| format!("`{s}` has a bad host or port"))?;
+        let (host, port) =
+            split_host_port(authority).ok_or_else(|| format!("`{s}` has a bad host or port"))?;
         if host.is_empty() {
             return Err(format!("`{s}` has no host"));
         }
@@ -166,10 +167,16 @@ impl HttpLimits {
     /// What is wrong with these limits, as (key under `[plugins.http]`, reason).
     pub fn problem(&self) -> Option<(&'static str, String)> {
         let h = &self.idempotency_header;
-        if h.is_empty() || !h.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b)) {
+        if h.is_empty()
+            || !h
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b))
+        {
             return Some((
                 "idempotency_header",
-                format!("`{h}` is not a header name; use letters, digits, - and _ (default \"Idempotency-Key\")"),
+                format!(
+                    "`{h}` is not a header name; use letters, digits, - and _ (default \"Idempotency-Key\")"
+                ),
             ));
         }
         if self.request_timeout.is_zero() || self.request_timeout > Duration::from_secs(300) {
@@ -201,7 +208,10 @@ mod tests {
     #[test]
     fn parses_the_documented_shapes() {
         let h = OutboundHost::parse("https://API.example.com").unwrap();
-        assert_eq!((h.scheme, h.host.as_str(), h.port), (OutboundScheme::Https, "api.example.com", 443));
+        assert_eq!(
+            (h.scheme, h.host.as_str(), h.port),
+            (OutboundScheme::Https, "api.example.com", 443)
+        );
         let h = OutboundHost::parse("http://127.0.0.1:8080/").unwrap();
         assert_eq!((h.host.as_str(), h.port), ("127.0.0.1", 8080));
         let h = OutboundHost::parse("http://[::1]:9000").unwrap();

@@ -35,8 +35,8 @@ use wasmtime_wasi_http::{
 
 pub use self::policy::OutboundPolicy;
 pub use self::record::HttpRecord;
-pub use self::transport::{HttpStub, StubResponse, Transport};
 use self::transport::SendError;
+pub use self::transport::{HttpStub, StubResponse, Transport};
 use crate::plugin::error::PluginError;
 
 /// What one `handle` call's requests run under: set before the call,
@@ -203,12 +203,10 @@ impl WasiHttpHooks for Hooks {
                     SendError::Failed(m) => HttpError::InternalError(Some(m)),
                 }
             })?;
-            let response = response.map(|b| {
-                Full::new(b)
-                    .map_err(|never| match never {})
-                    .boxed_unsync()
-            });
-            let io: Box<dyn Future<Output = Result<(), HttpError>> + Send> = Box::new(async { Ok(()) });
+            let response =
+                response.map(|b| Full::new(b).map_err(|never| match never {}).boxed_unsync());
+            let io: Box<dyn Future<Output = Result<(), HttpError>> + Send> =
+                Box::new(async { Ok(()) });
             Ok((response, io))
         })
     }
@@ -275,7 +273,11 @@ async fn send(
         },
     )
     .await
-    .map_err(|e| SendError::Refused(format!("the audit intent could not be written, the request is not sent: {e}")))?;
+    .map_err(|e| {
+        SendError::Refused(format!(
+            "the audit intent could not be written, the request is not sent: {e}"
+        ))
+    })?;
     update(log, index, |r| r.audit_id = Some(audit_id));
     parts.uri = target
         .path

@@ -36,14 +36,17 @@ impl OutboundPolicy {
         let hosts = spec
             .allowed_outbound_hosts
             .iter()
-            .map(|h| OutboundHost::parse(h).map_err(|e| PluginError::Invalid(format!("{key}: {e}"))))
+            .map(|h| {
+                OutboundHost::parse(h).map_err(|e| PluginError::Invalid(format!("{key}: {e}")))
+            })
             .collect::<Result<Vec<_>, _>>()?;
-        let header = HeaderName::from_bytes(spec.http.idempotency_header.as_bytes()).map_err(|_| {
-            PluginError::Invalid(format!(
-                "plugins[{}].http.idempotency_header: `{}` is not a header name",
-                spec.name, spec.http.idempotency_header
-            ))
-        })?;
+        let header =
+            HeaderName::from_bytes(spec.http.idempotency_header.as_bytes()).map_err(|_| {
+                PluginError::Invalid(format!(
+                    "plugins[{}].http.idempotency_header: `{}` is not a header name",
+                    spec.name, spec.http.idempotency_header
+                ))
+            })?;
         Ok(Self {
             key,
             hosts,
@@ -176,10 +179,25 @@ mod tests {
     #[test]
     fn special_addresses_in_every_spelling() {
         for ip in [
-            "127.0.0.1", "127.1.2.3", "10.0.0.1", "172.16.0.1", "192.168.1.1", "169.254.169.254",
-            "0.0.0.0", "224.0.0.1", "255.255.255.255", "100.64.0.1", "::1", "::", "fe80::1",
-            "fd00::1", "::ffff:127.0.0.1", "::ffff:169.254.169.254", "64:ff9b::a9fe:a9fe",
-            "2002:7f00:1::", "::127.0.0.1",
+            "127.0.0.1",
+            "127.1.2.3",
+            "10.0.0.1",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "0.0.0.0",
+            "224.0.0.1",
+            "255.255.255.255",
+            "100.64.0.1",
+            "::1",
+            "::",
+            "fe80::1",
+            "fd00::1",
+            "::ffff:127.0.0.1",
+            "::ffff:169.254.169.254",
+            "64:ff9b::a9fe:a9fe",
+            "2002:7f00:1::",
+            "::127.0.0.1",
         ] {
             assert!(is_special(ip.parse().unwrap()), "{ip} is not special");
         }
@@ -191,12 +209,21 @@ mod tests {
     #[test]
     fn a_mapped_address_matches_its_literal_entry() {
         let mut spec = PluginSpec::new("p", "p.wasm");
-        spec.allowed_outbound_hosts = vec!["http://127.0.0.1:8080".into(), "http://localhost:8080".into()];
+        spec.allowed_outbound_hosts = vec![
+            "http://127.0.0.1:8080".into(),
+            "http://localhost:8080".into(),
+        ];
         let policy = OutboundPolicy::from_spec(&spec).unwrap();
         let literal = &policy.hosts[0];
         let name = &policy.hosts[1];
-        assert!(policy.check_address(literal, "::ffff:127.0.0.1".parse().unwrap()).is_ok());
-        let e = policy.check_address(name, "127.0.0.1".parse().unwrap()).unwrap_err();
+        assert!(
+            policy
+                .check_address(literal, "::ffff:127.0.0.1".parse().unwrap())
+                .is_ok()
+        );
+        let e = policy
+            .check_address(name, "127.0.0.1".parse().unwrap())
+            .unwrap_err();
         assert!(e.contains("plugins[p].allowed_outbound_hosts"), "{e}");
     }
 
@@ -215,7 +242,10 @@ mod tests {
             "https://user@api.example.com/",
         ] {
             let e = policy.admit(&bad.parse().unwrap()).unwrap_err();
-            assert!(e.contains(bad.trim_end_matches('/')) || e.contains("user information"), "{e}");
+            assert!(
+                e.contains(bad.trim_end_matches('/')) || e.contains("user information"),
+                "{e}"
+            );
         }
     }
 }

@@ -92,12 +92,15 @@ pub(crate) async fn resolve(
     let timeout = policy.limits.request_timeout;
     let addrs: Vec<IpAddr> = match entry.ip() {
         Some(ip) => vec![ip],
-        None => tokio::time::timeout(timeout, tokio::net::lookup_host((entry.host.as_str(), entry.port)))
-            .await
-            .map_err(|_| SendError::Timeout(timeout, "resolving the host"))?
-            .map_err(|e| SendError::Failed(format!("cannot resolve {}: {e}", entry.host)))?
-            .map(|a| a.ip())
-            .collect(),
+        None => tokio::time::timeout(
+            timeout,
+            tokio::net::lookup_host((entry.host.as_str(), entry.port)),
+        )
+        .await
+        .map_err(|_| SendError::Timeout(timeout, "resolving the host"))?
+        .map_err(|e| SendError::Failed(format!("cannot resolve {}: {e}", entry.host)))?
+        .map(|a| a.ip())
+        .collect(),
     };
     let mut refusal = None;
     for ip in addrs {
@@ -106,9 +109,9 @@ pub(crate) async fn resolve(
             Err(why) => refusal = Some(why),
         }
     }
-    Err(SendError::Refused(
-        refusal.unwrap_or_else(|| format!("{} resolved to no address", entry.host)),
-    ))
+    Err(SendError::Refused(refusal.unwrap_or_else(|| {
+        format!("{} resolved to no address", entry.host)
+    })))
 }
 
 /// Sends `request` (origin-form URI, headers final) to `addr` and reads
@@ -150,8 +153,9 @@ async fn tls_connect(
     .map_err(|e| SendError::Failed(format!("TLS setup: {e}")))?
     .with_root_certificates(roots)
     .with_no_client_auth();
-    let name = ServerName::try_from(entry.host.clone())
-        .map_err(|e| SendError::Failed(format!("`{}` is not a TLS server name: {e}", entry.host)))?;
+    let name = ServerName::try_from(entry.host.clone()).map_err(|e| {
+        SendError::Failed(format!("`{}` is not a TLS server name: {e}", entry.host))
+    })?;
     tokio::time::timeout(
         timeout,
         tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp),
@@ -169,10 +173,11 @@ async fn exchange<IO>(
 where
     IO: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
-    let (mut sender, conn) = tokio::time::timeout(timeout, hyper::client::conn::http1::handshake(io))
-        .await
-        .map_err(|_| SendError::Timeout(timeout, "the HTTP handshake"))?
-        .map_err(|e| SendError::Failed(format!("HTTP handshake: {e}")))?;
+    let (mut sender, conn) =
+        tokio::time::timeout(timeout, hyper::client::conn::http1::handshake(io))
+            .await
+            .map_err(|_| SendError::Timeout(timeout, "the HTTP handshake"))?
+            .map_err(|e| SendError::Failed(format!("HTTP handshake: {e}")))?;
     tokio::spawn(async move {
         if let Err(e) = conn.await {
             tracing::debug!(error = %e, "plugin HTTP connection ended");
@@ -226,6 +231,11 @@ pub(crate) fn stub_response(r: &StubResponse, cap: u64) -> Result<Response<Bytes
 /// Headers as (name, value) text pairs.
 pub(crate) fn header_pairs(h: &HeaderMap) -> Vec<(String, String)> {
     h.iter()
-        .map(|(k, v)| (k.as_str().to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+        .map(|(k, v)| {
+            (
+                k.as_str().to_string(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
         .collect()
 }
