@@ -186,15 +186,32 @@ impl ConsumerPlugin {
             .run(&mut slot, tx, message, policy, cancel, record)
             .await;
         *http = slot.store.data_mut().http().finish();
+        for r in http.iter() {
+            let host = self.loaded.outbound.host_label(&r.url);
+            self.loaded
+                .http_metrics
+                .record(&host, r.outcome(), r.duration);
+        }
+        let outcomes: Vec<outbound::Outcome> = http
+            .iter()
+            .filter_map(|r| {
+                Some(outbound::Outcome {
+                    id: r.audit_id.clone()?,
+                    status: r.status,
+                    error: r.error.clone(),
+                    duration: r.duration,
+                })
+            })
+            .collect();
         let result = match (result, cancel) {
-            (Ok(()), _) => match outbound::write_outcomes(tx, http).await {
+            (Ok(()), _) => match outbound::write_outcomes(tx, &outcomes).await {
                 Ok(()) => Ok(()),
                 Err(e) => Err(PluginError::Transaction(format!(
                     "recording the outcome of the plugin's HTTP requests in outbound_calls: {e}"
                 ))),
             },
             (Err(e), Some(db)) => {
-                if let Err(w) = outbound::write_outcomes_alone(db, http).await {
+                if let Err(w) = outbound::write_outcomes_alone(db, &outcomes).await {
                     tracing::warn!(error = %w, "recording HTTP outcomes of a rolled-back message failed; the intents stay without outcome");
                 }
                 Err(e)

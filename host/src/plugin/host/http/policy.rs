@@ -110,6 +110,16 @@ impl OutboundPolicy {
         })
     }
 
+    /// The metrics' host label of `url`: the listed entry it falls under,
+    /// or `unlisted` (never a name the plugin chose).
+    pub(crate) fn host_label(&self, url: &str) -> String {
+        url.parse::<Uri>()
+            .ok()
+            .and_then(|u| self.admit(&u).ok())
+            .map(|t| t.entry.to_string())
+            .unwrap_or_else(|| "unlisted".into())
+    }
+
     /// Whether the host may connect to `ip` for `entry`: a loopback,
     /// private, link-local, unspecified, multicast or otherwise special
     /// address only when the entry names that very address.
