@@ -89,9 +89,8 @@ impl ConsumerPlugin {
         transport: Transport,
     ) -> Traced {
         let mut statements = Vec::new();
-        let mut http = Vec::new();
         let start = Instant::now();
-        let result = self
+        let (result, http) = self
             .call(
                 tx,
                 message,
@@ -99,7 +98,6 @@ impl ConsumerPlugin {
                 cancel,
                 Some(&mut statements),
                 transport,
-                &mut http,
             )
             .await;
         self.loaded.metrics.record(
@@ -122,17 +120,9 @@ impl ConsumerPlugin {
         policy: &TxnPolicy,
         cancel: Option<&crate::store::Db>,
     ) -> Result<(), PluginError> {
-        let mut http = Vec::new();
-        self.call(
-            tx,
-            message,
-            policy,
-            cancel,
-            None,
-            Transport::Shadow,
-            &mut http,
-        )
-        .await
+        self.call(tx, message, policy, cancel, None, Transport::Shadow)
+            .await
+            .0
     }
 
     async fn measured(
@@ -144,17 +134,8 @@ impl ConsumerPlugin {
         record: Option<&mut Vec<PluginStatement>>,
     ) -> Result<(), PluginError> {
         let start = Instant::now();
-        let mut http = Vec::new();
-        let result = self
-            .call(
-                tx,
-                message,
-                policy,
-                cancel,
-                record,
-                Transport::Live,
-                &mut http,
-            )
+        let (result, _) = self
+            .call(tx, message, policy, cancel, record, Transport::Live)
             .await;
         self.loaded.metrics.record(
             start.elapsed(),
@@ -171,9 +152,11 @@ impl ConsumerPlugin {
         cancel: Option<&crate::store::Db>,
         record: Option<&mut Vec<PluginStatement>>,
         transport: Transport,
-        http: &mut Vec<HttpRecord>,
-    ) -> Result<(), PluginError> {
-        let mut slot = self.loaded.slot().await?;
+    ) -> (Result<(), PluginError>, Vec<HttpRecord>) {
+        let mut slot = match self.loaded.slot().await {
+            Ok(slot) => slot,
+            Err(e) => return (Err(e), Vec::new()),
+        };
         slot.store.data_mut().http().begin(HttpCall {
             policy: self.loaded.outbound.clone(),
             message_id: message.id.clone(),
@@ -185,7 +168,7 @@ impl ConsumerPlugin {
         let result = self
             .run(&mut slot, tx, message, policy, cancel, record)
             .await;
-        *http = slot.store.data_mut().http().finish();
+        let http = slot.store.data_mut().http().finish();
         for r in http.iter() {
             let host = self.loaded.outbound.host_label(&r.url);
             self.loaded
@@ -218,18 +201,14 @@ impl ConsumerPlugin {
             }
             (Err(e), None) => Err(e),
         };
-        match result {
-            Ok(()) => {
-                self.loaded.give_back(slot);
-                Ok(())
-            }
-            Err(e) => {
-                if matches!(e, PluginError::Guest { .. } | PluginError::Transaction(_)) {
-                    self.loaded.give_back(slot);
-                }
-                Err(e)
-            }
+        let reusable = match &result {
+            Ok(()) => true,
+            Err(e) => matches!(e, PluginError::Guest { .. } | PluginError::Transaction(_)),
+        };
+        if reusable {
+            self.loaded.give_back(slot);
         }
+        (result, http)
     }
 
     /// One guest call in `slot`'s Store, the transaction served meanwhile.
@@ -284,7 +263,7 @@ impl ConsumerPlugin {
         };
         slot.store.data_mut().transaction().end_loan();
         self.loaded.drain_logs(&slot.store);
-        let outcome = match result {
+        match result {
             Ok(Ok(())) => match server.failure.take() {
                 Some(failure) => Err(PluginError::Transaction(format!(
                     "{failure}; the plugin returned ok after the error, the message is rolled back"
@@ -301,10 +280,9 @@ impl ConsumerPlugin {
             }),
             Err(e) => {
                 let hit = slot.store.data().sandbox().memory.hit;
-                return Err(classify(e, hit, &self.loaded.limits));
+                Err(classify(e, hit, &self.loaded.limits))
             }
-        };
-        outcome
+        }
     }
 }
 
