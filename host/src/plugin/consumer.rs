@@ -56,12 +56,14 @@ impl ConsumerPlugin {
         policy: &TxnPolicy,
         cancel: Option<&crate::store::Db>,
     ) -> Result<(), PluginError> {
-        self.measured(tx, message, policy, cancel, None).await
+        self.measured(tx, message, policy, cancel, None, Transport::Live)
+            .await
     }
 
     /// [`handle_cancellable`](Self::handle_cancellable), also returning
     /// every statement the plugin sent (kind, text, outcome; never a
-    /// parameter value), in order: what a dry run shows.
+    /// parameter value), in order: what a dry run shows. Its HTTP requests
+    /// are refused: a dry run has no external effect.
     pub async fn handle_recorded(
         &self,
         tx: &mut InboxTx,
@@ -71,7 +73,14 @@ impl ConsumerPlugin {
     ) -> (Result<(), PluginError>, Vec<PluginStatement>) {
         let mut statements = Vec::new();
         let result = self
-            .measured(tx, message, policy, cancel, Some(&mut statements))
+            .measured(
+                tx,
+                message,
+                policy,
+                cancel,
+                Some(&mut statements),
+                Transport::Shadow,
+            )
             .await;
         (result, statements)
     }
@@ -120,9 +129,8 @@ impl ConsumerPlugin {
         policy: &TxnPolicy,
         cancel: Option<&crate::store::Db>,
     ) -> Result<(), PluginError> {
-        self.call(tx, message, policy, cancel, None, Transport::Shadow)
+        self.measured(tx, message, policy, cancel, None, Transport::Shadow)
             .await
-            .0
     }
 
     async fn measured(
@@ -132,10 +140,11 @@ impl ConsumerPlugin {
         policy: &TxnPolicy,
         cancel: Option<&crate::store::Db>,
         record: Option<&mut Vec<PluginStatement>>,
+        transport: Transport,
     ) -> Result<(), PluginError> {
         let start = Instant::now();
         let (result, _) = self
-            .call(tx, message, policy, cancel, record, Transport::Live)
+            .call(tx, message, policy, cancel, record, transport)
             .await;
         self.loaded.metrics.record(
             start.elapsed(),
