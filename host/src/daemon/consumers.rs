@@ -62,7 +62,7 @@ pub(super) async fn spawn_consumers(
         }
         let handler = Arc::new(consumer_handler(
             config,
-            db,
+            (db, faults),
             &handles.metrics,
             (i, c),
             &sources.daemon.handlers,
@@ -170,7 +170,7 @@ struct FilePlugins {
 /// `metrics`.
 fn consumer_handler(
     config: &Config,
-    db: &Db,
+    (db, faults): (&Db, &Faults),
     metrics: &Metrics,
     (i, c): (usize, &ConsumerSection),
     native: &NativeHandlers,
@@ -188,7 +188,9 @@ fn consumer_handler(
     };
     if let Some(slot) = registry.iter().find(|s| s.name() == name) {
         return Ok(ConsumerHandler::Plugin(
-            PluginHandler::swappable(slot.clone(), c.txn_policy()).with_db(db),
+            PluginHandler::swappable(slot.clone(), c.txn_policy())
+                .with_db(db)
+                .with_faults(faults.clone()),
         ));
     }
     let spec = config
@@ -216,7 +218,9 @@ fn consumer_handler(
         }
     };
     Ok(ConsumerHandler::Plugin(
-        PluginHandler::new(plugin, c.txn_policy()).with_db(db),
+        PluginHandler::new(plugin, c.txn_policy())
+            .with_db(db)
+            .with_faults(faults.clone()),
     ))
 }
 

@@ -8,11 +8,13 @@ use std::time::Instant;
 use super::bindings::consumer::{Consumer, ConsumerPre};
 use super::bindings::transformer::outbox::plugin::types::{Message, PluginError as WitError};
 use super::error::{PluginError, classify};
+use super::host::http::{HttpCall, HttpRecord, Transport};
 use super::host::transaction::server::TxnServer;
 use super::host::transaction::{PluginStatement, TxnPolicy, link, next_request};
 use super::host::{ConsumerState, StoreState};
 use super::loaded::Loaded;
 use crate::store::InboxTx;
+use crate::store::outbound;
 
 /// A loaded consumer plugin. Share it with `Arc`; calls may overlap.
 #[derive(Debug)]
@@ -74,6 +76,55 @@ impl ConsumerPlugin {
         (result, statements)
     }
 
+    /// [`handle_recorded`](Self::handle_recorded) with the HTTP requests
+    /// going to `transport`, also returning every request the plugin made
+    /// (what `outboxd plugin test` shows). With [`Transport::Live`] and a
+    /// `cancel` database, intents are audited as in a real run.
+    pub async fn handle_traced(
+        &self,
+        tx: &mut InboxTx,
+        message: &Message,
+        policy: &TxnPolicy,
+        cancel: Option<&crate::store::Db>,
+        transport: Transport,
+    ) -> Traced {
+        let mut statements = Vec::new();
+        let start = Instant::now();
+        let (result, http) = self
+            .call(
+                tx,
+                message,
+                policy,
+                cancel,
+                Some(&mut statements),
+                transport,
+            )
+            .await;
+        self.loaded.metrics.record(
+            start.elapsed(),
+            result.as_ref().err().map(PluginError::kind),
+        );
+        Traced {
+            result,
+            statements,
+            http,
+        }
+    }
+
+    /// A shadow run: [`handle_cancellable`](Self::handle_cancellable) with
+    /// every HTTP request refused, so a candidate has no external effect.
+    pub async fn handle_shadow(
+        &self,
+        tx: &mut InboxTx,
+        message: &Message,
+        policy: &TxnPolicy,
+        cancel: Option<&crate::store::Db>,
+    ) -> Result<(), PluginError> {
+        self.call(tx, message, policy, cancel, None, Transport::Shadow)
+            .await
+            .0
+    }
+
     async fn measured(
         &self,
         tx: &mut InboxTx,
@@ -83,7 +134,9 @@ impl ConsumerPlugin {
         record: Option<&mut Vec<PluginStatement>>,
     ) -> Result<(), PluginError> {
         let start = Instant::now();
-        let result = self.call(tx, message, policy, cancel, record).await;
+        let (result, _) = self
+            .call(tx, message, policy, cancel, record, Transport::Live)
+            .await;
         self.loaded.metrics.record(
             start.elapsed(),
             result.as_ref().err().map(PluginError::kind),
@@ -98,8 +151,76 @@ impl ConsumerPlugin {
         policy: &TxnPolicy,
         cancel: Option<&crate::store::Db>,
         record: Option<&mut Vec<PluginStatement>>,
+        transport: Transport,
+    ) -> (Result<(), PluginError>, Vec<HttpRecord>) {
+        let mut slot = match self.loaded.slot().await {
+            Ok(slot) => slot,
+            Err(e) => return (Err(e), Vec::new()),
+        };
+        slot.store.data_mut().http().begin(HttpCall {
+            policy: self.loaded.outbound.clone(),
+            message_id: message.id.clone(),
+            consumer: policy.consumer.clone(),
+            plugin: self.loaded.label(),
+            transport,
+            audit: cancel.cloned(),
+        });
+        let result = self
+            .run(&mut slot, tx, message, policy, cancel, record)
+            .await;
+        let http = slot.store.data_mut().http().finish();
+        for r in http.iter() {
+            let host = self.loaded.outbound.host_label(&r.url);
+            self.loaded
+                .http_metrics
+                .record(&host, r.outcome(), r.duration);
+        }
+        let outcomes: Vec<outbound::Outcome> = http
+            .iter()
+            .filter_map(|r| {
+                Some(outbound::Outcome {
+                    id: r.audit_id.clone()?,
+                    status: r.status,
+                    error: r.error.clone(),
+                    duration: r.duration,
+                })
+            })
+            .collect();
+        let result = match (result, cancel) {
+            (Ok(()), _) => match outbound::write_outcomes(tx, &outcomes).await {
+                Ok(()) => Ok(()),
+                Err(e) => Err(PluginError::Transaction(format!(
+                    "recording the outcome of the plugin's HTTP requests in outbound_calls: {e}"
+                ))),
+            },
+            (Err(e), Some(db)) => {
+                if let Err(w) = outbound::write_outcomes_alone(db, &outcomes).await {
+                    tracing::warn!(error = %w, "recording HTTP outcomes of a rolled-back message failed; the intents stay without outcome");
+                }
+                Err(e)
+            }
+            (Err(e), None) => Err(e),
+        };
+        let reusable = match &result {
+            Ok(()) => true,
+            Err(e) => matches!(e, PluginError::Guest { .. } | PluginError::Transaction(_)),
+        };
+        if reusable {
+            self.loaded.give_back(slot);
+        }
+        (result, http)
+    }
+
+    /// One guest call in `slot`'s Store, the transaction served meanwhile.
+    async fn run(
+        &self,
+        slot: &mut super::loaded::Slot<Consumer>,
+        tx: &mut InboxTx,
+        message: &Message,
+        policy: &TxnPolicy,
+        cancel: Option<&crate::store::Db>,
+        record: Option<&mut Vec<PluginStatement>>,
     ) -> Result<(), PluginError> {
-        let mut slot = self.loaded.slot().await?;
         let mailbox = link();
         let handle = slot.store.data_mut().transaction().lend(mailbox.clone())?;
         let mut server = TxnServer::new(tx, policy);
@@ -142,7 +263,7 @@ impl ConsumerPlugin {
         };
         slot.store.data_mut().transaction().end_loan();
         self.loaded.drain_logs(&slot.store);
-        let outcome = match result {
+        match result {
             Ok(Ok(())) => match server.failure.take() {
                 Some(failure) => Err(PluginError::Transaction(format!(
                     "{failure}; the plugin returned ok after the error, the message is rolled back"
@@ -159,12 +280,20 @@ impl ConsumerPlugin {
             }),
             Err(e) => {
                 let hit = slot.store.data().sandbox().memory.hit;
-                return Err(classify(e, hit, &self.loaded.limits));
+                Err(classify(e, hit, &self.loaded.limits))
             }
-        };
-        self.loaded.give_back(slot);
-        outcome
+        }
     }
+}
+
+/// What [`ConsumerPlugin::handle_traced`] returns.
+#[derive(Debug)]
+pub struct Traced {
+    pub result: Result<(), PluginError>,
+    /// Every statement the plugin sent, in order.
+    pub statements: Vec<PluginStatement>,
+    /// Every HTTP request the plugin made, in order, refused ones included.
+    pub http: Vec<HttpRecord>,
 }
 
 fn with_failure(message: String, failure: Option<String>) -> String {
