@@ -255,7 +255,8 @@ async fn send(
     });
     if let Transport::Shadow = &call.transport {
         return Err(SendError::Refused(
-            "a shadow run or dry run sends no HTTP request (it must have no external effect)".into(),
+            "a shadow run or dry run sends no HTTP request (it must have no external effect)"
+                .into(),
         ));
     }
     if let Transport::Stub(stub) = &call.transport {
