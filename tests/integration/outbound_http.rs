@@ -9,8 +9,11 @@ use std::time::Duration;
 
 use outboxd::config::HttpLimits;
 use outboxd::consumer::InboxTx;
+use outboxd::metrics::PluginReport;
 use outboxd::plugin::bindings::transformer::outbox::plugin::types::Message;
-use outboxd::plugin::{ConsumerPlugin, HttpStub, PluginSpec, StubResponse, Traced, Transport};
+use outboxd::plugin::{
+    ConsumerPlugin, HttpStub, PluginSpec, StubResponse, Traced, Transport, TxnPolicy,
+};
 use serde_json::{Value, json};
 
 use crate::on_both;
@@ -38,6 +41,18 @@ fn plugin(hosts: &[String], http: HttpLimits) -> Arc<ConsumerPlugin> {
 /// first (so on SQLite the transaction holds the write lock while the
 /// plugin calls out), then `handle`, then commit.
 async fn run(t: &TestDb, p: &ConsumerPlugin, payload: Value) -> (String, Traced) {
+    let (id, traced) = attempt(t, p, payload, &plugin_policy()).await;
+    assert!(traced.result.is_ok(), "{:?}", traced.result);
+    (id, traced)
+}
+
+/// [`run`] whatever the outcome, under `policy`; commits only on success.
+async fn attempt(
+    t: &TestDb,
+    p: &ConsumerPlugin,
+    payload: Value,
+    policy: &TxnPolicy,
+) -> (String, Traced) {
     let id = uuid::Uuid::new_v4();
     let mut tx = InboxTx::begin(&t.db).await.expect("begin");
     assert!(tx.mark("test", id, None).await.expect("mark"));
@@ -50,16 +65,13 @@ async fn run(t: &TestDb, p: &ConsumerPlugin, payload: Value) -> (String, Traced)
         attempt: 0,
     };
     let traced = p
-        .handle_traced(
-            &mut tx,
-            &message,
-            &plugin_policy(),
-            Some(&t.db),
-            Transport::Live,
-        )
+        .handle_traced(&mut tx, &message, policy, Some(&t.db), Transport::Live)
         .await;
-    assert!(traced.result.is_ok(), "{:?}", traced.result);
-    tx.commit().await.expect("commit");
+    if traced.result.is_ok() {
+        tx.commit().await.expect("commit");
+    } else {
+        tx.rollback().await.expect("rollback");
+    }
     (id.to_string(), traced)
 }
 
@@ -108,6 +120,9 @@ async fn the_host_sets_the_key_and_audits_before_sending(t: TestDb) {
         ))
         .await;
     assert_eq!(done, 1, "the outcome committed with the inbox mark");
+    let metrics = p.http().expect("a consumer reports HTTP").requests();
+    let listed = format!("http://127.0.0.1:{}", server.port());
+    assert_eq!(metrics, [(listed, "2xx", 1)]);
 }
 on_both!(the_host_sets_the_key_and_audits_before_sending);
 
@@ -245,9 +260,15 @@ async fn plugin_sql_cannot_touch_the_audit(t: TestDb) {
         "SELECT * FROM outboxd.outbound_calls",
         "SELECT * FROM \"OUTBOUND_CALLS\"",
     ] {
-        let (_, traced) = run(&t, &p, json!({"sql": sql})).await;
+        // Even with the table listed in the grants, as a careless operator
+        // might (the config check refuses that listing too).
+        let mut policy = plugin_policy();
+        policy.tables.read.push("outbound_calls".into());
+        policy.tables.write.push("outbound_calls".into());
+        let (_, traced) = attempt(&t, &p, json!({"sql": sql}), &policy).await;
         let st = &traced.statements[0];
-        assert!(st.outcome.starts_with("refused"), "{sql}: {st:?}");
+        assert!(st.outcome.contains("refused"), "{sql}: {st:?}");
+        assert!(traced.result.is_err(), "the message rolls back: {sql}");
     }
     assert_eq!(
         t.count("SELECT count(*) FROM outbound_calls WHERE status = 200")
@@ -306,3 +327,91 @@ async fn a_stub_answers_without_the_network(t: TestDb) {
     assert!(off.refused, "{off:?}");
 }
 on_both!(a_stub_answers_without_the_network);
+
+/// `request_timeout` ends a request whose answer does not come, well
+/// inside the call deadline.
+async fn a_silent_server_times_out(t: TestDb) {
+    let server = Server::start(t.db.clone()).await;
+    let limits = HttpLimits {
+        request_timeout: Duration::from_millis(300),
+        ..HttpLimits::default()
+    };
+    let p = plugin(&[server.url("")], limits);
+    let started = std::time::Instant::now();
+    let (id, traced) = run(
+        &t,
+        &p,
+        json!({"requests": [req("GET", &server.url("/slow"))]}),
+    )
+    .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    let r = &traced.http[0];
+    assert!(
+        r.error.as_deref().unwrap_or("").contains("request_timeout"),
+        "{r:?}"
+    );
+    let failed = t
+        .count(&format!(
+            "SELECT count(*) FROM outbound_calls WHERE message_id = '{id}' AND status IS NULL AND error LIKE '%request_timeout%'"
+        ))
+        .await;
+    assert_eq!(failed, 1, "the failure is the recorded outcome");
+}
+on_both!(a_silent_server_times_out);
+
+/// A live request with nowhere to write its intent is not sent: no request
+/// leaves without its audit row.
+async fn no_audit_database_no_live_request(t: TestDb) {
+    let server = Server::start(t.db.clone()).await;
+    let p = plugin(&[server.url("")], HttpLimits::default());
+    let message = Message {
+        id: uuid::Uuid::new_v4().to_string(),
+        topic: "t".into(),
+        key: None,
+        payload: json!({"requests": [req("GET", &server.url("/x"))]})
+            .to_string()
+            .into_bytes(),
+        headers: vec![],
+        attempt: 0,
+    };
+    let mut tx = InboxTx::begin(&t.db).await.expect("begin");
+    let traced = p
+        .handle_traced(&mut tx, &message, &plugin_policy(), None, Transport::Live)
+        .await;
+    tx.rollback().await.expect("rollback");
+    let r = &traced.http[0];
+    assert!(
+        r.refused && r.error.as_deref().unwrap_or("").contains("audit database"),
+        "{r:?}"
+    );
+    assert!(server.seen().is_empty());
+}
+on_both!(no_audit_database_no_live_request);
+
+/// https goes through TLS: against a plain-HTTP server the handshake fails
+/// and nothing reaches the handler (the outcome is the TLS error).
+async fn https_speaks_tls(t: TestDb) {
+    let server = Server::start(t.db.clone()).await;
+    let url = format!("https://127.0.0.1:{}", server.port());
+    let p = plugin(std::slice::from_ref(&url), HttpLimits::default());
+    let (id, traced) = run(
+        &t,
+        &p,
+        json!({"requests": [req("GET", &format!("{url}/x"))]}),
+    )
+    .await;
+    let r = &traced.http[0];
+    assert!(r.error.as_deref().unwrap_or("").contains("TLS"), "{r:?}");
+    assert!(server.seen().is_empty());
+    let failed = t
+        .count(&format!(
+            "SELECT count(*) FROM outbound_calls WHERE message_id = '{id}' AND scheme = 'https' AND completed_at IS NOT NULL AND error LIKE '%TLS%'"
+        ))
+        .await;
+    assert_eq!(failed, 1);
+}
+on_both!(https_speaks_tls);
