@@ -97,7 +97,7 @@ async fn a_consumer_shows_its_statements_with_params_and_its_emitted_event() {
     assert!(
         statements[0]["text"]
             .as_str()
-            .unwrap()
+            .expect("a string")
             .starts_with("INSERT INTO invoices")
     );
     assert_eq!(
@@ -154,14 +154,14 @@ async fn without_setup_or_grants_the_statement_fails_as_it_would_in_production()
     assert!(
         r["statements"][0]["outcome"]
             .as_str()
-            .unwrap()
+            .expect("a string")
             .starts_with("database error"),
         "{r:#}"
     );
     assert!(
         r["statements"][0]["values"]["error"]
             .as_str()
-            .unwrap()
+            .expect("a string")
             .contains("invoices"),
         "{r:#}"
     );
@@ -180,13 +180,13 @@ async fn without_setup_or_grants_the_statement_fails_as_it_would_in_production()
     .await;
     assert_eq!(refused.status.code(), Some(1), "{}", text(&refused));
     let r = report(&refused);
-    let outcome = r["statements"][0]["outcome"].as_str().unwrap();
+    let outcome = r["statements"][0]["outcome"].as_str().expect("a string");
     assert!(
         outcome.starts_with("statement refused") && outcome.contains("invoices"),
         "{r:#}"
     );
     assert_eq!(
-        r["statements"].as_array().unwrap().len(),
+        r["statements"].as_array().expect("an array").len(),
         1,
         "nothing runs after: {r:#}"
     );
@@ -398,7 +398,7 @@ async fn a_run_on_postgres_leaves_nothing_behind() {
     assert!(
         r["statements"][0]["outcome"]
             .as_str()
-            .unwrap()
+            .expect("a string")
             .starts_with("statement refused"),
         "{r:#}"
     );
