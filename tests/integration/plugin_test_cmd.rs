@@ -24,7 +24,7 @@ const INVOICES_PG: &str = "CREATE TABLE invoices (
 /// `outboxd plugin test ARGS` in `dir`, with a call deadline a loaded
 /// test machine meets (the 50 ms default can be short for a fresh
 /// instance).
-async fn plugin_test(dir: &Path, args: &[&str]) -> Output {
+pub(crate) async fn plugin_test(dir: &Path, args: &[&str]) -> Output {
     plugin_test_within(dir, args, 5_000).await
 }
 
@@ -48,7 +48,7 @@ fn scratch_dir(dir: &Path) -> std::path::PathBuf {
     tmp
 }
 
-fn text(o: &Output) -> String {
+pub(crate) fn text(o: &Output) -> String {
     format!(
         "status {}\nstdout:\n{}\nstderr:\n{}",
         o.status,
@@ -57,7 +57,7 @@ fn text(o: &Output) -> String {
     )
 }
 
-fn report(o: &Output) -> Value {
+pub(crate) fn report(o: &Output) -> Value {
     serde_json::from_slice(&o.stdout)
         .unwrap_or_else(|e| panic!("--json prints JSON ({e}): {}", text(o)))
 }

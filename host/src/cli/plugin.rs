@@ -24,6 +24,10 @@ pub(super) enum PluginCommand {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// An `allowed_outbound_hosts` entry the plugin will have
+        /// (repeatable): a consumer importing wasi:http needs at least one.
+        #[arg(long = "allow-host", value_name = "URL")]
+        allow_hosts: Vec<String>,
     },
     #[command(flatten)]
     Registry(crate::cli::registry::RegistryCommand),
@@ -47,10 +51,22 @@ pub(super) async fn plugin_command(
         PluginCommand::Registry(_) => {
             unreachable!("needs the database; dispatched with the config")
         }
-        PluginCommand::Validate { wasm, json } => {
+        PluginCommand::Validate {
+            wasm,
+            json,
+            allow_hosts,
+        } => {
+            for h in allow_hosts {
+                outboxd_core::config::OutboundHost::parse(h).map_err(|e| {
+                    anyhow::anyhow!(
+                        "--allow-host {h}: {e}; use {}",
+                        outboxd_core::config::OUTBOUND_HOST_SHAPE
+                    )
+                })?;
+            }
             let bytes =
                 std::fs::read(wasm).with_context(|| format!("cannot read {}", wasm.display()))?;
-            let v = validate::validate(&engine, &bytes)?;
+            let v = validate::validate_with_hosts(&engine, &bytes, allow_hosts)?;
             if *json {
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
