@@ -16,7 +16,7 @@ pub(super) enum PluginCommand {
     /// output messages, or a consumer's statements (with their parameters
     /// and rows), emitted events and outcome, in a transaction that is
     /// rolled back. --expect FILE makes it a golden test.
-    Test(super::plugin_test::TestArgs),
+    Test(Box<super::plugin_test::TestArgs>),
     /// Check that a file is a component, which world it implements, its WIT
     /// version, and that its imports are allowed.
     Validate {
