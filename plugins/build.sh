@@ -44,6 +44,13 @@ if [[ "${PLUGINS_SKIP_PYTHON:-0}" != 1 ]]; then
     (cd python-tag && componentize-py -d ../../wit -w transformer componentize app -o "$out.tmp" >/dev/null)
     mv "$out.tmp" "$out"
   fi
+  # The Python billing consumer, for `outboxd bench consumer` (same effect as
+  # plugins/billing).
+  out="$dist/py-billing.wasm"
+  if [[ ! -f "$out" || py-billing/app.py -nt "$out" || ../wit/outbox-plugin.wit -nt "$out" ]]; then
+    (cd py-billing && componentize-py -d ../../wit -w consumer componentize app -o "$out.tmp" >/dev/null)
+    mv "$out.tmp" "$out"
+  fi
 fi
 if [[ "${PLUGINS_SKIP_JS:-0}" != 1 ]]; then
   # JavaScript: componentize-js from npm (pinned by js-tag/package-lock.json),
