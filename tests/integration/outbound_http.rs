@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use outboxd::config::HttpLimits;
 use outboxd::consumer::InboxTx;
+use outboxd::metrics::PluginReport;
 use outboxd::plugin::bindings::transformer::outbox::plugin::types::Message;
 use outboxd::plugin::{
     ConsumerPlugin, HttpStub, PluginSpec, StubResponse, Traced, Transport, TxnPolicy,
@@ -119,6 +120,9 @@ async fn the_host_sets_the_key_and_audits_before_sending(t: TestDb) {
         ))
         .await;
     assert_eq!(done, 1, "the outcome committed with the inbox mark");
+    let metrics = p.http().expect("a consumer reports HTTP").requests();
+    let listed = format!("http://127.0.0.1:{}", server.port());
+    assert_eq!(metrics, [(listed, "2xx", 1)]);
 }
 on_both!(the_host_sets_the_key_and_audits_before_sending);
 
@@ -323,3 +327,38 @@ async fn a_stub_answers_without_the_network(t: TestDb) {
     assert!(off.refused, "{off:?}");
 }
 on_both!(a_stub_answers_without_the_network);
+
+/// `request_timeout` ends a request whose answer does not come, well
+/// inside the call deadline.
+async fn a_silent_server_times_out(t: TestDb) {
+    let server = Server::start(t.db.clone()).await;
+    let limits = HttpLimits {
+        request_timeout: Duration::from_millis(300),
+        ..HttpLimits::default()
+    };
+    let p = plugin(&[server.url("")], limits);
+    let started = std::time::Instant::now();
+    let (id, traced) = run(
+        &t,
+        &p,
+        json!({"requests": [req("GET", &server.url("/slow"))]}),
+    )
+    .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    let r = &traced.http[0];
+    assert!(
+        r.error.as_deref().unwrap_or("").contains("request_timeout"),
+        "{r:?}"
+    );
+    let failed = t
+        .count(&format!(
+            "SELECT count(*) FROM outbound_calls WHERE message_id = '{id}' AND status IS NULL AND error LIKE '%request_timeout%'"
+        ))
+        .await;
+    assert_eq!(failed, 1, "the failure is the recorded outcome");
+}
+on_both!(a_silent_server_times_out);
