@@ -249,6 +249,12 @@ async fn send(
         HeaderValue::from_str(&authority).map_err(|_| SendError::Refused("bad host".into()))?,
     );
     let body = read_request_body(body, limits.max_request_bytes, limits.request_timeout).await?;
+    // The framing is the host's: the body is whole, so its length is known.
+    parts.headers.remove(http::header::TRANSFER_ENCODING);
+    parts.headers.insert(
+        http::header::CONTENT_LENGTH,
+        HeaderValue::from(body.len() as u64),
+    );
     update(log, index, |r| {
         r.headers = transport::header_pairs(&parts.headers);
         r.body = body.to_vec();
