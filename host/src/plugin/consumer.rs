@@ -10,7 +10,7 @@ use super::bindings::transformer::outbox::plugin::types::{Message, PluginError a
 use super::error::{PluginError, classify};
 use super::host::http::{HttpCall, HttpRecord, Transport};
 use super::host::transaction::server::TxnServer;
-use super::host::transaction::{PluginStatement, TxnPolicy, link, next_request};
+use super::host::transaction::{PluginStatement, Recording, TxnPolicy, link, next_request};
 use super::host::{ConsumerState, StoreState};
 use super::loaded::Loaded;
 use crate::store::InboxTx;
@@ -61,33 +61,41 @@ impl ConsumerPlugin {
     }
 
     /// [`handle_cancellable`](Self::handle_cancellable), also returning
-    /// every statement the plugin sent (kind, text, outcome; never a
-    /// parameter value), in order: what a dry run shows. Its HTTP requests
-    /// are refused: a dry run has no external effect.
+    /// every statement the plugin sent, in order. With
+    /// [`Recording::TextOnly`] (a dry run of a real message) each is its
+    /// kind, text and outcome, never a parameter value; with
+    /// [`Recording::WithValues`] also its parameters, rows and emitted
+    /// event. Every HTTP request is refused, as in a shadow run: a dry run
+    /// has no external effect ([`handle_traced`](Self::handle_traced)
+    /// chooses its transport).
     pub async fn handle_recorded(
         &self,
         tx: &mut InboxTx,
         message: &Message,
         policy: &TxnPolicy,
         cancel: Option<&crate::store::Db>,
+        mode: Recording,
     ) -> (Result<(), PluginError>, Vec<PluginStatement>) {
         let mut statements = Vec::new();
+        // A recorded run is a dry run: it must have no effect outside its
+        // rolled-back transaction, so every HTTP request is refused.
         let result = self
             .measured(
                 tx,
                 message,
                 policy,
                 cancel,
-                Some(&mut statements),
+                Some((mode, &mut statements)),
                 Transport::Shadow,
             )
             .await;
         (result, statements)
     }
 
-    /// [`handle_recorded`](Self::handle_recorded) with the HTTP requests
-    /// going to `transport`, also returning every request the plugin made
-    /// (what `outboxd plugin test` shows). With [`Transport::Live`] and a
+    /// [`handle_recorded`](Self::handle_recorded) with
+    /// [`Recording::WithValues`] and the HTTP requests going to
+    /// `transport`, also returning every request the plugin made (what
+    /// `outboxd plugin test` shows). With [`Transport::Live`] and a
     /// `cancel` database, intents are audited as in a real run.
     pub async fn handle_traced(
         &self,
@@ -105,7 +113,7 @@ impl ConsumerPlugin {
                 message,
                 policy,
                 cancel,
-                Some(&mut statements),
+                Some((Recording::WithValues, &mut statements)),
                 transport,
             )
             .await;
@@ -139,7 +147,7 @@ impl ConsumerPlugin {
         message: &Message,
         policy: &TxnPolicy,
         cancel: Option<&crate::store::Db>,
-        record: Option<&mut Vec<PluginStatement>>,
+        record: Option<(Recording, &mut Vec<PluginStatement>)>,
         transport: Transport,
     ) -> Result<(), PluginError> {
         let start = Instant::now();
@@ -159,7 +167,7 @@ impl ConsumerPlugin {
         message: &Message,
         policy: &TxnPolicy,
         cancel: Option<&crate::store::Db>,
-        record: Option<&mut Vec<PluginStatement>>,
+        record: Option<(Recording, &mut Vec<PluginStatement>)>,
         transport: Transport,
     ) -> (Result<(), PluginError>, Vec<HttpRecord>) {
         let mut slot = match self.loaded.slot().await {
@@ -228,13 +236,13 @@ impl ConsumerPlugin {
         message: &Message,
         policy: &TxnPolicy,
         cancel: Option<&crate::store::Db>,
-        record: Option<&mut Vec<PluginStatement>>,
+        record: Option<(Recording, &mut Vec<PluginStatement>)>,
     ) -> Result<(), PluginError> {
         let mailbox = link();
         let handle = slot.store.data_mut().transaction().lend(mailbox.clone())?;
         let mut server = TxnServer::new(tx, policy);
-        if record.is_some() {
-            server = server.recording();
+        if let Some((mode, _)) = &record {
+            server = server.recording(*mode);
         }
         // The epoch deadline stops guest code; this bounds a host call that
         // hangs (a lock wait on SQLite, say) as well.
@@ -258,8 +266,12 @@ impl ConsumerPlugin {
             };
             tokio::time::timeout(wall, serve).await
         };
-        if let Some(out) = record {
-            *out = server.recorded.take().unwrap_or_default();
+        if let Some((_, out)) = record {
+            *out = server
+                .recorded
+                .take()
+                .map(|(_, log)| log)
+                .unwrap_or_default();
         }
         let Ok(result) = result else {
             // The Store was abandoned mid-call: drop it. A statement may
