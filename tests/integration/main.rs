@@ -54,6 +54,7 @@ mod outbox_basics;
 mod plugin_chains;
 mod plugin_limits;
 mod plugin_sql_walls;
+mod plugin_test_cmd;
 mod plugin_version_metrics;
 mod plugin_worlds;
 mod plugins;

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 mod consumer_dead;
 mod dead;
 mod plugin;
+mod plugin_test;
 mod registry;
 
 use anyhow::Context;
@@ -219,7 +220,7 @@ async fn dispatch(cli: Cli, daemon: Daemon) -> anyhow::Result<ExitCode> {
         && !matches!(cmd, PluginCommand::Registry(_))
     {
         init_logging(LogFormat::Human);
-        return plugin::plugin_command(cmd).await;
+        return plugin::plugin_command(cmd, cli.database_url.as_deref()).await;
     }
     let config = load_config(&cli)?;
     init_logging(config.log.format);

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use super::inbox::{Handler, HandlerError, InboxTx, Pinned, Processed};
 use crate::broker::Delivery;
 use crate::plugin::bindings::transformer::outbox::plugin::types::Message;
-use crate::plugin::host::transaction::PluginStatement;
+use crate::plugin::host::transaction::{PluginStatement, Recording};
 use crate::plugin::shadow::Comparison;
 use crate::plugin::versions::{BadLabel, VersionLabel};
 use crate::plugin::{ActiveConsumer, ConsumerPlugin, PluginError, TxnPolicy};
@@ -149,7 +149,13 @@ impl PluginHandler {
         let plugin = self.pinned_plugin(pinned)?;
         let message = to_message(d, message_id.to_string());
         let (result, sent) = plugin
-            .handle_recorded(tx, &message, &self.policy, self.cancel.as_ref())
+            .handle_recorded(
+                tx,
+                &message,
+                &self.policy,
+                self.cancel.as_ref(),
+                Recording::TextOnly,
+            )
             .await;
         *statements = sent;
         result.map_err(|e| handler_error(&plugin.label(), e))?;

@@ -9,7 +9,7 @@ use super::bindings::consumer::{Consumer, ConsumerPre};
 use super::bindings::transformer::outbox::plugin::types::{Message, PluginError as WitError};
 use super::error::{PluginError, classify};
 use super::host::transaction::server::TxnServer;
-use super::host::transaction::{PluginStatement, TxnPolicy, link, next_request};
+use super::host::transaction::{PluginStatement, Recording, TxnPolicy, link, next_request};
 use super::host::{ConsumerState, StoreState};
 use super::loaded::Loaded;
 use crate::store::InboxTx;
@@ -58,18 +58,22 @@ impl ConsumerPlugin {
     }
 
     /// [`handle_cancellable`](Self::handle_cancellable), also returning
-    /// every statement the plugin sent (kind, text, outcome; never a
-    /// parameter value), in order: what a dry run shows.
+    /// every statement the plugin sent, in order. With
+    /// [`Recording::TextOnly`] (a dry run of a real message) each is its
+    /// kind, text and outcome, never a parameter value; with
+    /// [`Recording::WithValues`] (`plugin test` on a sample) also its
+    /// parameters, rows and emitted event.
     pub async fn handle_recorded(
         &self,
         tx: &mut InboxTx,
         message: &Message,
         policy: &TxnPolicy,
         cancel: Option<&crate::store::Db>,
+        mode: Recording,
     ) -> (Result<(), PluginError>, Vec<PluginStatement>) {
         let mut statements = Vec::new();
         let result = self
-            .measured(tx, message, policy, cancel, Some(&mut statements))
+            .measured(tx, message, policy, cancel, Some((mode, &mut statements)))
             .await;
         (result, statements)
     }
@@ -80,7 +84,7 @@ impl ConsumerPlugin {
         message: &Message,
         policy: &TxnPolicy,
         cancel: Option<&crate::store::Db>,
-        record: Option<&mut Vec<PluginStatement>>,
+        record: Option<(Recording, &mut Vec<PluginStatement>)>,
     ) -> Result<(), PluginError> {
         let start = Instant::now();
         let result = self.call(tx, message, policy, cancel, record).await;
@@ -97,14 +101,14 @@ impl ConsumerPlugin {
         message: &Message,
         policy: &TxnPolicy,
         cancel: Option<&crate::store::Db>,
-        record: Option<&mut Vec<PluginStatement>>,
+        record: Option<(Recording, &mut Vec<PluginStatement>)>,
     ) -> Result<(), PluginError> {
         let mut slot = self.loaded.slot().await?;
         let mailbox = link();
         let handle = slot.store.data_mut().transaction().lend(mailbox.clone())?;
         let mut server = TxnServer::new(tx, policy);
-        if record.is_some() {
-            server = server.recording();
+        if let Some((mode, _)) = &record {
+            server = server.recording(*mode);
         }
         // The epoch deadline stops guest code; this bounds a host call that
         // hangs (a lock wait on SQLite, say) as well.
@@ -128,8 +132,12 @@ impl ConsumerPlugin {
             };
             tokio::time::timeout(wall, serve).await
         };
-        if let Some(out) = record {
-            *out = server.recorded.take().unwrap_or_default();
+        if let Some((_, out)) = record {
+            *out = server
+                .recorded
+                .take()
+                .map(|(_, log)| log)
+                .unwrap_or_default();
         }
         let Ok(result) = result else {
             // The Store was abandoned mid-call: drop it. A statement may

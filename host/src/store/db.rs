@@ -241,5 +241,5 @@ pub async fn execute_in_app_schema(db: &Db, sql: &str) -> Result<(), sqlx::Error
 
 /// Drops outboxd's schema from the front of the search path, for the rest
 /// of the transaction.
-const APP_SEARCH_PATH: &str = "SELECT set_config('search_path', \
+pub(super) const APP_SEARCH_PATH: &str = "SELECT set_config('search_path', \
      regexp_replace(current_setting('search_path'), '^outboxd,\\s*', ''), true)";

@@ -208,6 +208,33 @@ impl InboxTx {
         }
     }
 
+    /// Runs `sql`, any number of statements, as the host in this
+    /// transaction (`outboxd plugin test --setup`). On Postgres the
+    /// application's schema comes first on the search path while it runs,
+    /// as in [`execute_in_app_schema`](super::execute_in_app_schema), so
+    /// the tables it creates are where plugin roles are granted them; the
+    /// host's search path is back afterwards.
+    pub async fn run_script(&mut self, sql: &str) -> Result<(), sqlx::Error> {
+        self.as_host().await?;
+        match self {
+            InboxTx::Postgres(t) => {
+                let (path,): (String,) = sqlx::query_as("SELECT current_setting('search_path')")
+                    .fetch_one(&mut **t)
+                    .await?;
+                sqlx::query(super::db::APP_SEARCH_PATH)
+                    .execute(&mut **t)
+                    .await?;
+                sqlx::raw_sql(sql).execute(&mut **t).await?;
+                sqlx::query("SELECT set_config('search_path', $1, true)")
+                    .bind(path)
+                    .execute(&mut **t)
+                    .await
+                    .map(|_| ())
+            }
+            InboxTx::Sqlite(t) => sqlx::raw_sql(sql).execute(&mut **t).await.map(|_| ()),
+        }
+    }
+
     async fn simple(&mut self, sql: &str) -> Result<(), sqlx::Error> {
         match self {
             InboxTx::Postgres(t) => sqlx::query(sql).execute(&mut **t).await.map(|_| ()),

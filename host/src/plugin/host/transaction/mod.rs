@@ -9,7 +9,10 @@
 //! of the host's `InboxTx` for the length of one call and checks, budgets
 //! and runs each statement.
 
+pub mod record;
 pub mod server;
+
+pub use record::{EmittedEvent, PluginStatement, Recording, StatementKind, StatementValues};
 
 use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
 
@@ -37,57 +40,6 @@ pub(crate) enum Reply {
     Affected(u64),
     Rows(Rows),
     Emitted(String),
-}
-
-/// One statement a consumer plugin sent during a call, as a dry run
-/// records it: its kind, its text (never its parameter values) and how it
-/// ended.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct PluginStatement {
-    pub kind: StatementKind,
-    /// The SQL text as the plugin sent it; for an `emit`, the event type.
-    pub text: String,
-    /// `ok: 1 row affected`, `refused: …`, `database error 23505`, … A
-    /// database error is named by its code only: its message may quote a
-    /// value.
-    pub outcome: String,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum StatementKind {
-    Execute,
-    Query,
-    Emit,
-}
-
-impl Op {
-    /// The statement this request is, its outcome still unknown.
-    pub(crate) fn statement(&self) -> PluginStatement {
-        let (kind, text) = match self {
-            Op::Execute(sql, _) => (StatementKind::Execute, sql.clone()),
-            Op::Query(sql, _) => (StatementKind::Query, sql.clone()),
-            Op::Emit(event) => (StatementKind::Emit, event.event_type.clone()),
-        };
-        PluginStatement {
-            kind,
-            text,
-            outcome: String::new(),
-        }
-    }
-}
-
-impl Reply {
-    /// How a statement that succeeded ended, for [`PluginStatement`].
-    pub(crate) fn outcome(&self) -> String {
-        match self {
-            Reply::Affected(1) => "ok: 1 row affected".into(),
-            Reply::Affected(n) => format!("ok: {n} rows affected"),
-            Reply::Rows(r) if r.rows.len() == 1 => "ok: 1 row".into(),
-            Reply::Rows(r) => format!("ok: {} rows", r.rows.len()),
-            Reply::Emitted(_) => "ok: event written to the outbox".into(),
-        }
-    }
 }
 
 /// The one statement in flight between the guest and [`server::TxnServer`], and

@@ -3,7 +3,7 @@
 //! guard, the capability gate and the statement and result budgets, and
 //! answers the guest through the [`Mailbox`](super::Mailbox).
 
-use super::{Op, PluginStatement, Reply, TxnLink};
+use super::{Op, PluginStatement, Recording, Reply, TxnLink};
 use crate::plugin::bindings::consumer::outbox::plugin::transaction::{
     self as wit, DbError, Rows, Value,
 };
@@ -35,8 +35,8 @@ pub(crate) struct TxnServer<'a> {
     /// error fails even if the plugin returns `ok`: on Postgres the
     /// transaction is aborted, and a refused statement is a broken plugin.
     pub(crate) failure: Option<String>,
-    /// Every statement served, when recording (a dry run).
-    pub(crate) recorded: Option<Vec<PluginStatement>>,
+    /// Every statement served, when recording, and how much of each.
+    pub(crate) recorded: Option<(Recording, Vec<PluginStatement>)>,
 }
 
 impl<'a> TxnServer<'a> {
@@ -53,28 +53,27 @@ impl<'a> TxnServer<'a> {
         }
     }
 
-    /// Also records each statement's kind, text and outcome.
-    pub(crate) fn recording(mut self) -> Self {
-        self.recorded = Some(Vec::new());
+    /// Also records each statement: its kind, text and outcome, and with
+    /// [`Recording::WithValues`] its parameters, rows and emitted event.
+    pub(crate) fn recording(mut self, mode: Recording) -> Self {
+        self.recorded = Some((mode, Vec::new()));
         self
     }
 
     /// Runs one request and leaves its answer in `link`.
     pub(crate) async fn serve(&mut self, link: &TxnLink, op: Op) {
         let span = statement_span(&op, self.tx.kind());
-        let seen = self.recorded.is_some().then(|| op.statement());
+        let seen = self.recorded.as_ref().map(|(mode, _)| op.statement(*mode));
         let result = self.run(op).await;
         if let Err(e) = &result {
             span.fail(|| describe(e));
         }
         drop(span);
-        if let (Some(log), Some(mut statement)) = (self.recorded.as_mut(), seen) {
-            statement.outcome = match &result {
-                Ok(reply) => reply.outcome(),
-                Err(DbError::Database((Some(code), _))) => format!("database error {code}"),
-                Err(DbError::Database((None, _))) => "database error".into(),
+        if let (Some((_, log)), Some(mut statement)) = (self.recorded.as_mut(), seen) {
+            statement.finish(&result, || match &result {
                 Err(e) => describe(e),
-            };
+                Ok(_) => String::new(),
+            });
             log.push(statement);
         }
         if let Err(e) = &result

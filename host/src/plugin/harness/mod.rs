@@ -1,5 +1,19 @@
 //! The local test harness behind `outboxd plugin test`: run a component on
-//! a sample event from a JSON file, without a database or a broker.
+//! a sample from a JSON file and report what it did.
+//!
+//! # Layout
+//!
+//! - this file: the transformer's sample event ([`SampleEvent`]) and its
+//!   run, without a database or a broker;
+//! - [`message`]: the consumer's sample message; [`consumer`]: its run in
+//!   a transaction that is always rolled back;
+//! - [`report`]: what a run reports, for both worlds; [`expect`]: the
+//!   comparison with a golden report (`--expect`).
+
+pub mod consumer;
+pub mod expect;
+pub mod message;
+pub mod report;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -169,13 +183,69 @@ pub async fn run_once(
     plugin.transform(&event.to_guest()).await
 }
 
+/// [`run_once`], reported: the output messages or the error, with the
+/// event id and time the harness made up listed as generated.
+pub async fn transformer_report(
+    engine: &PluginEngine,
+    wasm: &Path,
+    event: &SampleEvent,
+    limits: Limits,
+    config: BTreeMap<String, String>,
+) -> Result<report::TransformerReport, PluginError> {
+    let mut spec = PluginSpec::new("test", wasm);
+    spec.limits = limits;
+    spec.config = config;
+    let plugin = TransformerPlugin::load(engine, &spec)?;
+    let guest = event.to_guest();
+    let mut generated = BTreeMap::new();
+    if event.id.is_none() {
+        generated.insert("<event-id>".to_string(), guest.id.clone());
+    }
+    if event.created_at.is_none() {
+        generated.insert("<created-at>".to_string(), guest.created_at.clone());
+    }
+    let start = std::time::Instant::now();
+    let result = plugin.transform(&guest).await;
+    let duration_ms = start.elapsed().as_millis() as u64;
+    let (messages, outcome) = match result {
+        Ok(messages) if messages.is_empty() => (
+            Vec::new(),
+            report::Outcome {
+                result: "filtered".into(),
+                message: Some("the plugin returned no messages".into()),
+                then: "drop",
+            },
+        ),
+        Ok(messages) => (
+            messages
+                .into_iter()
+                .map(|m| report::MessageOut {
+                    topic: m.topic,
+                    key: String::from_utf8_lossy(&m.key).into_owned(),
+                    headers: m.headers.into_iter().collect(),
+                    payload: report::payload_json(&m.payload),
+                })
+                .collect(),
+            report::Outcome::ok("publish"),
+        ),
+        Err(e) => (Vec::new(), report::Outcome::failed(&e)),
+    };
+    Ok(report::TransformerReport {
+        world: "transformer",
+        messages,
+        outcome,
+        duration_ms,
+        generated,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::SampleEvent;
 
     #[test]
     fn the_event_shown_in_wit_readme_is_accepted() {
-        let readme = include_str!("../../../wit/README.md");
+        let readme = include_str!("../../../../wit/README.md");
         let start = readme
             .find("{\"id\": \"6f1c1d2e")
             .expect("wit/README.md shows a sample event");

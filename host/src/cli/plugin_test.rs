@@ -1,0 +1,322 @@
+//! `outboxd plugin test`: run a component of either world on a sample and
+//! print what it did; `--json` prints the report, `--expect FILE` compares
+//! it with a golden one and fails on a difference.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context;
+
+use crate::plugin::harness::report::{ConsumerReport, Outcome, TransformerReport};
+use crate::plugin::harness::{self, consumer::ConsumerTest, expect, message::SampleMessage};
+use crate::plugin::{Limits, PluginEngine, TxnPolicy, validate};
+
+#[derive(Debug, clap::Args)]
+pub(super) struct TestArgs {
+    /// The component (.wasm): a transformer or a consumer (told apart by
+    /// its export).
+    wasm: PathBuf,
+    /// Transformer: the sample event, a JSON file: the event record as
+    /// wit/README.md shows it (kebab-case keys, payload as text), or
+    /// {"event_type": ..., "payload": <JSON>, "headers": {...}}.
+    #[arg(long, value_name = "FILE")]
+    event: Option<PathBuf>,
+    /// Consumer: the sample message, a JSON file: {"payload": <JSON, or a
+    /// string sent as text>, optional "id", "topic", "key", "headers",
+    /// "attempt"}. It runs on a scratch SQLite database, or with the global
+    /// --database-url inside a transaction that is always rolled back.
+    #[arg(long, value_name = "FILE")]
+    message: Option<PathBuf>,
+    /// Consumer: SQL run first, as the host, in the same transaction
+    /// (create the plugin's tables, seed rows).
+    #[arg(long, value_name = "FILE")]
+    setup: Option<PathBuf>,
+    /// Consumer: a table the plugin may read, as consumers[].tables.read
+    /// (repeatable).
+    #[arg(long = "read", value_name = "TABLE")]
+    read: Vec<String>,
+    /// Consumer: a table the plugin may write (and read), as
+    /// consumers[].tables.write (repeatable).
+    #[arg(long = "write", value_name = "TABLE")]
+    write: Vec<String>,
+    /// Consumer, Postgres: the role the plugin's SQL runs as
+    /// (consumers[].db_role). Without it the plugin's SQL runs as the
+    /// login, behind the same guard and table gate.
+    #[arg(long, value_name = "ROLE")]
+    db_role: Option<String>,
+    /// Consumer: the consumer's name, for its inbox mark.
+    #[arg(long, default_value = "test")]
+    consumer: String,
+    /// Compile the component even when the compiled-component cache
+    /// (~/.cache/outboxd/components) holds it.
+    #[arg(long)]
+    pub(super) no_cache: bool,
+    /// A plugin setting as KEY=VALUE (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    settings: Vec<String>,
+    /// The call deadline.
+    #[arg(long, default_value_t = 50)]
+    timeout_ms: u64,
+    /// The memory cap.
+    #[arg(long, default_value_t = 64)]
+    memory_mib: u64,
+    /// Print the report as JSON (what --expect compares).
+    #[arg(long)]
+    json: bool,
+    /// Compare the report with FILE (a report --json printed): durations
+    /// and generated ids do not count; exit 1 and print the differences
+    /// when they differ.
+    #[arg(long, value_name = "FILE")]
+    expect: Option<PathBuf>,
+}
+
+/// Runs `outboxd plugin test`; `database_url` is the global --database-url.
+pub(super) async fn run(
+    engine: &PluginEngine,
+    a: &TestArgs,
+    database_url: Option<&str>,
+) -> anyhow::Result<ExitCode> {
+    let bytes =
+        std::fs::read(&a.wasm).with_context(|| format!("cannot read {}", a.wasm.display()))?;
+    let world = validate::validate(engine, &bytes)?.world;
+    let (report, ok) = match world {
+        Some("transformer") => {
+            let r = transformer(engine, a).await?;
+            if !a.json && a.expect.is_none() {
+                print_transformer(&r);
+            }
+            let ok = r.outcome.is_ok();
+            (serde_json::to_value(&r)?, ok)
+        }
+        Some("consumer") => {
+            let r = consumer(engine, a, database_url).await?;
+            if !a.json && a.expect.is_none() {
+                print_consumer(&r, database_url.is_some());
+            }
+            let ok = r.outcome.is_ok();
+            (serde_json::to_value(&r)?, ok)
+        }
+        _ => anyhow::bail!(
+            "{}: exports neither `transform` nor `handle`; `outboxd plugin validate {}` says what it is",
+            a.wasm.display(),
+            a.wasm.display()
+        ),
+    };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    }
+    let Some(file) = &a.expect else {
+        return Ok(if ok {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
+    };
+    compare(file, &report)
+}
+
+fn settings(a: &TestArgs) -> anyhow::Result<(Limits, BTreeMap<String, String>)> {
+    let mut config = BTreeMap::new();
+    for kv in &a.settings {
+        let (k, v) = kv
+            .split_once('=')
+            .with_context(|| format!("--set `{kv}` must look like KEY=VALUE"))?;
+        config.insert(k.to_string(), v.to_string());
+    }
+    let limits = Limits {
+        timeout: std::time::Duration::from_millis(a.timeout_ms),
+        memory_mib: a.memory_mib,
+        ..Limits::default()
+    };
+    Ok((limits, config))
+}
+
+fn read(flag: &str, file: &Path) -> anyhow::Result<String> {
+    std::fs::read_to_string(file).with_context(|| format!("cannot read {flag} {}", file.display()))
+}
+
+async fn transformer(engine: &PluginEngine, a: &TestArgs) -> anyhow::Result<TransformerReport> {
+    let Some(event) = &a.event else {
+        anyhow::bail!(
+            "{} is a transformer: give it a sample event with --event FILE",
+            a.wasm.display()
+        );
+    };
+    if a.message.is_some() || a.setup.is_some() {
+        anyhow::bail!(
+            "{} is a transformer: --message and --setup are for consumers; use --event FILE",
+            a.wasm.display()
+        );
+    }
+    let sample =
+        harness::SampleEvent::parse(&event.display().to_string(), &read("--event", event)?)
+            .map_err(anyhow::Error::msg)?;
+    let (limits, config) = settings(a)?;
+    Ok(harness::transformer_report(engine, &a.wasm, &sample, limits, config).await?)
+}
+
+async fn consumer(
+    engine: &PluginEngine,
+    a: &TestArgs,
+    database_url: Option<&str>,
+) -> anyhow::Result<ConsumerReport> {
+    let Some(file) = &a.message else {
+        anyhow::bail!(
+            "{} is a consumer: give it a sample message with --message FILE ({{\"payload\": ...}})",
+            a.wasm.display()
+        );
+    };
+    if a.event.is_some() {
+        anyhow::bail!(
+            "{} is a consumer: --event is for transformers; use --message FILE",
+            a.wasm.display()
+        );
+    }
+    let message = SampleMessage::parse(&file.display().to_string(), &read("--message", file)?)
+        .map_err(anyhow::Error::msg)?;
+    let setup = match &a.setup {
+        Some(f) => Some((f.display().to_string(), read("--setup", f)?)),
+        None => None,
+    };
+    let (limits, config) = settings(a)?;
+    let policy = TxnPolicy {
+        consumer: a.consumer.clone(),
+        tables: crate::config::TableGrants {
+            read: a.read.clone(),
+            write: a.write.clone(),
+        },
+        db_role: a.db_role.clone(),
+        ..TxnPolicy::default()
+    };
+    if database_url.is_some_and(|u| u.starts_with("postgres")) && a.db_role.is_none() {
+        eprintln!(
+            "note: no --db-role: the plugin's SQL runs as this login, behind the guard and the table gate only; the daemon runs it as consumers[].db_role"
+        );
+    }
+    Ok(harness::consumer::run(
+        engine,
+        ConsumerTest {
+            wasm: &a.wasm,
+            limits,
+            config,
+            policy,
+            database_url,
+            setup,
+            message,
+        },
+    )
+    .await?)
+}
+
+/// `--expect FILE`: the report against the golden one.
+fn compare(file: &Path, report: &serde_json::Value) -> anyhow::Result<ExitCode> {
+    let text = read("--expect", file)?;
+    let expected: serde_json::Value = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "--expect {}: not JSON; write it with `outboxd plugin test ... --json > {}`",
+            file.display(),
+            file.display()
+        )
+    })?;
+    let differences = expect::diff(&expect::normalize(&expected), &expect::normalize(report));
+    if differences.is_empty() {
+        println!("ok: the report matches {}", file.display());
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "FAILED: the report differs from {} in {} place(s):",
+        file.display(),
+        differences.len()
+    );
+    for d in &differences {
+        println!("  {d}");
+    }
+    println!(
+        "(if the change is intended, rewrite the file with `outboxd plugin test ... --json > {}`)",
+        file.display()
+    );
+    Ok(ExitCode::FAILURE)
+}
+
+fn pretty(v: &serde_json::Value, indent: &str) -> String {
+    serde_json::to_string_pretty(v)
+        .unwrap_or_default()
+        .replace('\n', &format!("\n{indent}"))
+}
+
+fn print_outcome(o: &Outcome) {
+    match &o.message {
+        Some(m) => println!("outcome: {} ({}): {m}", o.result, o.then),
+        None => println!("outcome: {} ({})", o.result, o.then),
+    }
+}
+
+fn print_transformer(r: &TransformerReport) {
+    for (i, m) in r.messages.iter().enumerate() {
+        println!("message {i}:");
+        println!(
+            "  topic:   {}",
+            m.topic.as_deref().unwrap_or("(the route's topic)")
+        );
+        println!("  key:     {}", m.key);
+        for (k, v) in &m.headers {
+            println!("  header:  {k}: {v}");
+        }
+        println!("  payload: {}", pretty(&m.payload, "           "));
+    }
+    print_outcome(&r.outcome);
+}
+
+fn print_consumer(r: &ConsumerReport, given_database: bool) {
+    let on = if given_database {
+        "the --database-url database, in a transaction rolled back at the end"
+    } else {
+        "a scratch SQLite database, deleted at the end"
+    };
+    println!("consumer plugin on {on}");
+    println!(
+        "message {} (topic {}, key {}, attempt {})",
+        r.message.id,
+        r.message.topic,
+        r.message.key.as_deref().unwrap_or("(none)"),
+        r.message.attempt
+    );
+    for (i, s) in r.statements.iter().enumerate() {
+        let kind = serde_json::to_value(s.kind).unwrap_or_default();
+        println!(
+            "statement {}: {} {}",
+            i + 1,
+            kind.as_str().unwrap_or("?"),
+            s.text.trim()
+        );
+        let Some(v) = &s.values else { continue };
+        if !v.params.is_empty() {
+            println!("  params:  {}", serde_json::Value::from(v.params.clone()));
+        }
+        println!("  result:  {}", s.outcome);
+        if let Some(rows) = &v.rows {
+            println!(
+                "  rows:    {}",
+                serde_json::to_value(rows).unwrap_or_default()
+            );
+        }
+        if let Some(e) = v.error.as_ref().filter(|e| **e != s.outcome) {
+            println!("  error:   {e}");
+        }
+    }
+    for e in &r.events {
+        println!(
+            "event {} (aggregate {}, type {}):",
+            e.id, e.aggregate_id, e.event_type
+        );
+        for (k, v) in &e.headers {
+            println!("  header:  {k}: {v}");
+        }
+        println!("  payload: {}", pretty(&e.payload, "           "));
+    }
+    if r.http.is_empty() {
+        println!("http: no requests");
+    }
+    print_outcome(&r.outcome);
+}

@@ -1,0 +1,406 @@
+//! `outboxd plugin test`, run as the binary: a consumer's statements with
+//! their parameters and rows, its emitted event and its outcome, on a
+//! scratch SQLite database or a Postgres database that it leaves as it
+//! was; refused statements; `--setup`; and `--expect` golden files for a
+//! consumer and a transformer, passing on the matching report and failing
+//! with the difference on a changed one.
+
+use std::path::Path;
+use std::process::Output;
+
+use serde_json::{Value, json};
+
+use crate::plugins::plugin_path;
+use crate::support::TestDb;
+
+const INVOICES_SQLITE: &str = "CREATE TABLE invoices (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, order_id TEXT NOT NULL, customer_id TEXT NOT NULL,
+  amount_cents INTEGER NOT NULL, message_id TEXT NOT NULL, issued_at INTEGER NOT NULL)";
+
+const INVOICES_PG: &str = "CREATE TABLE invoices (
+  id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, order_id text NOT NULL, customer_id text NOT NULL,
+  amount_cents bigint NOT NULL, message_id text NOT NULL, issued_at bigint NOT NULL)";
+
+/// `outboxd plugin test ARGS` in `dir`.
+async fn plugin_test(dir: &Path, args: &[&str]) -> Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_outboxd"))
+        .args(["plugin", "test"])
+        .args(args)
+        // A loaded test machine can take longer than the 50 ms default
+        // for a fresh instance.
+        .args(["--timeout-ms", "5000"])
+        .current_dir(dir)
+        .env_remove("OUTBOXD__DATABASE__URL")
+        .output()
+        .await
+        .expect("run outboxd plugin test")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {}\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn report(o: &Output) -> Value {
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("--json prints JSON ({e}): {}", text(o)))
+}
+
+/// A directory with the order message and the invoices table's setup.
+fn order_files(setup: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let message = json!({
+        "key": "o-1",
+        "topic": "order.confirmed",
+        "payload": {"order_id": "o-1", "customer_id": "c-1", "total_cents": 1990},
+    });
+    std::fs::write(dir.path().join("message.json"), message.to_string()).expect("write message");
+    std::fs::write(dir.path().join("setup.sql"), setup).expect("write setup");
+    dir
+}
+
+fn invoicing() -> String {
+    plugin_path("invoicing").display().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_shows_its_statements_with_params_and_its_emitted_event() {
+    let dir = order_files(INVOICES_SQLITE);
+    let wasm = invoicing();
+    let base = [
+        "--message",
+        "message.json",
+        "--setup",
+        "setup.sql",
+        "--write",
+        "invoices",
+    ];
+    let out = plugin_test(
+        dir.path(),
+        &[&[wasm.as_str()], &base[..], &["--json"]].concat(),
+    )
+    .await;
+    assert!(out.status.success(), "{}", text(&out));
+    let r = report(&out);
+    let id = r["message"]["id"].as_str().expect("message id").to_string();
+    assert_eq!(
+        r["generated"]["<message-id>"], id,
+        "a generated id is listed: {r:#}"
+    );
+    let statements = r["statements"].as_array().expect("statements");
+    assert_eq!(statements.len(), 2, "{r:#}");
+    assert_eq!(statements[0]["kind"], "query");
+    assert!(
+        statements[0]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("INSERT INTO invoices")
+    );
+    assert_eq!(
+        statements[0]["values"]["params"],
+        json!(["o-1", "c-1", 1990, id])
+    );
+    assert_eq!(statements[0]["values"]["rows"], json!([[1]]));
+    assert_eq!(statements[0]["outcome"], "ok: 1 row");
+    assert_eq!(statements[1]["kind"], "emit");
+    let events = r["events"].as_array().expect("events");
+    assert_eq!(events.len(), 1, "{r:#}");
+    assert_eq!(events[0]["aggregate_id"], "o-1");
+    assert_eq!(events[0]["event_type"], "invoice.issued");
+    assert_eq!(
+        events[0]["payload"],
+        json!({"invoice_id": 1, "order_id": "o-1", "amount_cents": 1990})
+    );
+    assert_eq!(events[0]["headers"]["causation-id"], id);
+    assert_eq!(r["generated"]["<event-1>"], events[0]["id"]);
+    assert_eq!(r["outcome"], json!({"result": "ok", "then": "commit"}));
+
+    // The human form shows the same, parameters included.
+    let human = plugin_test(dir.path(), &[&[wasm.as_str()], &base[..]].concat()).await;
+    assert!(human.status.success(), "{}", text(&human));
+    let shown = String::from_utf8_lossy(&human.stdout);
+    assert!(
+        shown.contains("statement 1: query INSERT INTO invoices"),
+        "{shown}"
+    );
+    assert!(shown.contains("params:  [\"o-1\",\"c-1\",1990,"), "{shown}");
+    assert!(shown.contains("type invoice.issued"), "{shown}");
+    assert!(shown.contains("outcome: ok (commit)"), "{shown}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_setup_or_grants_the_statement_fails_as_it_would_in_production() {
+    let dir = order_files(INVOICES_SQLITE);
+    let wasm = invoicing();
+    // The table is granted but nothing created it: the database says so.
+    let no_setup = plugin_test(
+        dir.path(),
+        &[
+            &wasm,
+            "--message",
+            "message.json",
+            "--write",
+            "invoices",
+            "--json",
+        ],
+    )
+    .await;
+    assert_eq!(no_setup.status.code(), Some(1), "{}", text(&no_setup));
+    let r = report(&no_setup);
+    assert!(
+        r["statements"][0]["outcome"]
+            .as_str()
+            .unwrap()
+            .starts_with("database error"),
+        "{r:#}"
+    );
+    assert!(
+        r["statements"][0]["values"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("invoices"),
+        "{r:#}"
+    );
+    // The table exists but is not granted: the gate refuses the statement.
+    let refused = plugin_test(
+        dir.path(),
+        &[
+            &wasm,
+            "--message",
+            "message.json",
+            "--setup",
+            "setup.sql",
+            "--json",
+        ],
+    )
+    .await;
+    assert_eq!(refused.status.code(), Some(1), "{}", text(&refused));
+    let r = report(&refused);
+    let outcome = r["statements"][0]["outcome"].as_str().unwrap();
+    assert!(
+        outcome.starts_with("statement refused") && outcome.contains("invoices"),
+        "{r:#}"
+    );
+    assert_eq!(
+        r["statements"].as_array().unwrap().len(),
+        1,
+        "nothing runs after: {r:#}"
+    );
+    assert_eq!(r["events"], json!([]));
+    assert_eq!(
+        r["outcome"]["result"], "permanent",
+        "the plugin gives up: {r:#}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expect_passes_on_the_matching_consumer_report_and_fails_on_a_changed_one() {
+    let dir = order_files(INVOICES_SQLITE);
+    let wasm = invoicing();
+    let args = [
+        wasm.as_str(),
+        "--message",
+        "message.json",
+        "--setup",
+        "setup.sql",
+        "--write",
+        "invoices",
+    ];
+    let first = plugin_test(dir.path(), &[&args[..], &["--json"]].concat()).await;
+    assert!(first.status.success(), "{}", text(&first));
+    std::fs::write(dir.path().join("expected.json"), &first.stdout).expect("write");
+    // A second run has another message id and event id: they do not count.
+    let same = plugin_test(
+        dir.path(),
+        &[&args[..], &["--expect", "expected.json"]].concat(),
+    )
+    .await;
+    assert!(same.status.success(), "{}", text(&same));
+    assert!(String::from_utf8_lossy(&same.stdout).contains("ok: the report matches expected.json"));
+
+    let mut changed = report(&first);
+    changed["statements"][0]["values"]["params"][2] = json!(1999);
+    changed["events"][0]["headers"]["causation-id"] = json!("someone-else");
+    std::fs::write(dir.path().join("changed.json"), changed.to_string()).expect("write");
+    let differs = plugin_test(
+        dir.path(),
+        &[&args[..], &["--expect", "changed.json"]].concat(),
+    )
+    .await;
+    assert_eq!(differs.status.code(), Some(1), "{}", text(&differs));
+    let shown = String::from_utf8_lossy(&differs.stdout);
+    assert!(
+        shown.contains("differs from changed.json in 2 place(s)"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("statements[0].values.params[2]: expected 1999, got 1990"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains(
+            "events[0].headers.causation-id: expected \"someone-else\", got \"<message-id>\""
+        ),
+        "{shown}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expect_passes_on_the_matching_transformer_report_and_fails_on_a_changed_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // No id and no time: both are generated, and do not count.
+    let event =
+        json!({"event_type": "order.confirmed", "aggregate_id": "o-7", "payload": {"total": 42}});
+    std::fs::write(dir.path().join("event.json"), event.to_string()).expect("write");
+    let wasm = plugin_path("cloudevents").display().to_string();
+    let args = [
+        wasm.as_str(),
+        "--event",
+        "event.json",
+        "--set",
+        "source=shop",
+    ];
+    let first = plugin_test(dir.path(), &[&args[..], &["--json"]].concat()).await;
+    assert!(first.status.success(), "{}", text(&first));
+    let r = report(&first);
+    assert_eq!(r["world"], "transformer");
+    assert_eq!(r["messages"][0]["payload"]["source"], "shop", "{r:#}");
+    assert_eq!(
+        r["messages"][0]["payload"]["id"], r["generated"]["<event-id>"],
+        "{r:#}"
+    );
+    assert_eq!(
+        r["messages"][0]["payload"]["time"], r["generated"]["<created-at>"],
+        "{r:#}"
+    );
+    std::fs::write(dir.path().join("expected.json"), &first.stdout).expect("write");
+    let same = plugin_test(
+        dir.path(),
+        &[&args[..], &["--expect", "expected.json"]].concat(),
+    )
+    .await;
+    assert!(same.status.success(), "{}", text(&same));
+
+    let mut changed = r.clone();
+    changed["messages"][0]["payload"]["data"]["total"] = json!(43);
+    std::fs::write(dir.path().join("changed.json"), changed.to_string()).expect("write");
+    let differs = plugin_test(
+        dir.path(),
+        &[&args[..], &["--expect", "changed.json"]].concat(),
+    )
+    .await;
+    assert_eq!(differs.status.code(), Some(1), "{}", text(&differs));
+    let shown = String::from_utf8_lossy(&differs.stdout);
+    assert!(
+        shown.contains("messages[0].payload.data.total: expected 43, got 42"),
+        "{shown}"
+    );
+    // Another setting changes the report too.
+    let other = plugin_test(
+        dir.path(),
+        &[
+            wasm.as_str(),
+            "--event",
+            "event.json",
+            "--set",
+            "source=other",
+            "--expect",
+            "expected.json",
+        ],
+    )
+    .await;
+    assert_eq!(other.status.code(), Some(1), "{}", text(&other));
+    assert!(String::from_utf8_lossy(&other.stdout).contains("expected \"shop\", got \"other\""));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_on_postgres_leaves_nothing_behind() {
+    let t = TestDb::postgres().await;
+    // A table of the application's that exists before the run.
+    t.exec_app("CREATE TABLE ledger (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, message_id text, aggregate_id text, seq bigint, shape text, writer text)")
+        .await;
+    let dir = order_files(INVOICES_PG);
+    let url = t.url.as_str();
+    let invoicing = invoicing();
+    let out = plugin_test(
+        dir.path(),
+        &[
+            &invoicing,
+            "--message",
+            "message.json",
+            "--setup",
+            "setup.sql",
+            "--write",
+            "invoices",
+            "--database-url",
+            url,
+            "--json",
+        ],
+    )
+    .await;
+    assert!(out.status.success(), "{}", text(&out));
+    let r = report(&out);
+    assert_eq!(r["statements"][0]["values"]["rows"], json!([[1]]), "{r:#}");
+    assert_eq!(r["events"][0]["event_type"], "invoice.issued", "{r:#}");
+
+    let ledger = plugin_path("ledger").display().to_string();
+    let out = plugin_test(
+        dir.path(),
+        &[
+            &ledger,
+            "--message",
+            "message.json",
+            "--write",
+            "ledger",
+            "--database-url",
+            url,
+            "--json",
+        ],
+    )
+    .await;
+    assert!(out.status.success(), "{}", text(&out));
+    let r = report(&out);
+    assert_eq!(r["statements"][0]["values"]["rows_affected"], 1, "{r:#}");
+    assert_eq!(r["statements"][0]["values"]["params"][1], "o-1", "{r:#}");
+
+    // The table --setup created, the rows, the event and the inbox marks
+    // were all rolled back.
+    assert_eq!(
+        t.count("SELECT count(*) FROM pg_tables WHERE tablename = 'invoices'")
+            .await,
+        0
+    );
+    assert_eq!(t.count("SELECT count(*) FROM ledger").await, 0);
+    assert_eq!(t.count("SELECT count(*) FROM outboxd.outbox").await, 0);
+    assert_eq!(t.count("SELECT count(*) FROM outboxd.inbox").await, 0);
+
+    // A refused statement on Postgres is refused the same way.
+    let out = plugin_test(
+        dir.path(),
+        &[
+            &ledger,
+            "--message",
+            "message.json",
+            "--read",
+            "ledger",
+            "--database-url",
+            url,
+            "--json",
+        ],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let r = report(&out);
+    assert!(
+        r["statements"][0]["outcome"]
+            .as_str()
+            .unwrap()
+            .starts_with("statement refused"),
+        "{r:#}"
+    );
+    assert_eq!(t.count("SELECT count(*) FROM outboxd.inbox").await, 0);
+}
