@@ -7,6 +7,8 @@ use std::process::ExitCode;
 mod consumer_dead;
 mod dead;
 mod plugin;
+mod plugin_build;
+mod plugin_new;
 mod plugin_test;
 mod registry;
 
