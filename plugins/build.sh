@@ -51,6 +51,9 @@ if [[ "${PLUGINS_SKIP_PYTHON:-0}" != 1 ]]; then
   }
   py_plugin python-tag transformer
   py_plugin py-ledger consumer
+  # The Python billing consumer, for `outboxd bench consumer` (same effect as
+  # plugins/billing).
+  py_plugin py-billing consumer
 fi
 if [[ "${PLUGINS_SKIP_JS:-0}" != 1 ]]; then
   # JavaScript: componentize-js from npm (pinned by js-tag/package-lock.json),
@@ -81,6 +84,7 @@ if [[ "${PLUGINS_SKIP_JS:-0}" != 1 ]]; then
   }
   js_plugin js-tag transformer
   js_plugin js-ledger consumer
+  js_plugin js-billing consumer
   js_plugin js-charge consumer-http
 fi
 ls -l "$dist"

@@ -1,6 +1,7 @@
 //! `outboxd bench consumer`: inbox throughput on Postgres, one transaction
 //! per message against savepoint batches, and the native `BillingHandler`
-//! against the billing plugin. Messages are handed to `process` /
+//! against billing plugins (the same effect in Rust, Python or JavaScript:
+//! `--plugin` once per component). Messages are handed to `process` /
 //! `process_batch` directly, so the numbers are the consumer's own cost
 //! (inbox mark, handler, commit) without a broker.
 
@@ -22,9 +23,11 @@ pub struct ConsumerBenchArgs {
     /// `inbox` rows to.
     #[arg(long)]
     pub url: String,
-    /// The billing plugin component (`plugins/dist/billing.wasm`).
+    /// A billing plugin component; repeat it to compare several
+    /// (`plugins/dist/billing.wasm`, `py-billing.wasm`, `js-billing.wasm`).
+    /// Each is labelled with its file name.
     #[arg(long, default_value = "plugins/dist/billing.wasm")]
-    pub plugin: PathBuf,
+    pub plugin: Vec<PathBuf>,
     /// Messages per run.
     #[arg(long, default_value_t = 2_000)]
     pub messages: usize,
@@ -157,11 +160,6 @@ pub async fn consumer(args: &ConsumerBenchArgs) -> Result<(), BenchError> {
     billing::create_schema(&db).await?;
     let engine = PluginEngine::new(EngineConfig::default())
         .map_err(|e| BenchError::Refused(e.to_string()))?;
-    let mut spec = PluginSpec::new("billing", &args.plugin);
-    spec.limits.timeout = std::time::Duration::from_secs(5);
-    let plugin =
-        ConsumerPlugin::load(&engine, &spec).map_err(|e| BenchError::Refused(e.to_string()))?;
-    let plugin_ref = Arc::new(plugin);
     let tables = outboxd::config::TableGrants {
         read: vec![],
         write: vec!["invoices".into()],
@@ -173,23 +171,46 @@ pub async fn consumer(args: &ConsumerBenchArgs) -> Result<(), BenchError> {
         db_role,
         ..TxnPolicy::default()
     };
-    let plugin = Arc::new(PluginHandler::new(plugin_ref.clone(), policy));
+    let mut plugins = Vec::new();
+    for path in &args.plugin {
+        let label = path.file_stem().map_or_else(
+            || path.display().to_string(),
+            |s| s.to_string_lossy().into_owned(),
+        );
+        let mut spec = PluginSpec::new("billing", path);
+        spec.limits.timeout = std::time::Duration::from_secs(5);
+        let plugin = Arc::new(
+            ConsumerPlugin::load(&engine, &spec)
+                .map_err(|e| BenchError::Refused(format!("{}: {e}", path.display())))?,
+        );
+        let handler = Arc::new(PluginHandler::new(plugin.clone(), policy.clone()));
+        plugins.push((label, plugin, handler));
+    }
     let native = Arc::new(BillingHandler);
     let tag = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
-    // A warm-up run fills the plugin's Store pool and the connection pool.
-    run(
-        &db,
-        &format!("warm-{tag}"),
-        plugin.clone(),
-        args,
-        args.batch,
-    )
-    .await?;
-    let mut rows = Vec::new();
-    for (label, batch) in [("per message", 1), ("batched", args.batch)] {
-        let (mut n, mut p) = (Vec::new(), Vec::new());
+    // A warm-up run of each fills its Store pool and the connection pool.
+    for (label, _, handler) in &plugins {
+        run(
+            &db,
+            &format!("warm-{label}-{tag}"),
+            handler.clone(),
+            args,
+            args.batch,
+        )
+        .await?;
+    }
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    // One row per mode: the native median, then each plugin's median.
+    let mut rows: Vec<(&str, usize, f64, Vec<f64>)> = Vec::new();
+    for (mode, batch) in [("per message", 1), ("batched", args.batch)] {
+        let mut native_runs = Vec::new();
+        let mut plugin_runs = vec![Vec::new(); plugins.len()];
         for i in 0..args.repeat.max(1) {
-            n.push(
+            native_runs.push(
                 run(
                     &db,
                     &format!("native-{batch}-{i}-{tag}"),
@@ -199,58 +220,61 @@ pub async fn consumer(args: &ConsumerBenchArgs) -> Result<(), BenchError> {
                 )
                 .await?,
             );
-            p.push(
-                run(
-                    &db,
-                    &format!("plugin-{batch}-{i}-{tag}"),
-                    plugin.clone(),
-                    args,
-                    batch,
-                )
-                .await?,
-            );
+            for (k, (label, _, handler)) in plugins.iter().enumerate() {
+                plugin_runs[k].push(
+                    run(
+                        &db,
+                        &format!("{label}-{batch}-{i}-{tag}"),
+                        handler.clone(),
+                        args,
+                        batch,
+                    )
+                    .await?,
+                );
+            }
         }
-        let best = |v: &[f64]| v.iter().cloned().fold(0.0, f64::max);
-        let median = |v: &[f64]| {
-            let mut v = v.to_vec();
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
-        };
-        println!(
-            "  {label}: native runs {n:.0?}, plugin runs {p:.0?}; medians {:.0} / {:.0} = {:.0}%",
-            median(&n),
-            median(&p),
-            100.0 * median(&p) / median(&n)
-        );
-        rows.push((label, batch, best(&n), best(&p)));
+        println!("  {mode}: native runs {native_runs:.0?}");
+        for ((label, _, _), runs) in plugins.iter().zip(&plugin_runs) {
+            println!("  {mode}: {label} runs {runs:.0?}");
+        }
+        rows.push((
+            mode,
+            batch,
+            median(&native_runs),
+            plugin_runs.iter().map(|r| median(r)).collect(),
+        ));
     }
     println!(
-        "consumer throughput, {} messages over {} partitions (messages/s, best of {}):",
+        "consumer throughput, {} messages over {} partitions (messages/s, median of {} interleaved runs):",
         args.messages,
         args.partitions,
         args.repeat.max(1)
     );
-    println!("| mode | batch | native BillingHandler | billing plugin | plugin/native |");
-    println!("|---|---|---|---|---|");
-    for (label, batch, n, p) in &rows {
+    let labels: Vec<&str> = plugins.iter().map(|(l, _, _)| l.as_str()).collect();
+    println!(
+        "| mode | batch | native BillingHandler | {} |",
+        labels
+            .iter()
+            .map(|l| format!("{l} (of native)"))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    );
+    println!("|---|---|---|{}", "---|".repeat(labels.len()));
+    for (mode, batch, n, ps) in &rows {
+        let cells: Vec<String> = ps
+            .iter()
+            .map(|p| format!("{p:.0} ({:.0}%)", 100.0 * p / n))
+            .collect();
+        println!("| {mode} | {batch} | {n:.0} | {} |", cells.join(" | "));
+    }
+    for (label, plugin, _) in &plugins {
+        let m = plugin.metrics().snapshot();
         println!(
-            "| {label} | {batch} | {n:.0} | {p:.0} | {:.0}% |",
-            100.0 * p / n
+            "{label}: {} calls (mean {:.1} µs each, including its statements' round trips), {} instances created",
+            m.calls,
+            m.total_time.as_secs_f64() * 1e6 / m.calls.max(1) as f64,
+            m.instantiations
         );
     }
-    let m = plugin_ref.metrics().snapshot();
-    println!(
-        "plugin calls: {} (mean {:.1} µs each, including its statements' round trips), {} instances created",
-        m.calls,
-        m.total_time.as_secs_f64() * 1e6 / m.calls.max(1) as f64,
-        m.instantiations
-    );
-    let (_, _, n1, p1) = rows[0];
-    let (_, _, nb, pb) = rows[1];
-    println!(
-        "batching speed-up: native {:.1}x, plugin {:.1}x",
-        nb / n1,
-        pb / p1
-    );
     Ok(())
 }
