@@ -48,15 +48,16 @@ export function request(method, url, { json, body, headers = {} } = {}) {
   req.setAuthority(u.host);
   req.setPathWithQuery(u.pathname + u.search);
   const out = req.body();
-  if (bytes && bytes.length > 0) {
-    const stream = out.write();
-    for (let i = 0; i < bytes.length; i += 4096) stream.blockingWriteAndFlush(bytes.subarray(i, i + 4096));
-    stream[Symbol.dispose]();
-  }
   let future;
   try {
-    OutgoingBody.finish(out, undefined);
+    // The request goes first; the body follows, streamed to the host.
     future = send(req, undefined);
+    if (bytes && bytes.length > 0) {
+      const stream = out.write();
+      for (let i = 0; i < bytes.length; i += 4096) stream.blockingWriteAndFlush(bytes.subarray(i, i + 4096));
+      stream[Symbol.dispose]();
+    }
+    OutgoingBody.finish(out, undefined);
   } catch (e) {
     throw new HttpError(`${method.toUpperCase()} ${url}: ${errorText(e)}`);
   }

@@ -57,13 +57,14 @@ def request(method, url, *, json=None, data=b"", headers=None):
     req.set_authority(parts.netloc)
     req.set_path_with_query((parts.path or "/") + (f"?{parts.query}" if parts.query else ""))
     body = req.body()
-    if data:
-        with body.write() as out:
-            for i in range(0, len(data), 4096):
-                out.blocking_write_and_flush(data[i:i + 4096])
     try:
-        t.OutgoingBody.finish(body, None)
+        # The request goes first; the body follows, streamed to the host.
         future = outgoing_handler.handle(req, None)
+        if data:
+            with body.write() as out:
+                for i in range(0, len(data), 4096):
+                    out.blocking_write_and_flush(data[i:i + 4096])
+        t.OutgoingBody.finish(body, None)
     except Err as e:
         raise HttpError(f"{method.upper()} {url}: {e.value}") from None
     with future:
