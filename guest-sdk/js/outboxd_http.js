@@ -11,7 +11,9 @@
 import { handle as send } from "wasi:http/outgoing-handler@0.2.12";
 import { Fields, OutgoingBody, OutgoingRequest } from "wasi:http/types@0.2.12";
 
-export class HttpError extends Error {}
+export class HttpError extends Error {
+  name = "HttpError";
+}
 
 const encoder = new TextEncoder();
 const decoder = new TextDecoder();

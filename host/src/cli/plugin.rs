@@ -41,7 +41,9 @@ pub(super) async fn plugin_command(
 ) -> anyhow::Result<ExitCode> {
     use crate::plugin::{EngineConfig, PluginEngine, validate};
     match cmd {
-        PluginCommand::New(args) => return super::plugin_new::run(args).map(|()| ExitCode::SUCCESS),
+        PluginCommand::New(args) => {
+            return super::plugin_new::run(args).map(|()| ExitCode::SUCCESS);
+        }
         PluginCommand::Build(args) => {
             return super::plugin_build::run_build(args).map(|()| ExitCode::SUCCESS);
         }

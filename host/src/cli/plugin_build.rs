@@ -37,7 +37,11 @@ fn detect(dir: &Path) -> anyhow::Result<Lang> {
 
 /// Runs `program args` in `dir`; `None` when the program is not installed.
 fn output(dir: &Path, program: &str, args: &[&str]) -> Option<std::process::Output> {
-    Command::new(program).args(args).current_dir(dir).output().ok()
+    Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .ok()
 }
 
 fn run(dir: &Path, program: &str, args: &[&str], fix: &str) -> anyhow::Result<()> {
@@ -100,7 +104,9 @@ fn ensure_python(dir: &Path) -> anyhow::Result<()> {
 fn ensure_js(dir: &Path) -> anyhow::Result<()> {
     if output(dir, "node", &["--version"]).is_none() || output(dir, "npm", &["--version"]).is_none()
     {
-        bail!("node and npm are needed to build a JavaScript plugin (Debian: apt-get install nodejs npm)");
+        bail!(
+            "node and npm are needed to build a JavaScript plugin (Debian: apt-get install nodejs npm)"
+        );
     }
     if !dir
         .join("node_modules/@bytecodealliance/componentize-js/package.json")

@@ -60,8 +60,14 @@ macro_rules! repo_file {
 const WIT: [(&str, &str); 4] = [
     ("wit/outbox-plugin.wit", repo_file!("wit/outbox-plugin.wit")),
     ("wit/deps/io/io.wit", repo_file!("wit/deps/io/io.wit")),
-    ("wit/deps/clocks/clocks.wit", repo_file!("wit/deps/clocks/clocks.wit")),
-    ("wit/deps/http/http.wit", repo_file!("wit/deps/http/http.wit")),
+    (
+        "wit/deps/clocks/clocks.wit",
+        repo_file!("wit/deps/clocks/clocks.wit"),
+    ),
+    (
+        "wit/deps/http/http.wit",
+        repo_file!("wit/deps/http/http.wit"),
+    ),
 ];
 
 /// The files of one project: (relative path, template text).
@@ -104,7 +110,10 @@ fn files(world: World, lang: Lang) -> Vec<(&'static str, &'static str)> {
                     "outboxd_guest.py",
                     repo_file!("guest-sdk/python/outboxd_guest.py"),
                 ));
-                out.push(("outboxd_http.py", repo_file!("guest-sdk/python/outboxd_http.py")));
+                out.push((
+                    "outboxd_http.py",
+                    repo_file!("guest-sdk/python/outboxd_http.py"),
+                ));
             }
         }
         Lang::Js => {
@@ -112,14 +121,23 @@ fn files(world: World, lang: Lang) -> Vec<(&'static str, &'static str)> {
             out.push(("build.sh", file!("js/build.sh")));
             out.push(("build.mjs", repo_file!("plugins/js-tag/build.mjs")));
             out.push(("package.json", file!("js/package.json")));
-            out.push(("package-lock.json", repo_file!("plugins/js-tag/package-lock.json")));
+            out.push((
+                "package-lock.json",
+                repo_file!("plugins/js-tag/package-lock.json"),
+            ));
             out.push(match world {
                 World::Transformer => ("src/app.js", file!("js/transformer.js")),
                 World::Consumer => ("src/app.js", file!("js/consumer.js")),
             });
             if world == World::Consumer {
-                out.push(("src/outboxd_guest.js", repo_file!("guest-sdk/js/outboxd_guest.js")));
-                out.push(("src/outboxd_http.js", repo_file!("guest-sdk/js/outboxd_http.js")));
+                out.push((
+                    "src/outboxd_guest.js",
+                    repo_file!("guest-sdk/js/outboxd_guest.js"),
+                ));
+                out.push((
+                    "src/outboxd_http.js",
+                    repo_file!("guest-sdk/js/outboxd_http.js"),
+                ));
             }
         }
     }
