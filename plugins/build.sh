@@ -18,7 +18,7 @@ cargo build --release --target wasm32-wasip2 --workspace
 for crate in cloudevents redact-pii route-by-amount hostile-spin hostile-memory-bomb \
     hostile-panic hostile-huge-output hostile-escape billing invoicing \
     hostile-consumer-sql hostile-consumer-loop hostile-consumer-trap \
-    hostile-misbehave hostile-consumer-misbehave hostile-consumer-attack ledger; do
+    hostile-misbehave hostile-consumer-misbehave hostile-consumer-attack hostile-consumer-http hostile-transformer-http ledger; do
   cp "$CARGO_TARGET_DIR/wasm32-wasip2/release/${crate//-/_}.wasm" "$dist/$crate.wasm"
 done
 # The chaos soak's second consumer version (same effect, another writer),

@@ -34,10 +34,14 @@ pub enum FaultPoint {
     /// `outboxd dead redrive --consumer`: the release is written, before
     /// its transaction commits.
     RedriveReleaseBeforeCommit,
+    /// Consumer plugin: `handle` returned ok and its HTTP outcomes are
+    /// written, before the inbox transaction commits (after an external
+    /// effect, before the mark).
+    ConsumerBeforeCommit,
 }
 
 impl FaultPoint {
-    pub const ALL: [FaultPoint; 9] = [
+    pub const ALL: [FaultPoint; 10] = [
         FaultPoint::BeforeTransaction,
         FaultPoint::AfterInsertBeforeCommit,
         FaultPoint::AfterCommitBeforeReply,
@@ -47,6 +51,7 @@ impl FaultPoint {
         FaultPoint::RedriveBeforeCommit,
         FaultPoint::RedriveAfterCommit,
         FaultPoint::RedriveReleaseBeforeCommit,
+        FaultPoint::ConsumerBeforeCommit,
     ];
 
     pub fn name(self) -> &'static str {
@@ -60,6 +65,7 @@ impl FaultPoint {
             FaultPoint::RedriveBeforeCommit => "redrive-before-commit",
             FaultPoint::RedriveAfterCommit => "redrive-after-commit",
             FaultPoint::RedriveReleaseBeforeCommit => "redrive-release-before-commit",
+            FaultPoint::ConsumerBeforeCommit => "consumer-before-commit",
         }
     }
 }

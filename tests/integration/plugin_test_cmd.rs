@@ -21,22 +21,34 @@ const INVOICES_PG: &str = "CREATE TABLE invoices (
   id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, order_id text NOT NULL, customer_id text NOT NULL,
   amount_cents bigint NOT NULL, message_id text NOT NULL, issued_at bigint NOT NULL)";
 
-/// `outboxd plugin test ARGS` in `dir`.
-async fn plugin_test(dir: &Path, args: &[&str]) -> Output {
+/// `outboxd plugin test ARGS` in `dir`, with a call deadline a loaded
+/// test machine meets (the 50 ms default can be short for a fresh
+/// instance).
+pub(crate) async fn plugin_test(dir: &Path, args: &[&str]) -> Output {
+    plugin_test_within(dir, args, 5_000).await
+}
+
+async fn plugin_test_within(dir: &Path, args: &[&str], timeout_ms: u64) -> Output {
     tokio::process::Command::new(env!("CARGO_BIN_EXE_outboxd"))
         .args(["plugin", "test"])
         .args(args)
-        // A loaded test machine can take longer than the 50 ms default
-        // for a fresh instance.
-        .args(["--timeout-ms", "5000"])
+        .args(["--timeout-ms", &timeout_ms.to_string()])
         .current_dir(dir)
+        // The scratch database goes here, so a test can see it is gone.
+        .env("TMPDIR", scratch_dir(dir))
         .env_remove("OUTBOXD__DATABASE__URL")
         .output()
         .await
         .expect("run outboxd plugin test")
 }
 
-fn text(o: &Output) -> String {
+fn scratch_dir(dir: &Path) -> std::path::PathBuf {
+    let tmp = dir.join("tmp");
+    std::fs::create_dir_all(&tmp).expect("create the scratch parent");
+    tmp
+}
+
+pub(crate) fn text(o: &Output) -> String {
     format!(
         "status {}\nstdout:\n{}\nstderr:\n{}",
         o.status,
@@ -45,7 +57,7 @@ fn text(o: &Output) -> String {
     )
 }
 
-fn report(o: &Output) -> Value {
+pub(crate) fn report(o: &Output) -> Value {
     serde_json::from_slice(&o.stdout)
         .unwrap_or_else(|e| panic!("--json prints JSON ({e}): {}", text(o)))
 }
@@ -97,7 +109,7 @@ async fn a_consumer_shows_its_statements_with_params_and_its_emitted_event() {
     assert!(
         statements[0]["text"]
             .as_str()
-            .unwrap()
+            .expect("a string")
             .starts_with("INSERT INTO invoices")
     );
     assert_eq!(
@@ -130,6 +142,10 @@ async fn a_consumer_shows_its_statements_with_params_and_its_emitted_event() {
     assert!(shown.contains("params:  [\"o-1\",\"c-1\",1990,"), "{shown}");
     assert!(shown.contains("type invoice.issued"), "{shown}");
     assert!(shown.contains("outcome: ok (commit)"), "{shown}");
+    let left: Vec<_> = std::fs::read_dir(scratch_dir(dir.path()))
+        .expect("read the scratch parent")
+        .collect();
+    assert!(left.is_empty(), "the scratch database is deleted: {left:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -154,14 +170,14 @@ async fn without_setup_or_grants_the_statement_fails_as_it_would_in_production()
     assert!(
         r["statements"][0]["outcome"]
             .as_str()
-            .unwrap()
+            .expect("a string")
             .starts_with("database error"),
         "{r:#}"
     );
     assert!(
         r["statements"][0]["values"]["error"]
             .as_str()
-            .unwrap()
+            .expect("a string")
             .contains("invoices"),
         "{r:#}"
     );
@@ -180,13 +196,13 @@ async fn without_setup_or_grants_the_statement_fails_as_it_would_in_production()
     .await;
     assert_eq!(refused.status.code(), Some(1), "{}", text(&refused));
     let r = report(&refused);
-    let outcome = r["statements"][0]["outcome"].as_str().unwrap();
+    let outcome = r["statements"][0]["outcome"].as_str().expect("a string");
     assert!(
         outcome.starts_with("statement refused") && outcome.contains("invoices"),
         "{r:#}"
     );
     assert_eq!(
-        r["statements"].as_array().unwrap().len(),
+        r["statements"].as_array().expect("an array").len(),
         1,
         "nothing runs after: {r:#}"
     );
@@ -398,9 +414,77 @@ async fn a_run_on_postgres_leaves_nothing_behind() {
     assert!(
         r["statements"][0]["outcome"]
             .as_str()
-            .unwrap()
+            .expect("a string")
             .starts_with("statement refused"),
         "{r:#}"
     );
     assert_eq!(t.count("SELECT count(*) FROM outboxd.inbox").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trap_and_a_timeout_are_reported_as_such() {
+    let dir = order_files(INVOICES_SQLITE);
+    let trap = plugin_path("hostile-consumer-trap").display().to_string();
+    let out = plugin_test(
+        dir.path(),
+        &[
+            &trap,
+            "--message",
+            "message.json",
+            "--setup",
+            "setup.sql",
+            "--write",
+            "invoices",
+            "--json",
+        ],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let r = report(&out);
+    assert_eq!(
+        r["statements"][0]["values"]["rows_affected"], 1,
+        "the write before the trap: {r:#}"
+    );
+    assert_eq!(r["outcome"]["result"], "trap", "{r:#}");
+    assert_eq!(r["outcome"]["then"], "retry", "{r:#}");
+    let trapped = plugin_test(
+        dir.path(),
+        &[
+            &trap,
+            "--message",
+            "message.json",
+            "--setup",
+            "setup.sql",
+            "--write",
+            "invoices",
+            "--set",
+            "trap=false",
+            "--json",
+        ],
+    )
+    .await;
+    assert!(
+        trapped.status.success(),
+        "--set reaches the plugin: {}",
+        text(&trapped)
+    );
+
+    std::fs::write(
+        dir.path().join("event.json"),
+        r#"{"event_type": "a", "payload": {}}"#,
+    )
+    .expect("write");
+    let spin = plugin_path("hostile-spin").display().to_string();
+    let out =
+        plugin_test_within(dir.path(), &[&spin, "--event", "event.json", "--json"], 100).await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let r = report(&out);
+    assert_eq!(r["outcome"]["result"], "timeout", "{r:#}");
+    assert!(
+        r["outcome"]["message"]
+            .as_str()
+            .expect("a string")
+            .contains("100 ms"),
+        "{r:#}"
+    );
 }

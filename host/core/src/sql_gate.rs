@@ -180,6 +180,7 @@ pub fn is_host_table(name: &str) -> bool {
     let n = name.to_ascii_lowercase();
     n == "outbox"
         || n == "inbox"
+        || n == "outbound_calls"
         || [
             "outbox_",
             "inbox_",
@@ -210,6 +211,7 @@ pub const HOST_NAMES: &[&str] = &[
     "consumer_dead_letters",
     "consumer_offsets",
     "outboxd_migrations",
+    "outbound_calls",
     "pg_shadow",
     "pg_authid",
     "pg_settings",
@@ -1050,6 +1052,7 @@ mod tests {
             "consumer_dead_letters",
             "consumer_offsets",
             "outboxd_migrations",
+            "outbound_calls",
             "pg_authid",
             "sqlite_schema",
         ] {

@@ -16,7 +16,7 @@ pub(super) enum PluginCommand {
     /// output messages, or a consumer's statements (with their parameters
     /// and rows), emitted events and outcome, in a transaction that is
     /// rolled back. --expect FILE makes it a golden test.
-    Test(super::plugin_test::TestArgs),
+    Test(Box<super::plugin_test::TestArgs>),
     /// Check that a file is a component, which world it implements, its WIT
     /// version, and that its imports are allowed.
     Validate {
@@ -24,6 +24,10 @@ pub(super) enum PluginCommand {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// An `allowed_outbound_hosts` entry the plugin will have
+        /// (repeatable): a consumer importing wasi:http needs at least one.
+        #[arg(long = "allow-host", value_name = "URL")]
+        allow_hosts: Vec<String>,
     },
     /// Write a ready plugin project: source, build script, sample input,
     /// expected report and README.
@@ -63,10 +67,22 @@ pub(super) async fn plugin_command(
             unreachable!("needs the database; dispatched with the config")
         }
         PluginCommand::New(_) | PluginCommand::Build(_) => unreachable!("dispatched above"),
-        PluginCommand::Validate { wasm, json } => {
+        PluginCommand::Validate {
+            wasm,
+            json,
+            allow_hosts,
+        } => {
+            for h in allow_hosts {
+                outboxd_core::config::OutboundHost::parse(h).map_err(|e| {
+                    anyhow::anyhow!(
+                        "--allow-host {h}: {e}; use {}",
+                        outboxd_core::config::OUTBOUND_HOST_SHAPE
+                    )
+                })?;
+            }
             let bytes =
                 std::fs::read(wasm).with_context(|| format!("cannot read {}", wasm.display()))?;
-            let v = validate::validate(&engine, &bytes)?;
+            let v = validate::validate_with_hosts(&engine, &bytes, allow_hosts)?;
             if *json {
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {

@@ -9,8 +9,10 @@ use std::process::ExitCode;
 use anyhow::Context;
 
 use crate::plugin::harness::report::{ConsumerReport, Outcome, TransformerReport};
-use crate::plugin::harness::{self, consumer::ConsumerTest, expect, message::SampleMessage};
-use crate::plugin::{Limits, PluginEngine, TxnPolicy, validate};
+use crate::plugin::harness::{
+    self, consumer::ConsumerTest, expect, http_stub, message::SampleMessage,
+};
+use crate::plugin::{HttpStub, Limits, PluginEngine, StubResponse, Transport, TxnPolicy, validate};
 
 #[derive(Debug, clap::Args)]
 pub(super) struct TestArgs {
@@ -48,6 +50,22 @@ pub(super) struct TestArgs {
     /// Consumer: the consumer's name, for its inbox mark.
     #[arg(long, default_value = "test")]
     consumer: String,
+    /// Consumer: an allowed_outbound_hosts entry, scheme://host[:port]
+    /// (repeatable; default none, so no request is admitted).
+    #[arg(long = "allow-host", value_name = "URL")]
+    allow_hosts: Vec<String>,
+    /// Consumer: answer its HTTP requests from FILE, a JSON list of
+    /// {"method"?, "url" (exact or prefix), "status", "headers"?, "body"?
+    /// (JSON, or a string sent as text)}; nothing leaves the process.
+    /// Without it (and without --http-live) no request gets an answer.
+    #[arg(long, value_name = "FILE", conflicts_with = "http_live")]
+    http_stub: Option<PathBuf>,
+    /// Consumer: send its admitted requests to the network, with the
+    /// host's checks and the idempotency header. Each leaves an audit
+    /// intent in outbound_calls, committed before it is sent: on a
+    /// --database-url database those rows stay (the request happened).
+    #[arg(long)]
+    http_live: bool,
     /// Compile the component even when the compiled-component cache
     /// (~/.cache/outboxd/components) holds it.
     #[arg(long)]
@@ -143,9 +161,14 @@ async fn transformer(engine: &PluginEngine, a: &TestArgs) -> anyhow::Result<Tran
             a.wasm.display()
         );
     };
-    if a.message.is_some() || a.setup.is_some() {
+    if a.message.is_some()
+        || a.setup.is_some()
+        || a.http_stub.is_some()
+        || a.http_live
+        || !a.allow_hosts.is_empty()
+    {
         anyhow::bail!(
-            "{} is a transformer: --message and --setup are for consumers; use --event FILE",
+            "{} is a transformer: --message, --setup and the HTTP flags are for consumers (transformers never get HTTP); use --event FILE",
             a.wasm.display()
         );
     }
@@ -180,6 +203,33 @@ async fn consumer(
         None => None,
     };
     let (limits, config) = settings(a)?;
+    for h in &a.allow_hosts {
+        crate::config::OutboundHost::parse(h).map_err(|e| {
+            anyhow::anyhow!(
+                "--allow-host {h}: {e}; use {}",
+                crate::config::OUTBOUND_HOST_SHAPE
+            )
+        })?;
+    }
+    let transport = if a.http_live {
+        Transport::Live
+    } else {
+        let responses = match &a.http_stub {
+            Some(f) => http_stub::parse(&f.display().to_string(), &read("--http-stub", f)?)
+                .map_err(anyhow::Error::msg)?
+                .into_iter()
+                .map(|e| StubResponse {
+                    body: e.body_bytes(),
+                    method: e.method,
+                    url: e.url,
+                    status: e.status,
+                    headers: e.headers.into_iter().collect(),
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        Transport::Stub(std::sync::Arc::new(HttpStub::new(responses)))
+    };
     let policy = TxnPolicy {
         consumer: a.consumer.clone(),
         tables: crate::config::TableGrants {
@@ -204,6 +254,8 @@ async fn consumer(
             database_url,
             setup,
             message,
+            allow_hosts: a.allow_hosts.clone(),
+            transport,
         },
     )
     .await?)
@@ -317,6 +369,27 @@ fn print_consumer(r: &ConsumerReport, given_database: bool) {
     }
     if r.http.is_empty() {
         println!("http: no requests");
+    }
+    for (i, h) in r.http.iter().enumerate() {
+        let via = if h.stubbed { " (stub)" } else { "" };
+        println!("http {}: {} {}{via}", i + 1, h.method, h.url);
+        for (k, v) in &h.headers {
+            println!("  header:  {k}: {v}");
+        }
+        if let Some(b) = &h.body {
+            println!("  body:    {}", pretty(b, "           "));
+        }
+        match (h.status, &h.error) {
+            (Some(status), _) => println!("  answer:  {status} ({})", h.outcome),
+            (None, Some(e)) => println!("  answer:  none, {}: {e}", h.outcome),
+            (None, None) => println!("  answer:  none (the plugin did not wait for it)"),
+        }
+        for (k, v) in &h.response_headers {
+            println!("  header:  {k}: {v}");
+        }
+        if let Some(b) = &h.response_body {
+            println!("  body:    {}", pretty(b, "           "));
+        }
     }
     print_outcome(&r.outcome);
 }

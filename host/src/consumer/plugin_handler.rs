@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use super::inbox::{Handler, HandlerError, InboxTx, Pinned, Processed};
 use crate::broker::Delivery;
+use crate::fault::{FaultPoint, Faults};
 use crate::plugin::bindings::transformer::outbox::plugin::types::Message;
 use crate::plugin::host::transaction::{PluginStatement, Recording};
 use crate::plugin::shadow::Comparison;
@@ -36,6 +37,8 @@ pub struct PluginHandler {
     /// Where a statement past the wall deadline is cancelled from (on
     /// Postgres; SQLite interrupts it on its own connection).
     cancel: Option<crate::store::Db>,
+    /// Armed in crash tests: `consumer-before-commit`.
+    faults: Faults,
 }
 
 impl PluginHandler {
@@ -46,6 +49,7 @@ impl PluginHandler {
             policy,
             swappable: false,
             cancel: None,
+            faults: Faults::none(),
         }
     }
 
@@ -56,6 +60,7 @@ impl PluginHandler {
             policy,
             swappable: true,
             cancel: None,
+            faults: Faults::none(),
         }
     }
 
@@ -63,6 +68,12 @@ impl PluginHandler {
     /// through `db` (Postgres; SQLite needs no side connection).
     pub fn with_db(mut self, db: &crate::store::Db) -> Self {
         self.cancel = Some(db.clone());
+        self
+    }
+
+    /// Arms the `consumer-before-commit` fault point (crash tests).
+    pub fn with_faults(mut self, faults: Faults) -> Self {
+        self.faults = faults;
         self
     }
 
@@ -187,7 +198,7 @@ impl PluginHandler {
         tx.savepoint("outboxd_shadow").await?;
         let start = Instant::now();
         let result = candidate
-            .handle_cancellable(tx, message, &self.policy, self.cancel.as_ref())
+            .handle_shadow(tx, message, &self.policy, self.cancel.as_ref())
             .await;
         let took = start.elapsed();
         tx.rollback_to("outboxd_shadow").await?;
@@ -259,6 +270,10 @@ impl Handler for PluginHandler {
     }
 
     async fn before_commit(&self, tx: &mut InboxTx) -> Result<(), sqlx::Error> {
+        self.faults
+            .check(FaultPoint::ConsumerBeforeCommit)
+            .await
+            .map_err(|e| sqlx::Error::Io(std::io::Error::other(e)))?;
         tx.reset_plugin_session().await
     }
 

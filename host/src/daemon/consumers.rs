@@ -68,6 +68,7 @@ pub(super) async fn spawn_consumers(
             &sources.daemon.handlers,
             sources.registry,
             &mut file_plugins,
+            faults,
         )?);
         let consumer_cfg = ConsumerConfig {
             name: c.name.clone(),
@@ -176,6 +177,7 @@ fn consumer_handler(
     native: &NativeHandlers,
     registry: &[ActiveConsumer],
     files: &mut FilePlugins,
+    faults: &Faults,
 ) -> Result<ConsumerHandler, DaemonError> {
     let name = match &c.handler {
         crate::config::HandlerRef::Plugin(name) => name.as_str(),
@@ -188,7 +190,9 @@ fn consumer_handler(
     };
     if let Some(slot) = registry.iter().find(|s| s.name() == name) {
         return Ok(ConsumerHandler::Plugin(
-            PluginHandler::swappable(slot.clone(), c.txn_policy()).with_db(db),
+            PluginHandler::swappable(slot.clone(), c.txn_policy())
+                .with_db(db)
+                .with_faults(faults.clone()),
         ));
     }
     let spec = config
@@ -216,7 +220,9 @@ fn consumer_handler(
         }
     };
     Ok(ConsumerHandler::Plugin(
-        PluginHandler::new(plugin, c.txn_policy()).with_db(db),
+        PluginHandler::new(plugin, c.txn_policy())
+            .with_db(db)
+            .with_faults(faults.clone()),
     ))
 }
 

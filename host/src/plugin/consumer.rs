@@ -8,11 +8,13 @@ use std::time::Instant;
 use super::bindings::consumer::{Consumer, ConsumerPre};
 use super::bindings::transformer::outbox::plugin::types::{Message, PluginError as WitError};
 use super::error::{PluginError, classify};
+use super::host::http::{HttpCall, HttpRecord, Transport};
 use super::host::transaction::server::TxnServer;
 use super::host::transaction::{PluginStatement, Recording, TxnPolicy, link, next_request};
 use super::host::{ConsumerState, StoreState};
 use super::loaded::Loaded;
 use crate::store::InboxTx;
+use crate::store::outbound;
 
 /// A loaded consumer plugin. Share it with `Arc`; calls may overlap.
 #[derive(Debug)]
@@ -54,15 +56,18 @@ impl ConsumerPlugin {
         policy: &TxnPolicy,
         cancel: Option<&crate::store::Db>,
     ) -> Result<(), PluginError> {
-        self.measured(tx, message, policy, cancel, None).await
+        self.measured(tx, message, policy, cancel, None, Transport::Live)
+            .await
     }
 
     /// [`handle_cancellable`](Self::handle_cancellable), also returning
     /// every statement the plugin sent, in order. With
     /// [`Recording::TextOnly`] (a dry run of a real message) each is its
     /// kind, text and outcome, never a parameter value; with
-    /// [`Recording::WithValues`] (`plugin test` on a sample) also its
-    /// parameters, rows and emitted event.
+    /// [`Recording::WithValues`] also its parameters, rows and emitted
+    /// event. Every HTTP request is refused, as in a shadow run: a dry run
+    /// has no external effect ([`handle_traced`](Self::handle_traced)
+    /// chooses its transport).
     pub async fn handle_recorded(
         &self,
         tx: &mut InboxTx,
@@ -72,10 +77,79 @@ impl ConsumerPlugin {
         mode: Recording,
     ) -> (Result<(), PluginError>, Vec<PluginStatement>) {
         let mut statements = Vec::new();
+        // A recorded run is a dry run: it must have no effect outside its
+        // rolled-back transaction, so every HTTP request is refused.
         let result = self
-            .measured(tx, message, policy, cancel, Some((mode, &mut statements)))
+            .measured(
+                tx,
+                message,
+                policy,
+                cancel,
+                Some((mode, &mut statements)),
+                Transport::Shadow,
+            )
             .await;
         (result, statements)
+    }
+
+    /// [`handle_recorded`](Self::handle_recorded) with
+    /// [`Recording::WithValues`] and the HTTP requests going to
+    /// `transport`, also returning every request the plugin made (what
+    /// `outboxd plugin test` shows). With [`Transport::Live`] and a
+    /// `cancel` database, intents are audited as in a real run.
+    pub async fn handle_traced(
+        &self,
+        tx: &mut InboxTx,
+        message: &Message,
+        policy: &TxnPolicy,
+        cancel: Option<&crate::store::Db>,
+        transport: Transport,
+    ) -> Traced {
+        let mut statements = Vec::new();
+        let mut http = Vec::new();
+        let start = Instant::now();
+        let result = self
+            .call(
+                tx,
+                message,
+                policy,
+                cancel,
+                Some((Recording::WithValues, &mut statements)),
+                transport,
+                &mut http,
+            )
+            .await;
+        self.loaded.metrics.record(
+            start.elapsed(),
+            result.as_ref().err().map(PluginError::kind),
+        );
+        Traced {
+            result,
+            statements,
+            http,
+        }
+    }
+
+    /// A shadow run: [`handle_cancellable`](Self::handle_cancellable) with
+    /// every HTTP request refused, so a candidate has no external effect.
+    pub async fn handle_shadow(
+        &self,
+        tx: &mut InboxTx,
+        message: &Message,
+        policy: &TxnPolicy,
+        cancel: Option<&crate::store::Db>,
+    ) -> Result<(), PluginError> {
+        let mut http = Vec::new();
+        self.call(
+            tx,
+            message,
+            policy,
+            cancel,
+            None,
+            Transport::Shadow,
+            &mut http,
+        )
+        .await
     }
 
     async fn measured(
@@ -85,9 +159,13 @@ impl ConsumerPlugin {
         policy: &TxnPolicy,
         cancel: Option<&crate::store::Db>,
         record: Option<(Recording, &mut Vec<PluginStatement>)>,
+        transport: Transport,
     ) -> Result<(), PluginError> {
         let start = Instant::now();
-        let result = self.call(tx, message, policy, cancel, record).await;
+        let mut http = Vec::new();
+        let result = self
+            .call(tx, message, policy, cancel, record, transport, &mut http)
+            .await;
         self.loaded.metrics.record(
             start.elapsed(),
             result.as_ref().err().map(PluginError::kind),
@@ -102,8 +180,61 @@ impl ConsumerPlugin {
         policy: &TxnPolicy,
         cancel: Option<&crate::store::Db>,
         record: Option<(Recording, &mut Vec<PluginStatement>)>,
+        transport: Transport,
+        http: &mut Vec<HttpRecord>,
     ) -> Result<(), PluginError> {
         let mut slot = self.loaded.slot().await?;
+        slot.store.data_mut().http().begin(HttpCall {
+            policy: self.loaded.outbound.clone(),
+            message_id: message.id.clone(),
+            consumer: policy.consumer.clone(),
+            plugin: self.loaded.label(),
+            transport,
+            audit: cancel.cloned(),
+        });
+        let result = self
+            .run(&mut slot, tx, message, policy, cancel, record)
+            .await;
+        *http = slot.store.data_mut().http().finish();
+        let result = match (result, cancel) {
+            (Ok(()), _) => match outbound::write_outcomes(tx, http).await {
+                Ok(()) => Ok(()),
+                Err(e) => Err(PluginError::Transaction(format!(
+                    "recording the outcome of the plugin's HTTP requests in outbound_calls: {e}"
+                ))),
+            },
+            (Err(e), Some(db)) => {
+                if let Err(w) = outbound::write_outcomes_alone(db, http).await {
+                    tracing::warn!(error = %w, "recording HTTP outcomes of a rolled-back message failed; the intents stay without outcome");
+                }
+                Err(e)
+            }
+            (Err(e), None) => Err(e),
+        };
+        match result {
+            Ok(()) => {
+                self.loaded.give_back(slot);
+                Ok(())
+            }
+            Err(e) => {
+                if matches!(e, PluginError::Guest { .. } | PluginError::Transaction(_)) {
+                    self.loaded.give_back(slot);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// One guest call in `slot`'s Store, the transaction served meanwhile.
+    async fn run(
+        &self,
+        slot: &mut super::loaded::Slot<Consumer>,
+        tx: &mut InboxTx,
+        message: &Message,
+        policy: &TxnPolicy,
+        cancel: Option<&crate::store::Db>,
+        record: Option<(Recording, &mut Vec<PluginStatement>)>,
+    ) -> Result<(), PluginError> {
         let mailbox = link();
         let handle = slot.store.data_mut().transaction().lend(mailbox.clone())?;
         let mut server = TxnServer::new(tx, policy);
@@ -170,9 +301,18 @@ impl ConsumerPlugin {
                 return Err(classify(e, hit, &self.loaded.limits));
             }
         };
-        self.loaded.give_back(slot);
         outcome
     }
+}
+
+/// What [`ConsumerPlugin::handle_traced`] returns.
+#[derive(Debug)]
+pub struct Traced {
+    pub result: Result<(), PluginError>,
+    /// Every statement the plugin sent, in order.
+    pub statements: Vec<PluginStatement>,
+    /// Every HTTP request the plugin made, in order, refused ones included.
+    pub http: Vec<HttpRecord>,
 }
 
 fn with_failure(message: String, failure: Option<String>) -> String {

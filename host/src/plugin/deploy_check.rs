@@ -30,7 +30,8 @@ pub(crate) async fn check(
             wasm.len()
         ));
     }
-    let v = validate::validate(engine, wasm).map_err(|e| e.to_string())?;
+    let v = validate::validate_with_hosts(engine, wasm, &spec.allowed_outbound_hosts)
+        .map_err(|e| e.to_string())?;
     if !v.is_ok() {
         return Err(v.problems.join("; "));
     }

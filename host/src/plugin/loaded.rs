@@ -10,6 +10,8 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use outboxd_core::config::PluginSpec;
+
+use super::host::http::OutboundPolicy;
 use sha2::{Digest, Sha256};
 use wasmtime::Store;
 use wasmtime::component::{InstancePre, Linker};
@@ -174,6 +176,8 @@ pub(crate) struct Loaded<W: World> {
     engine: PluginEngine,
     pre: W::Pre,
     config: Arc<BTreeMap<String, String>>,
+    /// Who the plugin may call over `wasi:http` (consumers only).
+    pub(crate) outbound: Arc<OutboundPolicy>,
     idle: Mutex<Vec<Slot<W>>>,
     log_budget: Mutex<LineBudget>,
     pub(crate) metrics: PluginMetrics,
@@ -227,6 +231,22 @@ impl<W: World> Loaded<W> {
             wasm,
         )
         .map_err(|e| invalid(format!("does not compile: {e}")))?;
+        let outbound = OutboundPolicy::from_spec(spec).map_err(|e| invalid(e.to_string()))?;
+        let imports_http = component
+            .component_type()
+            .imports(&engine.engine)
+            .any(|(name, _)| name.starts_with("wasi:http/"));
+        if imports_http && W::NAME.contains("transformer") {
+            return Err(invalid(
+                "imports wasi:http, and transformers never get network; only a consumer plugin (world consumer-http) may call out".into(),
+            ));
+        }
+        if imports_http && !outbound.is_enabled() {
+            return Err(invalid(format!(
+                "imports wasi:http but plugins[{}].allowed_outbound_hosts is empty; list the hosts it may call (\"https://HOST[:PORT]\"), or build it without HTTP",
+                spec.name
+            )));
+        }
         let instance_pre = W::linker(engine).instantiate_pre(&component).map_err(|e| {
             invalid(format!(
                 "imports something outboxd does not provide ({e}); {}",
@@ -251,6 +271,7 @@ impl<W: World> Loaded<W> {
             engine: engine.clone(),
             pre,
             config: Arc::new(spec.config.clone()),
+            outbound: Arc::new(outbound),
             idle: Mutex::new(Vec::new()),
             log_budget: Mutex::new(LineBudget::new(20.0, 100.0)),
             metrics: PluginMetrics::default(),

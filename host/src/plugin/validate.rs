@@ -44,8 +44,9 @@ impl Validation {
     }
 }
 
-/// Whether a component of `world` may import `import`.
-fn verdict(import: &str, world: Option<&str>) -> Verdict {
+/// Whether a component of `world` may import `import`; `http`: the
+/// consumer has an allow-list (`allowed_outbound_hosts`).
+fn verdict(import: &str, world: Option<&str>, http: bool) -> Verdict {
     let (name, _version) = import.split_once('@').unwrap_or((import, ""));
     if !import.contains(':') {
         // A component-level type import (a consumer imports the
@@ -69,13 +70,27 @@ fn verdict(import: &str, world: Option<&str>) -> Verdict {
         Some("wasi:io" | "wasi:clocks" | "wasi:random" | "wasi:cli") => Verdict::Allowed,
         Some("wasi:filesystem") => Verdict::Denied("no directories are preopened"),
         Some("wasi:sockets") => Verdict::Denied("every network use is refused"),
+        // Linked for consumers only, and then only with an allow-list.
+        Some("wasi:http") if world == Some("consumer") && http => Verdict::Allowed,
         _ => Verdict::Missing,
     }
 }
 
-/// Checks `wasm` as `plugin validate` does. `Err` only when the file is not
-/// a component at all or does not compile.
+/// Checks `wasm` as `plugin validate` does, for a plugin with no
+/// `allowed_outbound_hosts`. `Err` only when the file is not a component
+/// at all or does not compile.
 pub fn validate(engine: &PluginEngine, wasm: &[u8]) -> Result<Validation, PluginError> {
+    validate_with_hosts(engine, wasm, &[])
+}
+
+/// [`validate`] for a plugin whose `allowed_outbound_hosts` is
+/// `allowed_hosts`: a consumer may import `wasi:http` only with a
+/// non-empty list, a transformer never.
+pub fn validate_with_hosts(
+    engine: &PluginEngine,
+    wasm: &[u8],
+    allowed_hosts: &[String],
+) -> Result<Validation, PluginError> {
     check_is_component(wasm).map_err(PluginError::Invalid)?;
     let component = Component::new(engine.engine(), wasm)
         .map_err(|e| PluginError::Invalid(format!("does not compile: {e:#}")))?;
@@ -93,7 +108,10 @@ pub fn validate(engine: &PluginEngine, wasm: &[u8]) -> Result<Validation, Plugin
     };
     let imports: Vec<(String, Verdict)> = ty
         .imports(engine.engine())
-        .map(|(name, _)| (name.to_string(), verdict(name, world)))
+        .map(|(name, _)| {
+            let v = verdict(name, world, !allowed_hosts.is_empty());
+            (name.to_string(), v)
+        })
         .collect();
     let wit_version = imports
         .iter()
@@ -108,6 +126,16 @@ pub fn validate(engine: &PluginEngine, wasm: &[u8]) -> Result<Validation, Plugin
                 "import `{TRANSACTION}` is for consumers only: a transformer's Store has no \
                  transaction (build it with a guest SDK that keeps the consumer world out of \
                  transformers, or export `handle` to be a consumer)"
+            ),
+            (http, Some("consumer")) if http.starts_with("wasi:http/") => format!(
+                "import `{http}`: this consumer calls out over HTTP but has no allow-list; set \
+                 plugins[NAME].allowed_outbound_hosts = [\"https://HOST[:PORT]\", ...] in the \
+                 config (`plugin validate --allow-host URL` here), or build it for the \
+                 `consumer` world without HTTP"
+            ),
+            (http, _) if http.starts_with("wasi:http/") => format!(
+                "import `{http}`: transformers never get network; only a consumer plugin \
+                 (world consumer-http) with allowed_outbound_hosts may call out"
             ),
             _ => format!("import `{name}` is not provided by outboxd ({WIT_PACKAGE}, WASI p2)"),
         })

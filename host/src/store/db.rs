@@ -93,6 +93,7 @@ impl Db {
                     })
                     .busy_timeout(Duration::from_secs(30))
                     .foreign_keys(true);
+                let sidecar = super::outbound::sqlite_sidecar(&opts);
                 let signal = super::sqlite_watch::signal_for(&opts);
                 let background_checkpoints = signal
                     .as_ref()
@@ -117,7 +118,9 @@ impl Db {
                     })
                     .after_connect(move |conn, _meta| {
                         let signal = signal.clone();
+                        let sidecar = sidecar.clone();
                         Box::pin(async move {
+                            super::outbound::attach(conn, &sidecar).await?;
                             super::sqlite_busy::install(conn).await?;
                             super::sqlite_plugin_guard::install(conn).await?;
                             if background_checkpoints {

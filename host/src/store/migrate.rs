@@ -47,6 +47,7 @@ migrations! {
     11, "host_schema", "0011_host_schema.sql";
     12, "consumer_parking", "0012_consumer_parking.sql";
     13, "redrive_with", "0013_redrive_with.sql";
+    14, "outbound_calls", "0014_outbound_calls.sql";
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -16,6 +16,7 @@ pub mod locks;
 mod migrate;
 mod notify;
 pub mod offsets;
+pub mod outbound;
 pub mod plugin_roles;
 pub mod plugin_sql;
 pub mod postgres;

@@ -110,6 +110,7 @@ pub(crate) mod keys {
         // A new key: a bare number is read as milliseconds with a warning
         // that shows the duration to write instead.
         kafka_stall_timeout: "consumers[].kafka_stall_timeout", "consumers[].kafka_stall_timeout";
+        http_request_timeout: "plugins[].http.request_timeout", "plugins[].http.request_timeout";
     }
 
     /// `plugin_runtime.registry_poll`, which may be left out.

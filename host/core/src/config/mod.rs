@@ -11,6 +11,7 @@ mod consumer;
 pub mod duration;
 mod env;
 mod ops;
+mod outbound;
 mod plugins;
 mod pool;
 mod telemetry;
@@ -20,6 +21,9 @@ pub use consumer::{ConsumerSection, HandlerRef, OnDead, TableGrants, TxnPolicy};
 pub use env::is_secret;
 use env::{apply_env, syntax_message};
 pub use ops::{ReconcileRule, RetentionConfig};
+pub use outbound::{
+    HttpLimits, OUTBOUND_HOST_SHAPE, OutboundHost, OutboundScheme, split_host_port,
+};
 pub use plugins::{Limits, PluginSource, PluginSpec};
 pub use pool::PoolBudget;
 pub use telemetry::{TelemetryConfig, endpoint_problem};

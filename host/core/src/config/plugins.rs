@@ -39,6 +39,13 @@ pub struct PluginSpec {
     /// Settings the plugin reads through the `config` import.
     #[serde(default)]
     pub config: BTreeMap<String, String>,
+    /// Consumer plugins only: the hosts `wasi:http` may reach,
+    /// `scheme://host[:port]`. Empty (the default): no network at all.
+    #[serde(default)]
+    pub allowed_outbound_hosts: Vec<String>,
+    /// Limits of those requests (`[plugins.http]`).
+    #[serde(default)]
+    pub http: super::HttpLimits,
 }
 
 impl PluginSpec {
@@ -50,6 +57,8 @@ impl PluginSpec {
             version: None,
             limits: Limits::default(),
             config: BTreeMap::new(),
+            allowed_outbound_hosts: Vec::new(),
+            http: super::HttpLimits::default(),
         }
     }
 }

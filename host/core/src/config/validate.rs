@@ -193,6 +193,31 @@ impl Config {
                     ),
                 );
             }
+            for (j, h) in p.allowed_outbound_hosts.iter().enumerate() {
+                if let Err(why) = super::OutboundHost::parse(h) {
+                    return bad(
+                        &format!("plugins[{i}].allowed_outbound_hosts[{j}]"),
+                        format!("{why}; use {}", super::OUTBOUND_HOST_SHAPE),
+                    );
+                }
+            }
+            if !p.allowed_outbound_hosts.is_empty()
+                && self
+                    .routes
+                    .iter()
+                    .any(|r| r.transformers.iter().any(|t| *t == p.name))
+            {
+                return bad(
+                    &format!("plugins[{i}].allowed_outbound_hosts"),
+                    format!(
+                        "`{}` is a route's transformer, and transformers never get network; remove the list (only consumer plugins may call out)",
+                        p.name
+                    ),
+                );
+            }
+            if let Some((key, why)) = p.http.problem() {
+                return bad(&format!("plugins[{i}].http.{key}"), why);
+            }
             if l.max_outputs == 0 || l.max_output_bytes == 0 {
                 return bad(
                     &format!("plugins[{i}].limits"),

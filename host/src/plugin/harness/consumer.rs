@@ -11,11 +11,12 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use super::message::SampleMessage;
-use super::report::{ConsumerReport, MessageShown, Outcome};
+use super::report::{ConsumerReport, HttpShown, MessageShown, Outcome};
 use crate::plugin::consumer::ConsumerPlugin;
 use crate::plugin::engine::PluginEngine;
 use crate::plugin::error::PluginError;
-use crate::plugin::host::transaction::{Recording, StatementKind, TxnPolicy};
+use crate::plugin::host::http::Transport;
+use crate::plugin::host::transaction::{StatementKind, TxnPolicy};
 use crate::plugin::limits::Limits;
 use crate::plugin::transformer::PluginSpec;
 use crate::store::{Db, InboxTx, migrate, redact_url};
@@ -54,6 +55,12 @@ pub struct ConsumerTest<'a> {
     /// The setup script's file name and text.
     pub setup: Option<(String, String)>,
     pub message: SampleMessage,
+    /// `allowed_outbound_hosts` of the plugin (`--allow-host`).
+    pub allow_hosts: Vec<String>,
+    /// Where its HTTP requests go: canned answers (`--http-stub`; none
+    /// matches when no file is given, so nothing leaves the process) or
+    /// the network (`--http-live`).
+    pub transport: Transport,
 }
 
 /// A temporary directory, removed when dropped.
@@ -73,6 +80,7 @@ pub async fn run(
     let mut spec = PluginSpec::new(plugin_name(t.wasm), t.wasm);
     spec.limits = t.limits;
     spec.config = t.config;
+    spec.allowed_outbound_hosts = t.allow_hosts.clone();
     let plugin = ConsumerPlugin::load(engine, &spec)?;
     let (db, shown, _scratch) = open(t.database_url).await?;
     let db_error = |what, source: sqlx::Error| HarnessError::Database {
@@ -116,25 +124,25 @@ pub async fn run(
                 )),
                 then: "commit",
             };
-            return Ok((outcome, Vec::new(), 0));
+            return Ok((outcome, Vec::new(), Vec::new(), 0));
         }
         let start = Instant::now();
-        let (result, statements) = plugin
-            .handle_recorded(&mut tx, &message, &t.policy, Some(&db), Recording::WithValues)
+        let traced = plugin
+            .handle_traced(&mut tx, &message, &t.policy, Some(&db), t.transport.clone())
             .await;
         let took = start.elapsed().as_millis() as u64;
-        let outcome = match &result {
+        let outcome = match &traced.result {
             Ok(()) => Outcome::ok("commit"),
             Err(e) => Outcome::failed(e),
         };
-        Ok((outcome, statements, took))
+        Ok((outcome, traced.statements, traced.http, took))
     }
     .await;
     if let Err(e) = tx.rollback().await {
         tracing::warn!(error = %e, "rolling back the test's transaction failed; its connection is dropped, which rolls it back");
     }
     db.close().await;
-    let (outcome, statements, duration_ms) = run?;
+    let (outcome, statements, http, duration_ms) = run?;
     let events: Vec<_> = statements
         .iter()
         .filter(|s| s.kind == StatementKind::Emit)
@@ -143,6 +151,12 @@ pub async fn run(
         .collect();
     for (i, e) in events.iter().enumerate() {
         generated.insert(format!("<event-{}>", i + 1), e.id.clone());
+    }
+    let http: Vec<_> = http.iter().map(HttpShown::from).collect();
+    for (i, h) in http.iter().enumerate() {
+        if let Some(id) = &h.audit_id {
+            generated.insert(format!("<audit-{}>", i + 1), id.clone());
+        }
     }
     Ok(ConsumerReport {
         world: "consumer",
@@ -155,7 +169,7 @@ pub async fn run(
         },
         statements,
         events,
-        http: Vec::new(),
+        http,
         outcome,
         duration_ms,
         generated,

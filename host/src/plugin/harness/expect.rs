@@ -160,8 +160,8 @@ mod tests {
         assert_eq!(
             d,
             vec![
-                "statements[0].values.params[1]: expected 5, got 6".to_string(),
                 "events[0]: not expected, got {\"id\":1}".to_string(),
+                "statements[0].values.params[1]: expected 5, got 6".to_string(),
                 "new: not expected, got true".to_string(),
             ]
         );

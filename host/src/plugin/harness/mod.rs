@@ -7,11 +7,13 @@
 //!   run, without a database or a broker;
 //! - [`message`]: the consumer's sample message; [`consumer`]: its run in
 //!   a transaction that is always rolled back;
+//! - [`http_stub`]: a consumer's canned HTTP answers (`--http-stub`);
 //! - [`report`]: what a run reports, for both worlds; [`expect`]: the
 //!   comparison with a golden report (`--expect`).
 
 pub mod consumer;
 pub mod expect;
+pub mod http_stub;
 pub mod message;
 pub mod report;
 

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::plugin::error::{ErrorKind, PluginError};
+use crate::plugin::host::http::HttpRecord;
 use crate::plugin::host::transaction::{EmittedEvent, PluginStatement};
 
 /// How the call ended, as the daemon would act on it.
@@ -76,10 +77,63 @@ pub struct ConsumerReport {
     pub message: MessageShown,
     pub statements: Vec<PluginStatement>,
     pub events: Vec<EmittedEvent>,
-    pub http: Vec<serde_json::Value>,
+    pub http: Vec<HttpShown>,
     pub outcome: Outcome,
     pub duration_ms: u64,
     pub generated: BTreeMap<String, String>,
+}
+
+/// One HTTP request a consumer made, and its answer.
+#[derive(Debug, Clone, Serialize)]
+pub struct HttpShown {
+    pub method: String,
+    pub url: String,
+    /// As sent, the host's idempotency header included.
+    pub headers: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub body: Option<serde_json::Value>,
+    /// `2xx`…`5xx`, `error` or `refused`.
+    pub outcome: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    /// The answer's headers, but `date`, which differs on every run.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub response_headers: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub response_body: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Answered by `--http-stub`, not the network.
+    pub stubbed: bool,
+    /// The `outbound_calls` row of a live request.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub audit_id: Option<String>,
+    pub duration_ms: u64,
+}
+
+impl From<&HttpRecord> for HttpShown {
+    fn from(r: &HttpRecord) -> Self {
+        let body = |b: &[u8]| (!b.is_empty()).then(|| payload_json(b));
+        Self {
+            method: r.method.clone(),
+            url: r.url.clone(),
+            headers: r.headers.iter().cloned().collect(),
+            body: body(&r.body),
+            outcome: r.outcome(),
+            status: r.status,
+            response_headers: r
+                .response_headers
+                .iter()
+                .filter(|(k, _)| !k.eq_ignore_ascii_case("date"))
+                .cloned()
+                .collect(),
+            response_body: body(&r.response_body),
+            error: r.error.clone(),
+            stubbed: r.stubbed,
+            audit_id: r.audit_id.clone(),
+            duration_ms: r.duration.as_millis() as u64,
+        }
+    }
 }
 
 /// A transformer's output message.

@@ -8,6 +8,8 @@
 //!   table, the memory cap, and the guest's output ([`log`]).
 //! - [`config`]: `outbox:plugin/config`, for both worlds.
 //! - [`transaction`]: `outbox:plugin/transaction`, for consumers only.
+//! - [`http`]: `wasi:http/outgoing-handler`, for consumers only, sent by
+//!   the host under the plugin's allow-list and limits.
 //!
 //! Each capability has the shape of wasmtime's `wasi-config`: a state
 //! struct, a borrowed view that implements the generated `Host` trait, and
@@ -15,6 +17,7 @@
 //! [`TransformerState`] and [`ConsumerState`] compose them.
 
 pub mod config;
+pub mod http;
 pub mod log;
 pub mod sandbox;
 pub mod transaction;
@@ -27,6 +30,7 @@ use wasmtime::component::Linker;
 use wasmtime_wasi::{WasiCtxView, WasiView};
 
 use self::config::{ConfigVars, ConfigView};
+use self::http::HttpState;
 use self::sandbox::Sandbox;
 use self::transaction::{TransactionView, TxnState};
 use crate::plugin::error::PluginError;
@@ -87,12 +91,24 @@ pub struct ConsumerState {
     sandbox: Sandbox,
     config: ConfigVars,
     txn: TxnState,
+    http: HttpState,
 }
 
 impl ConsumerState {
     /// The transaction capability of this Store.
     pub(crate) fn transaction(&mut self) -> TransactionView<'_> {
         TransactionView::new(&mut self.txn, &mut self.sandbox.table)
+    }
+
+    /// The HTTP capability of this Store.
+    pub(crate) fn http(&mut self) -> &mut HttpState {
+        &mut self.http
+    }
+}
+
+impl wasmtime_wasi_http::WasiHttpView for ConsumerState {
+    fn http(&mut self) -> wasmtime_wasi_http::WasiHttpCtxView<'_> {
+        self.http.view(&mut self.sandbox.table)
     }
 }
 
@@ -102,6 +118,7 @@ impl StoreState for ConsumerState {
             sandbox: Sandbox::new(memory_cap_bytes),
             config: ConfigVars::new(config),
             txn: TxnState::default(),
+            http: HttpState::default(),
         }
     }
 
@@ -118,6 +135,7 @@ impl StoreState for ConsumerState {
         sandbox::add_to_linker(&mut linker)?;
         config::add_to_linker(&mut linker, |s: &mut Self| ConfigView::new(&s.config))?;
         transaction::add_to_linker(&mut linker, Self::transaction)?;
+        http::add_to_linker(&mut linker)?;
         Ok(linker)
     }
 }
