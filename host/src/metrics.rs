@@ -254,6 +254,76 @@ pub trait PluginReport: Send + Sync + std::fmt::Debug {
     fn world(&self) -> &'static str;
     fn counters(&self) -> PluginCounters;
     fn latency(&self) -> &Histogram;
+    /// A consumer plugin's outbound HTTP requests.
+    fn http(&self) -> Option<&HttpMetrics> {
+        None
+    }
+}
+
+/// One plugin version's outbound HTTP: requests by listed host and outcome
+/// (`2xx`..`5xx`, `error`, `refused`), latency by host. The host label is
+/// an `allowed_outbound_hosts` entry or `unlisted`, never a name the
+/// plugin chose, so a plugin cannot grow the label set.
+#[derive(Debug, Default)]
+pub struct HttpMetrics {
+    requests: Mutex<BTreeMap<(String, &'static str), u64>>,
+    seconds: Mutex<BTreeMap<String, std::sync::Arc<Histogram>>>,
+}
+
+impl HttpMetrics {
+    pub fn record(&self, host: &str, outcome: &'static str, took: std::time::Duration) {
+        if let Ok(mut r) = self.requests.lock() {
+            *r.entry((host.to_string(), outcome)).or_default() += 1;
+        }
+        let h = match self.seconds.lock() {
+            Ok(mut s) => s.entry(host.to_string()).or_default().clone(),
+            Err(_) => return,
+        };
+        h.observe(took.as_secs_f64());
+    }
+
+    /// `(host, outcome, count)`, sorted.
+    pub fn requests(&self) -> Vec<(String, &'static str, u64)> {
+        self.requests
+            .lock()
+            .map(|r| r.iter().map(|((h, o), n)| (h.clone(), *o, *n)).collect())
+            .unwrap_or_default()
+    }
+}
+
+fn render_http(out: &mut String, plugins: &[std::sync::Arc<dyn PluginReport>]) {
+    let _ = writeln!(
+        out,
+        "# HELP outboxd_plugin_http_requests_total Consumer plugins' outbound HTTP requests by host and outcome.\n# TYPE outboxd_plugin_http_requests_total counter"
+    );
+    for p in plugins {
+        let Some(m) = p.http() else { continue };
+        for (host, outcome, n) in m.requests() {
+            let _ = writeln!(
+                out,
+                "outboxd_plugin_http_requests_total{{plugin=\"{}\",version=\"{}\",host=\"{}\",outcome=\"{outcome}\"}} {n}",
+                escape(p.name()),
+                escape(p.version()),
+                escape(&host)
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP outboxd_plugin_http_request_seconds Consumer plugins' outbound HTTP request latency.\n# TYPE outboxd_plugin_http_request_seconds histogram"
+    );
+    for p in plugins {
+        let Some(m) = p.http() else { continue };
+        let hosts: Vec<_> = m
+            .seconds
+            .lock()
+            .map(|s| s.iter().map(|(h, v)| (h.clone(), v.clone())).collect())
+            .unwrap_or_default();
+        for (host, h) in hosts {
+            let labels = format!("plugin=\"{}\",host=\"{}\"", escape(p.name()), escape(&host));
+            h.render(out, "outboxd_plugin_http_request_seconds", &labels);
+        }
+    }
 }
 
 /// A point-in-time copy of one plugin version's counters.
@@ -555,6 +625,7 @@ fn render_plugins(out: &mut String, plugins: &[std::sync::Arc<dyn PluginReport>]
             p.counters().memory_high_water
         );
     }
+    render_http(out, plugins);
 }
 
 fn gauge(out: &mut String, name: &str, help: &str, v: f64) {

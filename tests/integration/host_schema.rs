@@ -19,6 +19,7 @@ const HOST_TABLES: &[&str] = &[
     "plugin_activations",
     "plugin_shadow_stats",
     "consumer_offsets",
+    "outbound_calls",
 ];
 
 /// How each host table's name resolves: `(schema, relkind)` per table.

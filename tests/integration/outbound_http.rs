@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use outboxd::config::HttpLimits;
 use outboxd::consumer::InboxTx;
+use outboxd::metrics::PluginReport;
 use outboxd::plugin::bindings::transformer::outbox::plugin::types::Message;
 use outboxd::plugin::{
     ConsumerPlugin, HttpStub, PluginSpec, StubResponse, Traced, Transport, TxnPolicy,
@@ -119,6 +120,9 @@ async fn the_host_sets_the_key_and_audits_before_sending(t: TestDb) {
         ))
         .await;
     assert_eq!(done, 1, "the outcome committed with the inbox mark");
+    let metrics = p.http().expect("a consumer reports HTTP").requests();
+    let listed = format!("http://127.0.0.1:{}", server.port());
+    assert_eq!(metrics, [(listed, "2xx", 1)]);
 }
 on_both!(the_host_sets_the_key_and_audits_before_sending);
 

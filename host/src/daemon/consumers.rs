@@ -62,13 +62,12 @@ pub(super) async fn spawn_consumers(
         }
         let handler = Arc::new(consumer_handler(
             config,
-            db,
+            (db, faults),
             &handles.metrics,
             (i, c),
             &sources.daemon.handlers,
             sources.registry,
             &mut file_plugins,
-            faults,
         )?);
         let consumer_cfg = ConsumerConfig {
             name: c.name.clone(),
@@ -171,13 +170,12 @@ struct FilePlugins {
 /// `metrics`.
 fn consumer_handler(
     config: &Config,
-    db: &Db,
+    (db, faults): (&Db, &Faults),
     metrics: &Metrics,
     (i, c): (usize, &ConsumerSection),
     native: &NativeHandlers,
     registry: &[ActiveConsumer],
     files: &mut FilePlugins,
-    faults: &Faults,
 ) -> Result<ConsumerHandler, DaemonError> {
     let name = match &c.handler {
         crate::config::HandlerRef::Plugin(name) => name.as_str(),

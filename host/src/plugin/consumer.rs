@@ -106,9 +106,8 @@ impl ConsumerPlugin {
         transport: Transport,
     ) -> Traced {
         let mut statements = Vec::new();
-        let mut http = Vec::new();
         let start = Instant::now();
-        let result = self
+        let (result, http) = self
             .call(
                 tx,
                 message,
@@ -116,7 +115,6 @@ impl ConsumerPlugin {
                 cancel,
                 Some((Recording::WithValues, &mut statements)),
                 transport,
-                &mut http,
             )
             .await;
         self.loaded.metrics.record(
@@ -139,17 +137,9 @@ impl ConsumerPlugin {
         policy: &TxnPolicy,
         cancel: Option<&crate::store::Db>,
     ) -> Result<(), PluginError> {
-        let mut http = Vec::new();
-        self.call(
-            tx,
-            message,
-            policy,
-            cancel,
-            None,
-            Transport::Shadow,
-            &mut http,
-        )
-        .await
+        self.call(tx, message, policy, cancel, None, Transport::Shadow)
+            .await
+            .0
     }
 
     async fn measured(
@@ -162,9 +152,8 @@ impl ConsumerPlugin {
         transport: Transport,
     ) -> Result<(), PluginError> {
         let start = Instant::now();
-        let mut http = Vec::new();
-        let result = self
-            .call(tx, message, policy, cancel, record, transport, &mut http)
+        let (result, _) = self
+            .call(tx, message, policy, cancel, record, transport)
             .await;
         self.loaded.metrics.record(
             start.elapsed(),
@@ -181,9 +170,11 @@ impl ConsumerPlugin {
         cancel: Option<&crate::store::Db>,
         record: Option<(Recording, &mut Vec<PluginStatement>)>,
         transport: Transport,
-        http: &mut Vec<HttpRecord>,
-    ) -> Result<(), PluginError> {
-        let mut slot = self.loaded.slot().await?;
+    ) -> (Result<(), PluginError>, Vec<HttpRecord>) {
+        let mut slot = match self.loaded.slot().await {
+            Ok(slot) => slot,
+            Err(e) => return (Err(e), Vec::new()),
+        };
         slot.store.data_mut().http().begin(HttpCall {
             policy: self.loaded.outbound.clone(),
             message_id: message.id.clone(),
@@ -195,34 +186,47 @@ impl ConsumerPlugin {
         let result = self
             .run(&mut slot, tx, message, policy, cancel, record)
             .await;
-        *http = slot.store.data_mut().http().finish();
+        let http = slot.store.data_mut().http().finish();
+        for r in http.iter() {
+            let host = self.loaded.outbound.host_label(&r.url);
+            self.loaded
+                .http_metrics
+                .record(&host, r.outcome(), r.duration);
+        }
+        let outcomes: Vec<outbound::Outcome> = http
+            .iter()
+            .filter_map(|r| {
+                Some(outbound::Outcome {
+                    id: r.audit_id.clone()?,
+                    status: r.status,
+                    error: r.error.clone(),
+                    duration: r.duration,
+                })
+            })
+            .collect();
         let result = match (result, cancel) {
-            (Ok(()), _) => match outbound::write_outcomes(tx, http).await {
+            (Ok(()), _) => match outbound::write_outcomes(tx, &outcomes).await {
                 Ok(()) => Ok(()),
                 Err(e) => Err(PluginError::Transaction(format!(
                     "recording the outcome of the plugin's HTTP requests in outbound_calls: {e}"
                 ))),
             },
             (Err(e), Some(db)) => {
-                if let Err(w) = outbound::write_outcomes_alone(db, http).await {
+                if let Err(w) = outbound::write_outcomes_alone(db, &outcomes).await {
                     tracing::warn!(error = %w, "recording HTTP outcomes of a rolled-back message failed; the intents stay without outcome");
                 }
                 Err(e)
             }
             (Err(e), None) => Err(e),
         };
-        match result {
-            Ok(()) => {
-                self.loaded.give_back(slot);
-                Ok(())
-            }
-            Err(e) => {
-                if matches!(e, PluginError::Guest { .. } | PluginError::Transaction(_)) {
-                    self.loaded.give_back(slot);
-                }
-                Err(e)
-            }
+        let reusable = match &result {
+            Ok(()) => true,
+            Err(e) => matches!(e, PluginError::Guest { .. } | PluginError::Transaction(_)),
+        };
+        if reusable {
+            self.loaded.give_back(slot);
         }
+        (result, http)
     }
 
     /// One guest call in `slot`'s Store, the transaction served meanwhile.
@@ -281,7 +285,7 @@ impl ConsumerPlugin {
         };
         slot.store.data_mut().transaction().end_loan();
         self.loaded.drain_logs(&slot.store);
-        let outcome = match result {
+        match result {
             Ok(Ok(())) => match server.failure.take() {
                 Some(failure) => Err(PluginError::Transaction(format!(
                     "{failure}; the plugin returned ok after the error, the message is rolled back"
@@ -298,10 +302,9 @@ impl ConsumerPlugin {
             }),
             Err(e) => {
                 let hit = slot.store.data().sandbox().memory.hit;
-                return Err(classify(e, hit, &self.loaded.limits));
+                Err(classify(e, hit, &self.loaded.limits))
             }
-        };
-        outcome
+        }
     }
 }
 

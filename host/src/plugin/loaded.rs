@@ -153,6 +153,10 @@ macro_rules! plugin_world {
             fn latency(&self) -> &$crate::metrics::Histogram {
                 self.loaded.metrics.latency()
             }
+
+            fn http(&self) -> Option<&$crate::metrics::HttpMetrics> {
+                Some(&self.loaded.http_metrics)
+            }
         }
     };
 }
@@ -181,6 +185,8 @@ pub(crate) struct Loaded<W: World> {
     idle: Mutex<Vec<Slot<W>>>,
     log_budget: Mutex<LineBudget>,
     pub(crate) metrics: PluginMetrics,
+    /// Outbound HTTP requests (consumers; a transformer's stays empty).
+    pub(crate) http_metrics: crate::metrics::HttpMetrics,
 }
 
 impl<W: World> std::fmt::Debug for Loaded<W> {
@@ -275,6 +281,7 @@ impl<W: World> Loaded<W> {
             idle: Mutex::new(Vec::new()),
             log_budget: Mutex::new(LineBudget::new(20.0, 100.0)),
             metrics: PluginMetrics::default(),
+            http_metrics: Default::default(),
         })
     }
 

@@ -10,7 +10,15 @@
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
 
 use super::{Db, InboxTx};
-use crate::plugin::host::http::HttpRecord;
+
+/// How a request ended, for its intent row `id`.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub id: String,
+    pub status: Option<u16>,
+    pub error: Option<String>,
+    pub duration: std::time::Duration,
+}
 
 /// What is known of a request before it is sent.
 #[derive(Debug)]
@@ -58,13 +66,18 @@ pub async fn write_intent(db: &Db, i: &Intent<'_>) -> Result<String, sqlx::Error
     Ok(id)
 }
 
-/// Writes the outcomes of `records` that have an intent row, in `tx` (the
-/// inbox transaction), as the host.
-pub async fn write_outcomes(tx: &mut InboxTx, records: &[HttpRecord]) -> Result<(), sqlx::Error> {
+/// Writes `outcomes` in `tx` (the inbox transaction), as the host.
+pub async fn write_outcomes(tx: &mut InboxTx, outcomes: &[Outcome]) -> Result<(), sqlx::Error> {
+    if outcomes.is_empty() {
+        return Ok(());
+    }
     tx.as_host().await?;
-    for r in records {
-        let Some(id) = &r.audit_id else { continue };
-        let (status, error, ms, now) = outcome(r);
+    for o in outcomes {
+        let id = &o.id;
+        let status = o.status.map(i32::from);
+        let error = o.error.as_deref();
+        let ms = o.duration.as_millis() as i64;
+        let now = chrono::Utc::now();
         match tx {
             InboxTx::Postgres(t) => sqlx::query(UPDATE_OUTCOME)
                 .bind(id)
@@ -91,29 +104,13 @@ pub async fn write_outcomes(tx: &mut InboxTx, records: &[HttpRecord]) -> Result<
 
 /// The same outcomes in a short transaction of their own: for a message
 /// whose inbox transaction was rolled back, so the evidence stays accurate.
-pub async fn write_outcomes_alone(db: &Db, records: &[HttpRecord]) -> Result<(), sqlx::Error> {
-    if records.iter().all(|r| r.audit_id.is_none()) {
+pub async fn write_outcomes_alone(db: &Db, outcomes: &[Outcome]) -> Result<(), sqlx::Error> {
+    if outcomes.is_empty() {
         return Ok(());
     }
     let mut tx = InboxTx::begin(db).await?;
-    write_outcomes(&mut tx, records).await?;
+    write_outcomes(&mut tx, outcomes).await?;
     tx.commit().await
-}
-
-fn outcome(
-    r: &HttpRecord,
-) -> (
-    Option<i32>,
-    Option<&str>,
-    i64,
-    chrono::DateTime<chrono::Utc>,
-) {
-    (
-        r.status.map(i32::from),
-        r.error.as_deref(),
-        r.duration.as_millis() as i64,
-        chrono::Utc::now(),
-    )
 }
 
 /// The sidecar file of a SQLite database: `<file>-outbound`, or an

@@ -207,14 +207,14 @@ mod tests {
 
     #[test]
     fn parses_the_documented_shapes() {
-        let h = OutboundHost::parse("https://API.example.com").unwrap();
+        let h = OutboundHost::parse("https://API.example.com").expect("parses");
         assert_eq!(
             (h.scheme, h.host.as_str(), h.port),
             (OutboundScheme::Https, "api.example.com", 443)
         );
-        let h = OutboundHost::parse("http://127.0.0.1:8080/").unwrap();
+        let h = OutboundHost::parse("http://127.0.0.1:8080/").expect("parses");
         assert_eq!((h.host.as_str(), h.port), ("127.0.0.1", 8080));
-        let h = OutboundHost::parse("http://[::1]:9000").unwrap();
+        let h = OutboundHost::parse("http://[::1]:9000").expect("parses");
         assert_eq!((h.host.as_str(), h.port), ("::1", 9000));
         assert_eq!(h.to_string(), "http://[::1]:9000");
     }

@@ -202,10 +202,7 @@ impl Config {
                 }
             }
             if !p.allowed_outbound_hosts.is_empty()
-                && self
-                    .routes
-                    .iter()
-                    .any(|r| r.transformers.iter().any(|t| *t == p.name))
+                && self.routes.iter().any(|r| r.transformers.contains(&p.name))
             {
                 return bad(
                     &format!("plugins[{i}].allowed_outbound_hosts"),

@@ -87,8 +87,7 @@ impl HttpState {
     pub fn finish(&mut self) -> Vec<HttpRecord> {
         let log = std::mem::take(&mut self.hooks.log);
         self.hooks = Hooks::default();
-        let records = log.lock().map(|l| l.clone()).unwrap_or_default();
-        records
+        log.lock().map(|l| l.clone()).unwrap_or_default()
     }
 
     /// The view wasmtime's `wasi:http` bindings take.

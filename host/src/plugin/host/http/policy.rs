@@ -110,6 +110,16 @@ impl OutboundPolicy {
         })
     }
 
+    /// The metrics' host label of `url`: the listed entry it falls under,
+    /// or `unlisted` (never a name the plugin chose).
+    pub(crate) fn host_label(&self, url: &str) -> String {
+        url.parse::<Uri>()
+            .ok()
+            .and_then(|u| self.admit(&u).ok())
+            .map(|t| t.entry.to_string())
+            .unwrap_or_else(|| "unlisted".into())
+    }
+
     /// Whether the host may connect to `ip` for `entry`: a loopback,
     /// private, link-local, unspecified, multicast or otherwise special
     /// address only when the entry names that very address.
@@ -199,10 +209,13 @@ mod tests {
             "2002:7f00:1::",
             "::127.0.0.1",
         ] {
-            assert!(is_special(ip.parse().unwrap()), "{ip} is not special");
+            assert!(
+                is_special(ip.parse().expect("parses")),
+                "{ip} is not special"
+            );
         }
         for ip in ["93.184.216.34", "2606:2800:220:1::1", "8.8.8.8"] {
-            assert!(!is_special(ip.parse().unwrap()), "{ip} is special");
+            assert!(!is_special(ip.parse().expect("parses")), "{ip} is special");
         }
     }
 
@@ -213,17 +226,17 @@ mod tests {
             "http://127.0.0.1:8080".into(),
             "http://localhost:8080".into(),
         ];
-        let policy = OutboundPolicy::from_spec(&spec).unwrap();
+        let policy = OutboundPolicy::from_spec(&spec).expect("parses");
         let literal = &policy.hosts[0];
         let name = &policy.hosts[1];
         assert!(
             policy
-                .check_address(literal, "::ffff:127.0.0.1".parse().unwrap())
+                .check_address(literal, "::ffff:127.0.0.1".parse().expect("parses"))
                 .is_ok()
         );
         let e = policy
-            .check_address(name, "127.0.0.1".parse().unwrap())
-            .unwrap_err();
+            .check_address(name, "127.0.0.1".parse().expect("parses"))
+            .expect_err("refused");
         assert!(e.contains("plugins[p].allowed_outbound_hosts"), "{e}");
     }
 
@@ -231,9 +244,11 @@ mod tests {
     fn admits_only_the_listed_scheme_host_and_port() {
         let mut spec = PluginSpec::new("p", "p.wasm");
         spec.allowed_outbound_hosts = vec!["https://api.example.com".into()];
-        let policy = OutboundPolicy::from_spec(&spec).unwrap();
-        let ok: Uri = "https://API.example.com/charges?x=1".parse().unwrap();
-        assert_eq!(policy.admit(&ok).unwrap().path, "/charges?x=1");
+        let policy = OutboundPolicy::from_spec(&spec).expect("parses");
+        let ok: Uri = "https://API.example.com/charges?x=1"
+            .parse()
+            .expect("parses");
+        assert_eq!(policy.admit(&ok).expect("admitted").path, "/charges?x=1");
         for bad in [
             "http://api.example.com/",
             "https://api.example.com:8443/",
@@ -241,7 +256,9 @@ mod tests {
             "https://evil.test/",
             "https://user@api.example.com/",
         ] {
-            let e = policy.admit(&bad.parse().unwrap()).unwrap_err();
+            let e = policy
+                .admit(&bad.parse().expect("parses"))
+                .expect_err("refused");
             assert!(
                 e.contains(bad.trim_end_matches('/')) || e.contains("user information"),
                 "{e}"
