@@ -59,6 +59,7 @@ mod plugin_chains;
 mod plugin_limits;
 mod plugin_sql_walls;
 mod plugin_test_cmd;
+mod plugin_test_expect;
 mod plugin_test_http;
 mod plugin_version_metrics;
 mod plugin_worlds;

@@ -327,3 +327,91 @@ async fn a_stub_answers_without_the_network(t: TestDb) {
     assert!(off.refused, "{off:?}");
 }
 on_both!(a_stub_answers_without_the_network);
+
+/// `request_timeout` ends a request whose answer does not come, well
+/// inside the call deadline.
+async fn a_silent_server_times_out(t: TestDb) {
+    let server = Server::start(t.db.clone()).await;
+    let limits = HttpLimits {
+        request_timeout: Duration::from_millis(300),
+        ..HttpLimits::default()
+    };
+    let p = plugin(&[server.url("")], limits);
+    let started = std::time::Instant::now();
+    let (id, traced) = run(
+        &t,
+        &p,
+        json!({"requests": [req("GET", &server.url("/slow"))]}),
+    )
+    .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    let r = &traced.http[0];
+    assert!(
+        r.error.as_deref().unwrap_or("").contains("request_timeout"),
+        "{r:?}"
+    );
+    let failed = t
+        .count(&format!(
+            "SELECT count(*) FROM outbound_calls WHERE message_id = '{id}' AND status IS NULL AND error LIKE '%request_timeout%'"
+        ))
+        .await;
+    assert_eq!(failed, 1, "the failure is the recorded outcome");
+}
+on_both!(a_silent_server_times_out);
+
+/// A live request with nowhere to write its intent is not sent: no request
+/// leaves without its audit row.
+async fn no_audit_database_no_live_request(t: TestDb) {
+    let server = Server::start(t.db.clone()).await;
+    let p = plugin(&[server.url("")], HttpLimits::default());
+    let message = Message {
+        id: uuid::Uuid::new_v4().to_string(),
+        topic: "t".into(),
+        key: None,
+        payload: json!({"requests": [req("GET", &server.url("/x"))]})
+            .to_string()
+            .into_bytes(),
+        headers: vec![],
+        attempt: 0,
+    };
+    let mut tx = InboxTx::begin(&t.db).await.expect("begin");
+    let traced = p
+        .handle_traced(&mut tx, &message, &plugin_policy(), None, Transport::Live)
+        .await;
+    tx.rollback().await.expect("rollback");
+    let r = &traced.http[0];
+    assert!(
+        r.refused && r.error.as_deref().unwrap_or("").contains("audit database"),
+        "{r:?}"
+    );
+    assert!(server.seen().is_empty());
+}
+on_both!(no_audit_database_no_live_request);
+
+/// https goes through TLS: against a plain-HTTP server the handshake fails
+/// and nothing reaches the handler (the outcome is the TLS error).
+async fn https_speaks_tls(t: TestDb) {
+    let server = Server::start(t.db.clone()).await;
+    let url = format!("https://127.0.0.1:{}", server.port());
+    let p = plugin(std::slice::from_ref(&url), HttpLimits::default());
+    let (id, traced) = run(
+        &t,
+        &p,
+        json!({"requests": [req("GET", &format!("{url}/x"))]}),
+    )
+    .await;
+    let r = &traced.http[0];
+    assert!(r.error.as_deref().unwrap_or("").contains("TLS"), "{r:?}");
+    assert!(server.seen().is_empty());
+    let failed = t
+        .count(&format!(
+            "SELECT count(*) FROM outbound_calls WHERE message_id = '{id}' AND scheme = 'https' AND completed_at IS NOT NULL AND error LIKE '%TLS%'"
+        ))
+        .await;
+    assert_eq!(failed, 1);
+}
+on_both!(https_speaks_tls);

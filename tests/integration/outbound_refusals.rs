@@ -150,7 +150,7 @@ async fn consumer_before_commit_leaves_the_intent_open(t: TestDb) {
     assert_eq!(t.count("SELECT count(*) FROM inbox").await, 0);
     let open = t
         .count(&format!(
-            "SELECT count(*) FROM outbound_calls WHERE idempotency_key = '{id}' AND status IS NULL"
+            "SELECT count(*) FROM outbound_calls WHERE idempotency_key = '{id}' AND completed_at IS NULL"
         ))
         .await;
     assert_eq!(open, 1, "the intent without an outcome is the evidence");
@@ -170,3 +170,23 @@ async fn consumer_before_commit_leaves_the_intent_open(t: TestDb) {
     assert_eq!(done, 1);
 }
 on_both!(consumer_before_commit_leaves_the_intent_open);
+
+/// Deploy checks the component against the configured spec's list.
+async fn deploy_needs_the_allow_list_of_the_config(t: TestDb) {
+    let reg = outboxd::plugin::Registry::new(t.db.clone());
+    let wasm = std::fs::read(plugin_path("hostile-consumer-http")).expect("read");
+    let mut spec = http_spec(&[], HttpLimits::default());
+    spec.source = outboxd::config::PluginSource::Registry;
+    spec.path = Default::default();
+    match reg.deploy(engine(), &spec, &wasm, &[], "test").await {
+        Err(outboxd::plugin::RegistryError::Refused { reason, .. }) => {
+            assert!(reason.contains("allowed_outbound_hosts"), "{reason}")
+        }
+        other => panic!("not refused: {other:?}"),
+    }
+    spec.allowed_outbound_hosts = vec!["https://api.example.com".into()];
+    reg.deploy(engine(), &spec, &wasm, &[], "test")
+        .await
+        .expect("deployed with a list");
+}
+on_both!(deploy_needs_the_allow_list_of_the_config);

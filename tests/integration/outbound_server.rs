@@ -35,7 +35,7 @@ pub struct Server {
     seen: Arc<Mutex<Vec<Seen>>>,
 }
 
-/// `/big` answers 64 KiB; anything else `200 ok`.
+/// `/big` answers 64 KiB, `/slow` after 3 s; anything else `200 ok`.
 pub const BIG_BODY: usize = 64 * 1024;
 
 impl Server {
@@ -97,6 +97,9 @@ async fn answer(State(s): State<Shared>, req: Request) -> axum::response::Respon
         body_len: body.len(),
         open_intents,
     });
+    if path == "/slow" {
+        tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    }
     let body = if path == "/big" {
         vec![b'x'; BIG_BODY]
     } else {

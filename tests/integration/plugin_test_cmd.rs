@@ -1,9 +1,8 @@
-//! `outboxd plugin test`, run as the binary: a consumer's statements with
-//! their parameters and rows, its emitted event and its outcome, on a
+//! `outboxd plugin test` on consumers, run as the binary: statements with
+//! their parameters and rows, the emitted event and the outcome, on a
 //! scratch SQLite database or a Postgres database that it leaves as it
-//! was; refused statements; `--setup`; and `--expect` golden files for a
-//! consumer and a transformer, passing on the matching report and failing
-//! with the difference on a changed one.
+//! was; refused statements; `--setup`; traps and timeouts; `--config`.
+//! The helpers here serve the other `plugin_test_*` files too.
 
 use std::path::Path;
 use std::process::Output;
@@ -13,7 +12,7 @@ use serde_json::{Value, json};
 use crate::plugins::plugin_path;
 use crate::support::TestDb;
 
-const INVOICES_SQLITE: &str = "CREATE TABLE invoices (
+pub(crate) const INVOICES_SQLITE: &str = "CREATE TABLE invoices (
   id INTEGER PRIMARY KEY AUTOINCREMENT, order_id TEXT NOT NULL, customer_id TEXT NOT NULL,
   amount_cents INTEGER NOT NULL, message_id TEXT NOT NULL, issued_at INTEGER NOT NULL)";
 
@@ -63,7 +62,7 @@ pub(crate) fn report(o: &Output) -> Value {
 }
 
 /// A directory with the order message and the invoices table's setup.
-fn order_files(setup: &str) -> tempfile::TempDir {
+pub(crate) fn order_files(setup: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
     let message = json!({
         "key": "o-1",
@@ -75,7 +74,7 @@ fn order_files(setup: &str) -> tempfile::TempDir {
     dir
 }
 
-fn invoicing() -> String {
+pub(crate) fn invoicing() -> String {
     plugin_path("invoicing").display().to_string()
 }
 
@@ -211,126 +210,6 @@ async fn without_setup_or_grants_the_statement_fails_as_it_would_in_production()
         r["outcome"]["result"], "permanent",
         "the plugin gives up: {r:#}"
     );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn expect_passes_on_the_matching_consumer_report_and_fails_on_a_changed_one() {
-    let dir = order_files(INVOICES_SQLITE);
-    let wasm = invoicing();
-    let args = [
-        wasm.as_str(),
-        "--message",
-        "message.json",
-        "--setup",
-        "setup.sql",
-        "--write",
-        "invoices",
-    ];
-    let first = plugin_test(dir.path(), &[&args[..], &["--json"]].concat()).await;
-    assert!(first.status.success(), "{}", text(&first));
-    std::fs::write(dir.path().join("expected.json"), &first.stdout).expect("write");
-    // A second run has another message id and event id: they do not count.
-    let same = plugin_test(
-        dir.path(),
-        &[&args[..], &["--expect", "expected.json"]].concat(),
-    )
-    .await;
-    assert!(same.status.success(), "{}", text(&same));
-    assert!(String::from_utf8_lossy(&same.stdout).contains("ok: the report matches expected.json"));
-
-    let mut changed = report(&first);
-    changed["statements"][0]["values"]["params"][2] = json!(1999);
-    changed["events"][0]["headers"]["causation-id"] = json!("someone-else");
-    std::fs::write(dir.path().join("changed.json"), changed.to_string()).expect("write");
-    let differs = plugin_test(
-        dir.path(),
-        &[&args[..], &["--expect", "changed.json"]].concat(),
-    )
-    .await;
-    assert_eq!(differs.status.code(), Some(1), "{}", text(&differs));
-    let shown = String::from_utf8_lossy(&differs.stdout);
-    assert!(
-        shown.contains("differs from changed.json in 2 place(s)"),
-        "{shown}"
-    );
-    assert!(
-        shown.contains("statements[0].values.params[2]: expected 1999, got 1990"),
-        "{shown}"
-    );
-    assert!(
-        shown.contains(
-            "events[0].headers.causation-id: expected \"someone-else\", got \"<message-id>\""
-        ),
-        "{shown}"
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn expect_passes_on_the_matching_transformer_report_and_fails_on_a_changed_one() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    // No id and no time: both are generated, and do not count.
-    let event =
-        json!({"event_type": "order.confirmed", "aggregate_id": "o-7", "payload": {"total": 42}});
-    std::fs::write(dir.path().join("event.json"), event.to_string()).expect("write");
-    let wasm = plugin_path("cloudevents").display().to_string();
-    let args = [
-        wasm.as_str(),
-        "--event",
-        "event.json",
-        "--set",
-        "source=shop",
-    ];
-    let first = plugin_test(dir.path(), &[&args[..], &["--json"]].concat()).await;
-    assert!(first.status.success(), "{}", text(&first));
-    let r = report(&first);
-    assert_eq!(r["world"], "transformer");
-    assert_eq!(r["messages"][0]["payload"]["source"], "shop", "{r:#}");
-    assert_eq!(
-        r["messages"][0]["payload"]["id"], r["generated"]["<event-id>"],
-        "{r:#}"
-    );
-    assert_eq!(
-        r["messages"][0]["payload"]["time"], r["generated"]["<created-at>"],
-        "{r:#}"
-    );
-    std::fs::write(dir.path().join("expected.json"), &first.stdout).expect("write");
-    let same = plugin_test(
-        dir.path(),
-        &[&args[..], &["--expect", "expected.json"]].concat(),
-    )
-    .await;
-    assert!(same.status.success(), "{}", text(&same));
-
-    let mut changed = r.clone();
-    changed["messages"][0]["payload"]["data"]["total"] = json!(43);
-    std::fs::write(dir.path().join("changed.json"), changed.to_string()).expect("write");
-    let differs = plugin_test(
-        dir.path(),
-        &[&args[..], &["--expect", "changed.json"]].concat(),
-    )
-    .await;
-    assert_eq!(differs.status.code(), Some(1), "{}", text(&differs));
-    let shown = String::from_utf8_lossy(&differs.stdout);
-    assert!(
-        shown.contains("messages[0].payload.data.total: expected 43, got 42"),
-        "{shown}"
-    );
-    // Another setting changes the report too.
-    let other = plugin_test(
-        dir.path(),
-        &[
-            wasm.as_str(),
-            "--event",
-            "event.json",
-            "--set",
-            "source=other",
-            "--expect",
-            "expected.json",
-        ],
-    )
-    .await;
-    assert_eq!(other.status.code(), Some(1), "{}", text(&other));
-    assert!(String::from_utf8_lossy(&other.stdout).contains("expected \"shop\", got \"other\""));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -486,5 +365,85 @@ async fn a_trap_and_a_timeout_are_reported_as_such() {
             .expect("a string")
             .contains("100 ms"),
         "{r:#}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_config_the_consumer_runs_under_its_own_grants_and_settings() {
+    let dir = order_files(INVOICES_SQLITE);
+    let config = format!(
+        r#"
+[[plugins]]
+name = "invoicing"
+path = "{}"
+config = {{ fail_after_emit = "true" }}
+limits = {{ timeout = "5s" }}
+
+[[consumers]]
+name = "billing"
+topics = ["orders"]
+handler = "plugin:invoicing"
+tables = {{ write = ["invoices"] }}
+
+[[consumers]]
+name = "nosy"
+topics = ["orders"]
+handler = "plugin:invoicing"
+tables = {{ read = ["invoices"] }}
+"#,
+        invoicing()
+    );
+    std::fs::write(dir.path().join("outboxd.toml"), config).expect("write config");
+    let run = |consumer: &'static str| {
+        let dir = dir.path().to_path_buf();
+        async move {
+            tokio::process::Command::new(env!("CARGO_BIN_EXE_outboxd"))
+                .args([
+                    "plugin",
+                    "test",
+                    &invoicing(),
+                    "--message",
+                    "message.json",
+                    "--setup",
+                    "setup.sql",
+                ])
+                .args(["--config", "outboxd.toml", "--consumer", consumer, "--json"])
+                .current_dir(&dir)
+                .env("TMPDIR", scratch_dir(&dir))
+                .output()
+                .await
+                .expect("run outboxd plugin test")
+        }
+    };
+    // billing's grants let the insert and the emit run; its plugin's
+    // settings make it fail afterwards, as configured.
+    let billing = run("billing").await;
+    assert_eq!(billing.status.code(), Some(1), "{}", text(&billing));
+    let r = report(&billing);
+    assert_eq!(r["statements"][0]["outcome"], "ok: 1 row", "{r:#}");
+    assert_eq!(r["events"][0]["event_type"], "invoice.issued", "{r:#}");
+    assert_eq!(r["outcome"]["result"], "retryable", "{r:#}");
+    assert!(
+        r["outcome"]["message"]
+            .as_str()
+            .expect("a string")
+            .contains("fail_after_emit"),
+        "{r:#}"
+    );
+    // nosy may only read invoices: the insert is refused.
+    let nosy = run("nosy").await;
+    let r = report(&nosy);
+    let outcome = r["statements"][0]["outcome"].as_str().expect("a string");
+    assert!(
+        outcome.starts_with("statement refused") && outcome.contains("consumers[nosy]"),
+        "{r:#}"
+    );
+    // An unknown consumer names the ones there are.
+    let unknown = run("nobody").await;
+    assert_eq!(unknown.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&unknown.stderr);
+    assert!(
+        err.contains("--consumer nobody") && err.contains("billing, nosy"),
+        "{err}"
     );
 }

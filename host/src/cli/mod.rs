@@ -222,7 +222,8 @@ async fn dispatch(cli: Cli, daemon: Daemon) -> anyhow::Result<ExitCode> {
         && !matches!(cmd, PluginCommand::Registry(_))
     {
         init_logging(LogFormat::Human);
-        return plugin::plugin_command(cmd, cli.database_url.as_deref()).await;
+        return plugin::plugin_command(cmd, cli.config.as_deref(), cli.database_url.as_deref())
+            .await;
     }
     let config = load_config(&cli)?;
     init_logging(config.log.format);

@@ -41,6 +41,7 @@ pub(super) enum PluginCommand {
 
 pub(super) async fn plugin_command(
     cmd: &PluginCommand,
+    config_file: Option<&std::path::Path>,
     database_url: Option<&str>,
 ) -> anyhow::Result<ExitCode> {
     use crate::plugin::{EngineConfig, PluginEngine, validate};
@@ -62,7 +63,9 @@ pub(super) async fn plugin_command(
         ..EngineConfig::default()
     })?;
     match cmd {
-        PluginCommand::Test(args) => super::plugin_test::run(&engine, args, database_url).await,
+        PluginCommand::Test(args) => {
+            super::plugin_test::run(&engine, args, config_file, database_url).await
+        }
         PluginCommand::Registry(_) => {
             unreachable!("needs the database; dispatched with the config")
         }

@@ -137,9 +137,8 @@ impl ConsumerPlugin {
         policy: &TxnPolicy,
         cancel: Option<&crate::store::Db>,
     ) -> Result<(), PluginError> {
-        self.call(tx, message, policy, cancel, None, Transport::Shadow)
+        self.measured(tx, message, policy, cancel, None, Transport::Shadow)
             .await
-            .0
     }
 
     async fn measured(

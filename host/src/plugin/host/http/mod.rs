@@ -77,6 +77,7 @@ impl HttpState {
     pub fn begin(&mut self, call: HttpCall) {
         self.hooks = Hooks {
             call: Some(Arc::new(call)),
+            live: Arc::new(std::sync::atomic::AtomicBool::new(true)),
             ..Hooks::default()
         };
     }
@@ -85,6 +86,9 @@ impl HttpState {
     /// request still in flight (the plugin did not wait for it) shows no
     /// outcome.
     pub fn finish(&mut self) -> Vec<HttpRecord> {
+        self.hooks
+            .live
+            .store(false, std::sync::atomic::Ordering::SeqCst);
         let log = std::mem::take(&mut self.hooks.log);
         self.hooks = Hooks::default();
         log.lock().map(|l| l.clone()).unwrap_or_default()
@@ -116,6 +120,9 @@ struct Hooks {
     /// Requests this call has started (refused ones included).
     started: u32,
     log: Arc<Mutex<Vec<HttpRecord>>>,
+    /// True while the `handle` call runs: a request the plugin left in
+    /// flight is not sent once the call has returned.
+    live: Arc<std::sync::atomic::AtomicBool>,
 }
 
 type SendFuture = Box<
@@ -177,8 +184,9 @@ impl WasiHttpHooks for Hooks {
             Err(why) => return refuse(why),
         };
         let log = self.log.clone();
+        let live = self.live.clone();
         Box::new(async move {
-            let result = send(&call, &target, request, &log, index).await;
+            let result = send(&call, &target, request, &log, index, &live).await;
             update(&log, index, |r| {
                 r.duration = start.elapsed();
                 match &result {
@@ -219,7 +227,13 @@ async fn send(
     request: http::Request<WasiBody>,
     log: &Arc<Mutex<Vec<HttpRecord>>>,
     index: usize,
+    live: &std::sync::atomic::AtomicBool,
 ) -> Result<http::Response<Bytes>, SendError> {
+    let ended = || {
+        SendError::Refused(
+            "the handle call that made this request has returned; the request is not sent".into(),
+        )
+    };
     let limits = &call.policy.limits;
     let (mut parts, body) = request.into_parts();
     // The plugin cannot name this header (it is forbidden in its fields);
@@ -235,13 +249,20 @@ async fn send(
         HeaderValue::from_str(&authority).map_err(|_| SendError::Refused("bad host".into()))?,
     );
     let body = read_request_body(body, limits.max_request_bytes, limits.request_timeout).await?;
+    // The framing is the host's: the body is whole, so its length is known.
+    parts.headers.remove(http::header::TRANSFER_ENCODING);
+    parts.headers.insert(
+        http::header::CONTENT_LENGTH,
+        HeaderValue::from(body.len() as u64),
+    );
     update(log, index, |r| {
         r.headers = transport::header_pairs(&parts.headers);
         r.body = body.to_vec();
     });
     if let Transport::Shadow = &call.transport {
         return Err(SendError::Refused(
-            "a shadow run sends no HTTP request (it must have no external effect)".into(),
+            "a shadow run or dry run sends no HTTP request (it must have no external effect)"
+                .into(),
         ));
     }
     if let Transport::Stub(stub) = &call.transport {
@@ -258,6 +279,9 @@ async fn send(
         ));
     };
     let addr = transport::resolve(&call.policy, entry).await?;
+    if !live.load(std::sync::atomic::Ordering::SeqCst) {
+        return Err(ended());
+    }
     let audit_id = crate::store::outbound::write_intent(
         db,
         &crate::store::outbound::Intent {
@@ -278,6 +302,9 @@ async fn send(
         ))
     })?;
     update(log, index, |r| r.audit_id = Some(audit_id));
+    if !live.load(std::sync::atomic::Ordering::SeqCst) {
+        return Err(ended());
+    }
     parts.uri = target
         .path
         .parse()

@@ -27,8 +27,8 @@ pub enum Transport {
     /// Canned responses; nothing leaves the process. The allow-list and the
     /// caps still apply; names are not resolved.
     Stub(Arc<HttpStub>),
-    /// Every request refused: a shadow run, which must have no effect
-    /// outside its rolled-back savepoint.
+    /// Every request refused: a shadow run or a dry run, which must have
+    /// no effect outside its rolled-back transaction.
     Shadow,
 }
 

@@ -8,7 +8,11 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 
-use crate::plugin::harness::report::{ConsumerReport, Outcome, TransformerReport};
+mod print;
+
+use print::{print_consumer, print_transformer};
+
+use crate::plugin::harness::report::{ConsumerReport, TransformerReport};
 use crate::plugin::harness::{
     self, consumer::ConsumerTest, expect, http_stub, message::SampleMessage,
 };
@@ -47,7 +51,10 @@ pub(super) struct TestArgs {
     /// login, behind the same guard and table gate.
     #[arg(long, value_name = "ROLE")]
     db_role: Option<String>,
-    /// Consumer: the consumer's name, for its inbox mark.
+    /// Consumer: the consumer's name, for its inbox mark. With the global
+    /// --config, the [[consumers]] entry whose grants, role and budgets
+    /// (and whose [[plugins]] entry's limits, settings and hosts) apply,
+    /// as the daemon applies them.
     #[arg(long, default_value = "test")]
     consumer: String,
     /// Consumer: an allowed_outbound_hosts entry, scheme://host[:port]
@@ -73,12 +80,14 @@ pub(super) struct TestArgs {
     /// A plugin setting as KEY=VALUE (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     settings: Vec<String>,
-    /// The call deadline.
-    #[arg(long, default_value_t = 50)]
-    timeout_ms: u64,
-    /// The memory cap.
-    #[arg(long, default_value_t = 64)]
-    memory_mib: u64,
+    /// The call deadline [default: 50, or the --config plugin's
+    /// limits.timeout].
+    #[arg(long)]
+    timeout_ms: Option<u64>,
+    /// The memory cap [default: 64, or the --config plugin's
+    /// limits.memory_mib].
+    #[arg(long)]
+    memory_mib: Option<u64>,
     /// Print the report as JSON (what --expect compares).
     #[arg(long)]
     json: bool,
@@ -89,10 +98,12 @@ pub(super) struct TestArgs {
     expect: Option<PathBuf>,
 }
 
-/// Runs `outboxd plugin test`; `database_url` is the global --database-url.
+/// Runs `outboxd plugin test`; `config_file` and `database_url` are the
+/// global --config and --database-url.
 pub(super) async fn run(
     engine: &PluginEngine,
     a: &TestArgs,
+    config_file: Option<&Path>,
     database_url: Option<&str>,
 ) -> anyhow::Result<ExitCode> {
     let bytes =
@@ -108,7 +119,7 @@ pub(super) async fn run(
             (serde_json::to_value(&r)?, ok)
         }
         Some("consumer") => {
-            let r = consumer(engine, a, database_url).await?;
+            let r = consumer(engine, a, config_file, database_url).await?;
             if !a.json && a.expect.is_none() {
                 print_consumer(&r, database_url.is_some());
             }
@@ -142,12 +153,89 @@ fn settings(a: &TestArgs) -> anyhow::Result<(Limits, BTreeMap<String, String>)> 
             .with_context(|| format!("--set `{kv}` must look like KEY=VALUE"))?;
         config.insert(k.to_string(), v.to_string());
     }
-    let limits = Limits {
-        timeout: std::time::Duration::from_millis(a.timeout_ms),
-        memory_mib: a.memory_mib,
-        ..Limits::default()
+    Ok((overridden(a, Limits::default()), config))
+}
+
+/// `limits` with --timeout-ms and --memory-mib applied.
+fn overridden(a: &TestArgs, limits: Limits) -> Limits {
+    Limits {
+        timeout: a
+            .timeout_ms
+            .map(std::time::Duration::from_millis)
+            .unwrap_or(limits.timeout),
+        memory_mib: a.memory_mib.unwrap_or(limits.memory_mib),
+        ..limits
+    }
+}
+
+/// What a consumer runs under: from the flags, or with --config from the
+/// consumer's section and its plugin's, as the daemon reads them (flags
+/// --set and --allow-host add to it, --timeout-ms and --memory-mib
+/// override).
+struct ConsumerSetup {
+    limits: Limits,
+    settings: BTreeMap<String, String>,
+    policy: TxnPolicy,
+    allow_hosts: Vec<String>,
+}
+
+fn consumer_setup(a: &TestArgs, config_file: Option<&Path>) -> anyhow::Result<ConsumerSetup> {
+    let (limits, settings) = settings(a)?;
+    let Some(file) = config_file else {
+        return Ok(ConsumerSetup {
+            limits,
+            settings,
+            policy: TxnPolicy {
+                consumer: a.consumer.clone(),
+                tables: crate::config::TableGrants {
+                    read: a.read.clone(),
+                    write: a.write.clone(),
+                },
+                db_role: a.db_role.clone(),
+                ..TxnPolicy::default()
+            },
+            allow_hosts: a.allow_hosts.clone(),
+        });
     };
-    Ok((limits, config))
+    if !a.read.is_empty() || !a.write.is_empty() || a.db_role.is_some() {
+        anyhow::bail!(
+            "--read, --write and --db-role come from consumers[].tables and db_role with --config {}; drop the flags or the config",
+            file.display()
+        );
+    }
+    let config = crate::config::Config::load(Some(file), std::env::vars())?;
+    let Some(c) = config.consumers.iter().find(|c| c.name == a.consumer) else {
+        let names: Vec<_> = config.consumers.iter().map(|c| c.name.as_str()).collect();
+        anyhow::bail!(
+            "--consumer {}: no [[consumers]] entry of that name in {} (there are: {})",
+            a.consumer,
+            file.display(),
+            names.join(", ")
+        );
+    };
+    let Some(plugin) = c.plugin_name() else {
+        anyhow::bail!(
+            "--consumer {}: its handler is {}, not a plugin:NAME",
+            c.name,
+            c.handler
+        );
+    };
+    let Some(spec) = config.plugins.iter().find(|p| p.name == plugin) else {
+        anyhow::bail!(
+            "--consumer {}: plugin `{plugin}` has no [[plugins]] entry",
+            c.name
+        );
+    };
+    let mut all_settings = spec.config.clone();
+    all_settings.extend(settings);
+    let mut allow_hosts = spec.allowed_outbound_hosts.clone();
+    allow_hosts.extend(a.allow_hosts.iter().cloned());
+    Ok(ConsumerSetup {
+        limits: overridden(a, spec.limits),
+        settings: all_settings,
+        policy: c.txn_policy(),
+        allow_hosts,
+    })
 }
 
 fn read(flag: &str, file: &Path) -> anyhow::Result<String> {
@@ -182,6 +270,7 @@ async fn transformer(engine: &PluginEngine, a: &TestArgs) -> anyhow::Result<Tran
 async fn consumer(
     engine: &PluginEngine,
     a: &TestArgs,
+    config_file: Option<&Path>,
     database_url: Option<&str>,
 ) -> anyhow::Result<ConsumerReport> {
     let Some(file) = &a.message else {
@@ -202,8 +291,8 @@ async fn consumer(
         Some(f) => Some((f.display().to_string(), read("--setup", f)?)),
         None => None,
     };
-    let (limits, config) = settings(a)?;
-    for h in &a.allow_hosts {
+    let setup_of = consumer_setup(a, config_file)?;
+    for h in &setup_of.allow_hosts {
         crate::config::OutboundHost::parse(h).map_err(|e| {
             anyhow::anyhow!(
                 "--allow-host {h}: {e}; use {}",
@@ -230,16 +319,8 @@ async fn consumer(
         };
         Transport::Stub(std::sync::Arc::new(HttpStub::new(responses)))
     };
-    let policy = TxnPolicy {
-        consumer: a.consumer.clone(),
-        tables: crate::config::TableGrants {
-            read: a.read.clone(),
-            write: a.write.clone(),
-        },
-        db_role: a.db_role.clone(),
-        ..TxnPolicy::default()
-    };
-    if database_url.is_some_and(|u| u.starts_with("postgres")) && a.db_role.is_none() {
+    if database_url.is_some_and(|u| u.starts_with("postgres")) && setup_of.policy.db_role.is_none()
+    {
         eprintln!(
             "note: no --db-role: the plugin's SQL runs as this login, behind the guard and the table gate only; the daemon runs it as consumers[].db_role"
         );
@@ -248,13 +329,13 @@ async fn consumer(
         engine,
         ConsumerTest {
             wasm: &a.wasm,
-            limits,
-            config,
-            policy,
+            limits: setup_of.limits,
+            config: setup_of.settings,
+            policy: setup_of.policy,
             database_url,
             setup,
             message,
-            allow_hosts: a.allow_hosts.clone(),
+            allow_hosts: setup_of.allow_hosts,
             transport,
         },
     )
@@ -289,107 +370,4 @@ fn compare(file: &Path, report: &serde_json::Value) -> anyhow::Result<ExitCode> 
         file.display()
     );
     Ok(ExitCode::FAILURE)
-}
-
-fn pretty(v: &serde_json::Value, indent: &str) -> String {
-    serde_json::to_string_pretty(v)
-        .unwrap_or_default()
-        .replace('\n', &format!("\n{indent}"))
-}
-
-fn print_outcome(o: &Outcome) {
-    match &o.message {
-        Some(m) => println!("outcome: {} ({}): {m}", o.result, o.then),
-        None => println!("outcome: {} ({})", o.result, o.then),
-    }
-}
-
-fn print_transformer(r: &TransformerReport) {
-    for (i, m) in r.messages.iter().enumerate() {
-        println!("message {i}:");
-        println!(
-            "  topic:   {}",
-            m.topic.as_deref().unwrap_or("(the route's topic)")
-        );
-        println!("  key:     {}", m.key);
-        for (k, v) in &m.headers {
-            println!("  header:  {k}: {v}");
-        }
-        println!("  payload: {}", pretty(&m.payload, "           "));
-    }
-    print_outcome(&r.outcome);
-}
-
-fn print_consumer(r: &ConsumerReport, given_database: bool) {
-    let on = if given_database {
-        "the --database-url database, in a transaction rolled back at the end"
-    } else {
-        "a scratch SQLite database, deleted at the end"
-    };
-    println!("consumer plugin on {on}");
-    println!(
-        "message {} (topic {}, key {}, attempt {})",
-        r.message.id,
-        r.message.topic,
-        r.message.key.as_deref().unwrap_or("(none)"),
-        r.message.attempt
-    );
-    for (i, s) in r.statements.iter().enumerate() {
-        let kind = serde_json::to_value(s.kind).unwrap_or_default();
-        println!(
-            "statement {}: {} {}",
-            i + 1,
-            kind.as_str().unwrap_or("?"),
-            s.text.trim()
-        );
-        let Some(v) = &s.values else { continue };
-        if !v.params.is_empty() {
-            println!("  params:  {}", serde_json::Value::from(v.params.clone()));
-        }
-        println!("  result:  {}", s.outcome);
-        if let Some(rows) = &v.rows {
-            println!(
-                "  rows:    {}",
-                serde_json::to_value(rows).unwrap_or_default()
-            );
-        }
-        if let Some(e) = v.error.as_ref().filter(|e| **e != s.outcome) {
-            println!("  error:   {e}");
-        }
-    }
-    for e in &r.events {
-        println!(
-            "event {} (aggregate {}, type {}):",
-            e.id, e.aggregate_id, e.event_type
-        );
-        for (k, v) in &e.headers {
-            println!("  header:  {k}: {v}");
-        }
-        println!("  payload: {}", pretty(&e.payload, "           "));
-    }
-    if r.http.is_empty() {
-        println!("http: no requests");
-    }
-    for (i, h) in r.http.iter().enumerate() {
-        let via = if h.stubbed { " (stub)" } else { "" };
-        println!("http {}: {} {}{via}", i + 1, h.method, h.url);
-        for (k, v) in &h.headers {
-            println!("  header:  {k}: {v}");
-        }
-        if let Some(b) = &h.body {
-            println!("  body:    {}", pretty(b, "           "));
-        }
-        match (h.status, &h.error) {
-            (Some(status), _) => println!("  answer:  {status} ({})", h.outcome),
-            (None, Some(e)) => println!("  answer:  none, {}: {e}", h.outcome),
-            (None, None) => println!("  answer:  none (the plugin did not wait for it)"),
-        }
-        for (k, v) in &h.response_headers {
-            println!("  header:  {k}: {v}");
-        }
-        if let Some(b) = &h.response_body {
-            println!("  body:    {}", pretty(b, "           "));
-        }
-    }
-    print_outcome(&r.outcome);
 }
