@@ -2,9 +2,10 @@
 # Builds every plugin from source into plugins/dist/*.wasm (components).
 # Rust plugins: cargo, wasm32-wasip2 (added by wasm-target.sh when
 # missing), release. Python: componentize-py
-# 0.25.1 (pip install componentize-py==0.25.1); skipped only when
-# PLUGINS_SKIP_PYTHON=1. JavaScript: componentize-js 0.18.5 from npm
-# (plugins/js-tag); skipped only when PLUGINS_SKIP_JS=1.
+# 0.25.1 (pip install componentize-py==0.25.1), with the helper modules of
+# guest-sdk/python; skipped only when PLUGINS_SKIP_PYTHON=1. JavaScript:
+# componentize-js 0.18.5 from npm (plugins/js-tag/package-lock.json), with
+# the helper modules of guest-sdk/js; skipped only when PLUGINS_SKIP_JS=1.
 set -euo pipefail
 cd "$(dirname "$0")"
 export CARGO_TARGET_DIR="$PWD/target"
@@ -38,19 +39,21 @@ if [[ "${PLUGINS_SKIP_PYTHON:-0}" != 1 ]]; then
       exit 1
     }
   fi
-  # componentize-py takes ~25 s: rebuild only when the source or WIT changed.
-  out="$dist/python-tag.wasm"
-  if [[ ! -f "$out" || python-tag/app.py -nt "$out" || ../wit/outbox-plugin.wit -nt "$out" ]]; then
-    (cd python-tag && componentize-py -d ../../wit -w transformer componentize app -o "$out.tmp" >/dev/null)
-    mv "$out.tmp" "$out"
-  fi
+  # componentize-py takes ~25 s: rebuild only when the source, the helper
+  # modules (guest-sdk/python) or the WIT changed.
+  py_plugin() { # name world
+    local out="$dist/$1.wasm" newer
+    newer=$(find "$1" ../guest-sdk/python ../wit -newer "$out" -type f 2>/dev/null | head -1 || true)
+    if [[ ! -f "$out" || -n "$newer" ]]; then
+      (cd "$1" && componentize-py -d ../../wit -w "$2" componentize -p . -p ../../guest-sdk/python app -o "$out.tmp" >/dev/null)
+      mv "$out.tmp" "$out"
+    fi
+  }
+  py_plugin python-tag transformer
+  py_plugin py-ledger consumer
   # The Python billing consumer, for `outboxd bench consumer` (same effect as
   # plugins/billing).
-  out="$dist/py-billing.wasm"
-  if [[ ! -f "$out" || py-billing/app.py -nt "$out" || ../wit/outbox-plugin.wit -nt "$out" ]]; then
-    (cd py-billing && componentize-py -d ../../wit -w consumer componentize app -o "$out.tmp" >/dev/null)
-    mv "$out.tmp" "$out"
-  fi
+  py_plugin py-billing consumer
 fi
 if [[ "${PLUGINS_SKIP_JS:-0}" != 1 ]]; then
   # JavaScript: componentize-js from npm (pinned by js-tag/package-lock.json),
@@ -70,9 +73,18 @@ if [[ "${PLUGINS_SKIP_JS:-0}" != 1 ]]; then
     }
     touch "$installed"
   fi
-  out="$dist/js-tag.wasm"
-  if [[ ! -f "$out" || js-tag/src/app.js -nt "$out" || js-tag/build.mjs -nt "$out" || ../wit/outbox-plugin.wit -nt "$out" ]]; then
-    (cd js-tag && node build.mjs ../../wit "$out" >/dev/null)
-  fi
+  # One install (js-tag/node_modules) builds every JavaScript plugin; the
+  # helper modules of guest-sdk/js are staged next to each source.
+  js_plugin() { # name world
+    local out="$dist/$1.wasm" newer
+    newer=$(find "$1/src" ../guest-sdk/js ../wit js-tag/build.mjs -newer "$out" -type f 2>/dev/null | head -1 || true)
+    if [[ ! -f "$out" || -n "$newer" ]]; then
+      node js-tag/build.mjs ../wit "$out" "$2" "$1/src/app.js" ../guest-sdk/js >/dev/null
+    fi
+  }
+  js_plugin js-tag transformer
+  js_plugin js-ledger consumer
+  js_plugin js-billing consumer
+  js_plugin js-charge consumer-http
 fi
 ls -l "$dist"

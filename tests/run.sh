@@ -97,6 +97,8 @@ else
   cargo test --workspace --no-fail-fast "$@" || status=$?
 fi
 if [ "$#" -eq 0 ]; then
+  log "the six plugin scaffolds: plugin new, plugin build, plugin test --expect (tests/scaffolds.sh)"
+  bash tests/scaffolds.sh || status=$?
   log "benchmarks at smoke size (tests/bench-smoke.sh; numbers only, no timing assertions)"
   bash tests/bench-smoke.sh || status=$?
 fi

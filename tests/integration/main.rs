@@ -17,6 +17,8 @@ mod config;
 mod consumer_dead_ops;
 mod consumer_parking;
 mod consumer_partitions;
+mod consumer_plugin_http_langs;
+mod consumer_plugin_langs;
 mod consumer_plugin_policy;
 mod consumer_plugins;
 mod consumer_redrive_kills;

@@ -8,6 +8,8 @@ mod consumer_dead;
 mod dead;
 mod outbound;
 mod plugin;
+mod plugin_build;
+mod plugin_new;
 mod plugin_test;
 mod registry;
 

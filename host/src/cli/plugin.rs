@@ -29,6 +29,12 @@ pub(super) enum PluginCommand {
         #[arg(long = "allow-host", value_name = "URL")]
         allow_hosts: Vec<String>,
     },
+    /// Write a ready plugin project: source, build script, sample input,
+    /// expected report and README.
+    New(super::plugin_new::NewArgs),
+    /// Build the plugin project in DIR (default: here), installing the
+    /// toolchain piece that is missing.
+    Build(super::plugin_build::BuildArgs),
     #[command(flatten)]
     Registry(crate::cli::registry::RegistryCommand),
 }
@@ -39,6 +45,15 @@ pub(super) async fn plugin_command(
     database_url: Option<&str>,
 ) -> anyhow::Result<ExitCode> {
     use crate::plugin::{EngineConfig, PluginEngine, validate};
+    match cmd {
+        PluginCommand::New(args) => {
+            return super::plugin_new::run(args).map(|()| ExitCode::SUCCESS);
+        }
+        PluginCommand::Build(args) => {
+            return super::plugin_build::run_build(args).map(|()| ExitCode::SUCCESS);
+        }
+        _ => {}
+    }
     let cache = match cmd {
         PluginCommand::Test(t) if t.no_cache => crate::config::CacheDir::Off,
         _ => crate::config::CacheDir::Default,
@@ -54,6 +69,7 @@ pub(super) async fn plugin_command(
         PluginCommand::Registry(_) => {
             unreachable!("needs the database; dispatched with the config")
         }
+        PluginCommand::New(_) | PluginCommand::Build(_) => unreachable!("dispatched above"),
         PluginCommand::Validate {
             wasm,
             json,
