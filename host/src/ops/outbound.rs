@@ -15,37 +15,10 @@
 //!
 //! Either way the provider, asked by the key, says what really happened.
 
-use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::Row;
 
-use crate::store::{Db, on_pool};
-
-/// One request the host sent for a plugin.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct OutboundCall {
-    pub id: String,
-    pub message_id: String,
-    pub consumer: String,
-    /// NAME@VERSION.
-    pub plugin: String,
-    pub method: String,
-    /// `scheme://host:port/path` (no query string is stored).
-    pub url: String,
-    pub started_at: DateTime<Utc>,
-    /// None with no error: no outcome recorded.
-    pub status: Option<i64>,
-    pub error: Option<String>,
-    pub duration_ms: Option<i64>,
-    pub completed_at: Option<DateTime<Utc>>,
-}
-
-impl OutboundCall {
-    /// The request left and no committed transaction recorded its answer.
-    pub fn without_outcome(&self) -> bool {
-        self.status.is_none() && self.error.is_none()
-    }
-}
+pub use crate::store::outbound::OutboundCall;
+use crate::store::{Db, outbound};
 
 /// The calls made under one idempotency key, oldest first.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -67,67 +40,16 @@ pub struct Filter {
     pub limit: i64,
 }
 
-/// A call with no outcome, as SQL (both databases).
-const NO_OUTCOME: &str = "status IS NULL AND error IS NULL";
-/// One request's target, as SQL: what "the same request" means.
-const TARGET: &str =
-    "method || ' ' || scheme || '://' || host || ':' || CAST(port AS text) || path";
-
-/// The keys `filter` selects, each with all of its calls. Times are a
-/// `timestamptz` on Postgres and RFC 3339 text on SQLite (which sorts as
-/// time does); sqlx decodes both.
+/// The keys `filter` selects, each with all of its calls, judged.
 pub async fn list(db: &Db, filter: &Filter) -> Result<Vec<KeyCalls>, sqlx::Error> {
-    let having = if filter.unresolved {
-        format!(
-            "HAVING sum(CASE WHEN {NO_OUTCOME} THEN 1 ELSE 0 END) > 0
-                 OR count(*) > count(DISTINCT {TARGET})"
-        )
-    } else {
-        String::new()
-    };
-    let sql = format!(
-        "SELECT id, message_id, consumer, plugin, method, scheme, host, CAST(port AS bigint), path,
-                started_at, CAST(status AS bigint), error, CAST(duration_ms AS bigint), completed_at,
-                idempotency_key
-           FROM outbound_calls
-          WHERE idempotency_key IN (
-                SELECT idempotency_key FROM outbound_calls
-                 WHERE ($1 IS NULL OR idempotency_key = $1)
-                   AND ($2 IS NULL OR message_id = $2)
-                 GROUP BY idempotency_key
-                 {having}
-                 ORDER BY min(started_at), idempotency_key
-                 LIMIT $3)
-          ORDER BY idempotency_key, started_at, id"
-    );
-    let rows = on_pool!(db, |p| {
-        let rows = sqlx::query(&sql)
-            .bind(filter.key.as_deref())
-            .bind(filter.message_id.as_deref())
-            .bind(filter.limit)
-            .fetch_all(p)
-            .await?;
-        rows.iter()
-            .map(|r| -> Result<(String, OutboundCall), sqlx::Error> {
-                let (scheme, host, port, path): (String, String, i64, String) =
-                    (r.try_get(5)?, r.try_get(6)?, r.try_get(7)?, r.try_get(8)?);
-                let call = OutboundCall {
-                    id: r.try_get(0)?,
-                    message_id: r.try_get(1)?,
-                    consumer: r.try_get(2)?,
-                    plugin: r.try_get(3)?,
-                    method: r.try_get(4)?,
-                    url: format!("{scheme}://{host}:{port}{path}"),
-                    started_at: r.try_get(9)?,
-                    status: r.try_get(10)?,
-                    error: r.try_get(11)?,
-                    duration_ms: r.try_get(12)?,
-                    completed_at: r.try_get(13)?,
-                };
-                Ok((r.try_get(14)?, call))
-            })
-            .collect::<Result<Vec<_>, _>>()
-    })?;
+    let rows = outbound::calls_by_key(
+        db,
+        filter.key.as_deref(),
+        filter.message_id.as_deref(),
+        filter.unresolved,
+        filter.limit,
+    )
+    .await?;
     Ok(group(rows))
 }
 
@@ -183,7 +105,10 @@ fn reasons(calls: &[OutboundCall]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::sqlite::from_micros;
+
+    fn from_micros(at: i64) -> chrono::DateTime<chrono::Utc> {
+        chrono::DateTime::UNIX_EPOCH + chrono::Duration::microseconds(at)
+    }
 
     fn call(method: &str, url: &str, status: Option<i64>, at: i64) -> OutboundCall {
         OutboundCall {

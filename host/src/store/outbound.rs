@@ -7,9 +7,12 @@
 //! transaction holds the main file's write lock while the plugin runs, and
 //! the intent must commit before that transaction ends.
 
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::Row;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
 
-use super::{Db, InboxTx};
+use super::{Db, InboxTx, on_pool};
 
 /// How a request ended, for its intent row `id`.
 #[derive(Debug, Clone)]
@@ -131,4 +134,101 @@ pub(crate) async fn attach(conn: &mut SqliteConnection, sidecar: &str) -> Result
         .execute(conn)
         .await?;
     Ok(())
+}
+
+/// One request the host sent for a plugin.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct OutboundCall {
+    pub id: String,
+    pub message_id: String,
+    pub consumer: String,
+    /// NAME@VERSION.
+    pub plugin: String,
+    pub method: String,
+    /// `scheme://host:port/path` (no query string is stored).
+    pub url: String,
+    pub started_at: DateTime<Utc>,
+    /// None with no error: no outcome recorded.
+    pub status: Option<i64>,
+    pub error: Option<String>,
+    pub duration_ms: Option<i64>,
+    pub completed_at: Option<DateTime<Utc>>,
+}
+
+impl OutboundCall {
+    /// The request left and no committed transaction recorded its answer.
+    pub fn without_outcome(&self) -> bool {
+        self.status.is_none() && self.error.is_none()
+    }
+}
+
+/// A call with no outcome, as SQL (both databases).
+const NO_OUTCOME: &str = "status IS NULL AND error IS NULL";
+/// One request's target, as SQL: what "the same request" means.
+const TARGET: &str =
+    "method || ' ' || scheme || '://' || host || ':' || CAST(port AS text) || path";
+
+/// The calls of the keys selected (by `key`, `message_id`, only the
+/// unresolved ones, at most `limit` keys, the oldest first), each with its
+/// key, in key order. Times are a
+/// `timestamptz` on Postgres and RFC 3339 text on SQLite (which sorts as
+/// time does); sqlx decodes both.
+pub async fn calls_by_key(
+    db: &Db,
+    key: Option<&str>,
+    message_id: Option<&str>,
+    unresolved: bool,
+    limit: i64,
+) -> Result<Vec<(String, OutboundCall)>, sqlx::Error> {
+    let having = if unresolved {
+        format!(
+            "HAVING sum(CASE WHEN {NO_OUTCOME} THEN 1 ELSE 0 END) > 0
+                 OR count(*) > count(DISTINCT {TARGET})"
+        )
+    } else {
+        String::new()
+    };
+    let sql = format!(
+        "SELECT id, message_id, consumer, plugin, method, scheme, host, CAST(port AS bigint), path,
+                started_at, CAST(status AS bigint), error, CAST(duration_ms AS bigint), completed_at,
+                idempotency_key
+           FROM outbound_calls
+          WHERE idempotency_key IN (
+                SELECT idempotency_key FROM outbound_calls
+                 WHERE ($1 IS NULL OR idempotency_key = $1)
+                   AND ($2 IS NULL OR message_id = $2)
+                 GROUP BY idempotency_key
+                 {having}
+                 ORDER BY min(started_at), idempotency_key
+                 LIMIT $3)
+          ORDER BY idempotency_key, started_at, id"
+    );
+    on_pool!(db, |p| {
+        let rows = sqlx::query(&sql)
+            .bind(key)
+            .bind(message_id)
+            .bind(limit)
+            .fetch_all(p)
+            .await?;
+        rows.iter()
+            .map(|r| -> Result<(String, OutboundCall), sqlx::Error> {
+                let (scheme, host, port, path): (String, String, i64, String) =
+                    (r.try_get(5)?, r.try_get(6)?, r.try_get(7)?, r.try_get(8)?);
+                let call = OutboundCall {
+                    id: r.try_get(0)?,
+                    message_id: r.try_get(1)?,
+                    consumer: r.try_get(2)?,
+                    plugin: r.try_get(3)?,
+                    method: r.try_get(4)?,
+                    url: format!("{scheme}://{host}:{port}{path}"),
+                    started_at: r.try_get(9)?,
+                    status: r.try_get(10)?,
+                    error: r.try_get(11)?,
+                    duration_ms: r.try_get(12)?,
+                    completed_at: r.try_get(13)?,
+                };
+                Ok((r.try_get(14)?, call))
+            })
+            .collect::<Result<Vec<_>, _>>()
+    })
 }
