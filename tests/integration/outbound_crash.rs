@@ -1,4 +1,4 @@
-//! Seed 001's last failure-matrix row, for real: the receiver fails after
+//! The one crash the inbox cannot cover, for real: the receiver fails after
 //! the external payment and before the inbox mark. An `outboxd run` process
 //! with the `charge` consumer plugin (plugins/charge) charges an order
 //! through a payment provider on loopback (tests/integration/

@@ -6,8 +6,9 @@
 //! provider answered and before the inbox commit, the message is
 //! delivered again and charged again. The host sends every request with
 //! `Idempotency-Key: <message id>`; a provider that deduplicates by that
-//! key replays its first answer, and the order is charged once (seed 001's
-//! last failure-matrix row). `outbound_calls` keeps the evidence either way.
+//! key replays its first answer, and the order is charged once: only the
+//! provider can deduplicate an effect that happens on its side.
+//! `outbound_calls` keeps the evidence either way.
 //!
 //! Message: `{"order_id": "...", "amount_cents": 1250}`.
 //! Config: `provider_url` (e.g. `http://127.0.0.1:8080`); the plugin POSTs
