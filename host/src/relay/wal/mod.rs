@@ -573,7 +573,7 @@ mod tests {
             "postgres://relay:p%40ss@db.example:6543/orders?sslmode=prefer",
             &wal,
         )
-        .unwrap();
+        .expect("test value");
         assert_eq!(
             (
                 c.host.as_str(),
@@ -585,17 +585,19 @@ mod tests {
             ("db.example", 6543, "relay", "p@ss", "orders")
         );
         assert!(!c.tls.mode.requires_tls());
-        let err = replication_config("postgres://u@h/d?sslmode=verify-full", &wal).unwrap_err();
+        let err =
+            replication_config("postgres://u@h/d?sslmode=verify-full", &wal).expect_err("an error");
         assert!(
             err.contains("does not do") && err.contains("relay.source = \"poll\""),
             "{err}"
         );
-        let opts = c.options.clone().unwrap();
+        let opts = c.options.clone().expect("test value");
         assert!(
             opts.contains("timezone=UTC") && opts.contains("wal_sender_timeout=10000"),
             "{opts}"
         );
-        let err = replication_config("postgres://u@h/d?sslmode=sometimes", &wal).unwrap_err();
+        let err =
+            replication_config("postgres://u@h/d?sslmode=sometimes", &wal).expect_err("an error");
         assert!(
             err.contains("sslmode `sometimes`") && err.contains("database.url"),
             "{err}"
