@@ -48,6 +48,18 @@ const SEED_LIMIT: i64 = 1_000_000;
 /// nothing changes for them (a dead event waits for an operator).
 const MAX_HANDED_PAUSE: Duration = Duration::from_secs(5);
 
+/// Batches of the handed aggregates published per round.
+const HANDED_STEPS: usize = 4;
+
+/// What a round over the handed aggregates did.
+#[derive(Debug, Default)]
+struct HandedRound {
+    /// Something was published or taken back.
+    changed: bool,
+    /// It published every batch it could: more may be due at once.
+    busy: bool,
+}
+
 /// Stream messages read before publishing what they committed: a burst of
 /// transactions becomes one batch rather than one each.
 const READ_AHEAD: usize = 512;
@@ -297,9 +309,12 @@ impl<P: Publisher> WalRelay<P> {
                     }
                 }
                 _ = tokio::time::sleep_until(next_handed), if handed_due => {
-                    let changed = self.poll_handed(&mut st).await?;
-                    handed_pause = if changed { self.poll_interval } else { (handed_pause * 2).min(MAX_HANDED_PAUSE) };
-                    next_handed = tokio::time::Instant::now() + handed_pause;
+                    let round = self.poll_handed(&mut st).await?;
+                    handed_pause = if round.changed { self.poll_interval } else { (handed_pause * 2).min(MAX_HANDED_PAUSE) };
+                    // Full batches: more is due now; go on after a look at
+                    // the stream.
+                    next_handed = tokio::time::Instant::now()
+                        + if round.busy { Duration::ZERO } else { handed_pause };
                 }
                 received = client.recv() => {
                     let Some(ev) = received? else {
@@ -380,24 +395,35 @@ impl<P: Publisher> WalRelay<P> {
         Ok(!failed.is_empty())
     }
 
-    /// One round of polling over the handed aggregates, then takes back
-    /// those it has fully published. Returns whether anything changed.
-    async fn poll_handed(&self, st: &mut StreamState) -> Result<bool, SessionError> {
+    /// One round of polling over the handed aggregates (a few batches, so
+    /// the stream is not starved), then takes back those it has fully
+    /// published.
+    async fn poll_handed(&self, st: &mut StreamState) -> Result<HandedRound, SessionError> {
         let handed = st.handed();
         self.handed_store.set(handed.clone());
-        let mut changed = false;
-        for _ in 0..10 {
+        let mut round = HandedRound::default();
+        let mut drained = false;
+        for _ in 0..HANDED_STEPS {
             match self.handed_relay.step().await? {
-                StepOutcome::Published(_) => changed = true,
-                StepOutcome::Idle => break,
+                StepOutcome::Published(_) => round.changed = true,
+                StepOutcome::Idle => {
+                    drained = true;
+                    break;
+                }
             }
+        }
+        if !drained {
+            // Still draining: the release check waits for a round that
+            // finds nothing left to claim.
+            round.busy = true;
+            return Ok(round);
         }
         let (still, fence) = wal_store::still_unpublished(self.feed.pool(), &handed).await?;
         for aggregate in handed.iter().filter(|a| !still.contains(*a)) {
             st.release(aggregate, fence);
-            changed = true;
+            round.changed = true;
         }
-        Ok(changed)
+        Ok(round)
     }
 
     /// Polls the whole outbox from now on, while the stream is read and
