@@ -350,11 +350,11 @@ impl WalFeed {
         &self.pool
     }
 
-    /// The events the next `claim` returns.
+    /// The events the next `claim` returns. (Failures are left for
+    /// [`WalFeed::take_failed`]: with pipelining, the previous batch may be
+    /// marked while this one is offered.)
     pub fn offer(&self, events: Vec<OutboxEvent>) {
-        let mut s = self.state.lock().expect("feed state");
-        s.next = events;
-        s.failed.clear();
+        self.state.lock().expect("feed state").next = events;
     }
 
     /// The seqs the last batch marked failed (retry or dead).

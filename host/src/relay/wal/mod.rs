@@ -70,6 +70,8 @@ pub struct WalRelay<P> {
     replication: ReplicationConfig,
     batch_size: usize,
     poll_interval: Duration,
+    /// `relay.pipeline`: send the next batch while one is marked.
+    pipeline: bool,
     feed: WalFeed,
     relay: Relay<WalFeed, P>,
     handed_store: HandedStore,
@@ -80,6 +82,12 @@ pub struct WalRelay<P> {
     wake: Option<watch::Receiver<u64>>,
     metrics: Arc<Metrics>,
     faults: Faults,
+}
+
+/// A batch sent and not yet marked.
+struct InFlight {
+    sent: super::Sent<crate::store::wal::WalBatch>,
+    go: Vec<Pending>,
 }
 
 /// Why a reading session ended.
@@ -129,6 +137,7 @@ pub struct WalParts<P> {
     pub wal: WalSection,
     pub batch_size: usize,
     pub poll_interval: Duration,
+    pub pipeline: bool,
     pub feed: WalFeed,
     /// Makes a relay over a store, with the process's router, config,
     /// chains, faults and metrics.
@@ -150,6 +159,7 @@ impl<P: Publisher> WalRelay<P> {
             replication,
             batch_size: parts.batch_size,
             poll_interval: parts.poll_interval,
+            pipeline: parts.pipeline,
             feed: parts.feed,
             relay: parts.relay,
             handed_store: parts.handed_store,
@@ -266,15 +276,9 @@ impl<P: Publisher> WalRelay<P> {
         let mut next_handed = tokio::time::Instant::now();
         loop {
             // Publish what the stream committed.
-            loop {
-                let batch = st.next_batch(self.batch_size);
-                if batch.is_empty() {
-                    break;
-                }
-                if self.publish(&mut st, batch).await? {
-                    handed_pause = self.poll_interval;
-                    next_handed = tokio::time::Instant::now() + handed_pause;
-                }
+            if self.publish_queued(&mut st).await? {
+                handed_pause = self.poll_interval;
+                next_handed = tokio::time::Instant::now() + handed_pause;
             }
             let position = st.confirmable();
             if position > confirmed {
@@ -362,13 +366,51 @@ impl<P: Publisher> WalRelay<P> {
         Ok(())
     }
 
-    /// Publishes one batch through the relay and marks it. Returns whether
-    /// an aggregate was handed to polling.
-    async fn publish(
+    /// Publishes and marks every queued event, batch by batch. With
+    /// `relay.pipeline`, batch N+1 is sent while batch N is marked; N+1
+    /// never holds an aggregate of N, so a failure in N cannot be overtaken.
+    /// Returns whether an aggregate was handed to polling.
+    async fn publish_queued(&self, st: &mut StreamState) -> Result<bool, SessionError> {
+        let mut handed = false;
+        let mut in_flight: Option<InFlight> = None;
+        loop {
+            let busy: std::collections::HashSet<String> = in_flight
+                .as_ref()
+                .map(|f| f.go.iter().map(|p| p.ev.aggregate_id.clone()).collect())
+                .unwrap_or_default();
+            let batch = st.next_batch_excluding(self.batch_size, &busy);
+            match (in_flight.take(), batch.is_empty()) {
+                (None, true) => return Ok(handed),
+                (Some(previous), true) => handed |= self.settle_batch(st, previous).await?,
+                (None, false) => {
+                    let (already, sent) = self.send_batch(batch).await?;
+                    st.settle(&already);
+                    in_flight = sent;
+                    if !self.pipeline
+                        && let Some(f) = in_flight.take()
+                    {
+                        handed |= self.settle_batch(st, f).await?;
+                    }
+                }
+                (Some(previous), false) => {
+                    let (settled, sent) =
+                        tokio::join!(self.settle_batch_of(previous), self.send_batch(batch));
+                    let (failed, go) = settled?;
+                    handed |= self.after_settle(st, failed, &go).await?;
+                    let (already, sent) = sent?;
+                    st.settle(&already);
+                    in_flight = sent;
+                }
+            }
+        }
+    }
+
+    /// Drops what the table shows as done, then sends the rest (plugin
+    /// chains, publish, every acknowledgement awaited); marks nothing.
+    async fn send_batch(
         &self,
-        st: &mut StreamState,
         batch: Vec<Pending>,
-    ) -> Result<bool, SessionError> {
+    ) -> Result<(Vec<Pending>, Option<InFlight>), SessionError> {
         let check: Vec<i64> = batch
             .iter()
             .filter(|p| p.verify)
@@ -377,17 +419,37 @@ impl<P: Publisher> WalRelay<P> {
         let done = wal_store::done_among(self.feed.pool(), &check).await?;
         let (already, go): (Vec<Pending>, Vec<Pending>) =
             batch.into_iter().partition(|p| done.contains(&p.ev.seq));
-        st.settle(&already);
         if go.is_empty() {
-            return Ok(false);
+            return Ok((already, None));
         }
         self.feed.offer(go.iter().map(|p| p.ev.clone()).collect());
-        self.relay.step().await?;
-        let failed = self.feed.take_failed();
+        let sent = self.relay.send().await?;
+        Ok((already, sent.map(|sent| InFlight { sent, go })))
+    }
+
+    /// Marks a sent batch; returns the seqs that failed and the batch.
+    async fn settle_batch_of(&self, f: InFlight) -> Result<(Vec<i64>, Vec<Pending>), SessionError> {
+        self.relay.settle(f.sent).await?;
+        Ok((self.feed.take_failed(), f.go))
+    }
+
+    async fn settle_batch(&self, st: &mut StreamState, f: InFlight) -> Result<bool, SessionError> {
+        let (failed, go) = self.settle_batch_of(f).await?;
+        self.after_settle(st, failed, &go).await
+    }
+
+    /// A marked batch: failed events hand their aggregates to polling, and
+    /// every event of it is settled.
+    async fn after_settle(
+        &self,
+        st: &mut StreamState,
+        failed: Vec<i64>,
+        go: &[Pending],
+    ) -> Result<bool, SessionError> {
         for p in go.iter().filter(|p| failed.contains(&p.ev.seq)) {
             st.hand(&p.ev.aggregate_id);
         }
-        st.settle(&go);
+        st.settle(go);
         self.faults
             .check(FaultPoint::WalAfterMarkBeforeConfirm)
             .await
