@@ -323,7 +323,7 @@ pub async fn still_unpublished(
 }
 
 /// What the reader hands the relay next and what it learns back: the
-/// [`OutboxStore`] a [`crate::relay::Relay`] runs over in WAL mode, so
+/// [`OutboxStore`] the relay runs over in WAL mode, so
 /// events from the stream take the same plugin chains, publish path and
 /// marks as claimed ones.
 #[derive(Clone, Debug)]
