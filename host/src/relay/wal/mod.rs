@@ -274,6 +274,7 @@ impl<P: Publisher> WalRelay<P> {
         let mut confirmed = 0u64;
         let mut handed_pause = self.poll_interval;
         let mut next_handed = tokio::time::Instant::now();
+        let mut last_wal_end_read = std::time::Instant::now();
         loop {
             // Publish what the stream committed.
             if self.publish_queued(&mut st).await? {
@@ -284,6 +285,14 @@ impl<P: Publisher> WalRelay<P> {
             if position > confirmed {
                 confirmed = position;
                 client.update_applied_lsn(Lsn::from_u64(position));
+                // The stream only shows the server's WAL end as far as it
+                // has been read, and a reader that is behind reads it late.
+                // While it is busy, ask the server (never when idle: an
+                // idle reader makes no query).
+                if last_wal_end_read.elapsed() >= self.wal.status_interval {
+                    last_wal_end_read = std::time::Instant::now();
+                    st.server_at(wal_store::current_lsn(self.feed.pool()).await?);
+                }
             }
             let lag = st.lag();
             self.metrics.wal.lag_bytes.store(lag, Ordering::Relaxed);
