@@ -1,0 +1,1127 @@
+//! The relay that reads the write-ahead log (`relay.source = "wal"`), held
+//! to the invariants the polling relay's tests hold it to: a crash at each
+//! of its durable boundaries, a SIGKILL between publish and the slot's
+//! confirm, a broker outage, four writers on 1,000 aggregates, a poison
+//! event and its redrive, a plugin swap mid-stream, and a hot standby that
+//! takes over from a killed reader. Every test reads a slot of its own,
+//! named like its database ([`TestDb::postgres_wal`]), and drops it at the
+//! end; nextest's `wal` group bounds how many run at once.
+//!
+//! Most run `outboxd run`'s pipeline in-process on the embedded transport,
+//! so what reached "the broker" is the `transport_messages` table, in
+//! publish order per key. Broker failures come from a trigger on that
+//! table ([`install_test_broker`]): down (a retryable error) or rejecting
+//! a payload (a check violation, which the embedded transport reports as
+//! permanent). Crashes between processes use the real binary and SIGKILL.
+
+use std::collections::HashMap;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use outboxd::broker::MessageSource;
+use outboxd::broker::embedded::{EmbeddedConsumer, EmbeddedConsumerConfig};
+use outboxd::consumer::{Processed, process};
+use outboxd::daemon::Daemon;
+use outboxd::event::NewEvent;
+use outboxd::fault::{FaultPoint, Faults};
+use outboxd::metrics::Metrics;
+use outboxd::store::{Db, enqueue};
+use outboxd_demo::billing::{self, BillingHandler};
+use outboxd_demo::orders::{self, ConfirmOrder, OrderService};
+use serde_json::json;
+use sqlx::Row;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::support::{TestDb, WalTestDb, wal_config, wal_config_toml};
+
+// ---- the pipeline, in-process ----------------------------------------------
+
+/// `outboxd run`'s pipeline in this process, reading the test's slot.
+struct Pipeline {
+    stop: watch::Sender<bool>,
+    set: JoinSet<Result<(), String>>,
+    metrics: Arc<Metrics>,
+}
+
+async fn start(t: &WalTestDb, extra: &str, faults: Faults) -> Pipeline {
+    let config = wal_config(&t.url, &t.slot, extra);
+    let (stop, stop_rx) = watch::channel(false);
+    let (set, handles) = Daemon::default()
+        .spawn_pipeline(&config, &t.db, faults, stop_rx)
+        .await
+        .expect("start the pipeline with relay.source = \"wal\"");
+    Pipeline {
+        stop,
+        set,
+        metrics: handles.metrics,
+    }
+}
+
+impl Pipeline {
+    /// SIGTERM's path: every task stops, without an error, within 30 s.
+    async fn stop(self) {
+        self.stop.send(true).expect("stop");
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            outboxd::daemon::join_all_workers(self.set),
+        )
+        .await
+        .expect("the pipeline stops within 30 s")
+        .expect("the pipeline stops without an error");
+    }
+
+    /// A crash, as near as one process gets: every task is aborted where it
+    /// stands (a task hung at a fault point included), and the replication
+    /// connection the reader held is cut on the server's side, as a dead
+    /// process's would be.
+    async fn crash(self, t: &WalTestDb) {
+        drop(self.set);
+        terminate_reader(t).await;
+    }
+
+    fn metric(&self, name: &str) -> Option<f64> {
+        metric_value(&self.metrics.render(None), name)
+    }
+
+    /// Waits until the metric `name` reads `want`.
+    async fn wait_metric(&self, name: &str, want: f64) {
+        let started = Instant::now();
+        loop {
+            let got = self.metric(name);
+            if got == Some(want) {
+                return;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "{name} is {got:?}, not {want}, after 60 s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// The value of the metric `name` (without labels) in a /metrics text.
+fn metric_value(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| {
+            let rest = l.strip_prefix(name)?;
+            if !rest.starts_with(' ') {
+                return None;
+            }
+            rest.trim().parse().ok()
+        })
+}
+
+// ---- the slot, seen from the server ----------------------------------------
+
+/// Whether some process reads the test's slot now.
+async fn slot_active(t: &WalTestDb) -> bool {
+    t.count(&format!(
+        "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{}' AND active",
+        t.slot
+    ))
+    .await
+        == 1
+}
+
+/// Waits until a reader holds the slot: events committed from then on
+/// reach the relay through the stream, not through the start-up scan of
+/// unpublished rows.
+async fn wait_for_reader(t: &WalTestDb) {
+    let started = Instant::now();
+    while !slot_active(t).await {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no process reads slot {} after 60 s",
+            t.slot
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Terminates the walsender that serves the slot, if any.
+async fn terminate_reader(t: &WalTestDb) {
+    t.count(&format!(
+        "SELECT count(pg_terminate_backend(active_pid)) FROM pg_replication_slots
+          WHERE slot_name = '{}' AND active_pid IS NOT NULL",
+        t.slot
+    ))
+    .await;
+}
+
+/// The slot's confirmed flush position.
+async fn confirmed_lsn(t: &WalTestDb) -> String {
+    t.text(&format!(
+        "SELECT coalesce(confirmed_flush_lsn::text, '0/0') FROM pg_replication_slots WHERE slot_name = '{}'",
+        t.slot
+    ))
+    .await
+}
+
+/// Whether the slot's confirmed position is past `lsn`.
+async fn confirmed_past(t: &WalTestDb, lsn: &str) -> bool {
+    t.count(&format!(
+        "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{}' AND confirmed_flush_lsn > '{lsn}'::pg_lsn",
+        t.slot
+    ))
+    .await
+        == 1
+}
+
+/// Waits until the slot's confirmed position passes `lsn`: the reader
+/// settled every transaction up to there and the server may drop its WAL.
+async fn wait_confirmed_past(t: &WalTestDb, lsn: &str) {
+    let started = Instant::now();
+    while !confirmed_past(t, lsn).await {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "slot {} still confirms only {} after 60 s, not past {lsn}: it retains WAL it has settled",
+            t.slot,
+            confirmed_lsn(t).await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+// ---- writing events --------------------------------------------------------
+
+fn pool(t: &TestDb) -> &sqlx::PgPool {
+    match &t.db {
+        Db::Postgres(p) => p,
+        Db::Sqlite(_) => unreachable!("the WAL relay's tests run on Postgres"),
+    }
+}
+
+/// Each aggregate's counter, in the application's schema.
+async fn create_counters(t: &TestDb) {
+    t.exec_app("CREATE TABLE counters (id text PRIMARY KEY, n bigint NOT NULL)")
+        .await;
+}
+
+/// Commits one event of `agg` whose payload carries the aggregate's
+/// counter, incremented in the same transaction under the row's lock: the
+/// counter is the aggregate's commit order. Returns the position of the
+/// WAL just after the insert (before the commit record): once the slot
+/// confirms past it, the relay has settled this transaction.
+async fn write_counted(db: &sqlx::PgPool, agg: &str, extra: serde_json::Value) -> String {
+    let mut tx = db.begin().await.expect("begin");
+    let n: i64 = sqlx::query(
+        "INSERT INTO public.counters (id, n) VALUES ($1, 1)
+         ON CONFLICT (id) DO UPDATE SET n = counters.n + 1 RETURNING n",
+    )
+    .bind(agg)
+    .fetch_one(&mut *tx)
+    .await
+    .expect("counter")
+    .get(0);
+    let mut payload = json!({ "agg": agg, "n": n });
+    if let (Some(p), Some(e)) = (payload.as_object_mut(), extra.as_object()) {
+        p.extend(e.clone());
+    }
+    enqueue(&mut tx, NewEvent::new(agg, "order.placed", payload))
+        .await
+        .expect("enqueue");
+    let lsn: String = sqlx::query("SELECT pg_current_wal_insert_lsn()::text")
+        .fetch_one(&mut *tx)
+        .await
+        .expect("lsn")
+        .get(0);
+    tx.commit().await.expect("commit");
+    lsn
+}
+
+/// `writers` tasks commit `events` events in all, spread over `aggregates`
+/// aggregates so that writers collide on the same ones.
+fn spawn_writers(t: &TestDb, writers: usize, events: usize, aggregates: usize) -> JoinSet<()> {
+    let mut set = JoinSet::new();
+    for w in 0..writers {
+        let db = pool(t).clone();
+        set.spawn(async move {
+            let mut x: u64 = 0x9e37_79b9_7f4a_7c15 ^ (w as u64 + 1);
+            for _ in 0..events / writers {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let agg = format!("agg-{:04}", x % aggregates as u64);
+                write_counted(&db, &agg, json!({})).await;
+            }
+        });
+    }
+    set
+}
+
+async fn join_writers(mut set: JoinSet<()>) {
+    while let Some(r) = set.join_next().await {
+        r.expect("writer");
+    }
+}
+
+async fn wait_count(t: &TestDb, sql: &str, want: i64) {
+    let started = Instant::now();
+    loop {
+        let got = t.count(sql).await;
+        if got == want {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(90),
+            "timed out waiting for `{sql}` = {want} (last {got})"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn wait_all_published(t: &TestDb) {
+    wait_count(
+        t,
+        "SELECT count(*) FROM outbox WHERE published_at IS NULL",
+        0,
+    )
+    .await;
+}
+
+// ---- what the broker received ----------------------------------------------
+
+/// Every committed event reached the broker (nothing lost), and a receiver
+/// that drops repeated message ids sees each aggregate's events in commit
+/// order: by seq (the advisory lock makes seq the aggregate's commit
+/// order) and, when the payload carries a counter, as 1, 2, 3, … without a
+/// gap. Returns (messages, distinct message ids).
+async fn check_delivered(t: &TestDb, counted: bool) -> (usize, usize) {
+    let lost = t
+        .count(
+            "SELECT count(*) FROM outbox o
+              WHERE NOT EXISTS (SELECT 1 FROM transport_messages m WHERE m.message_id = o.id)",
+        )
+        .await;
+    assert_eq!(lost, 0, "committed events never reached the broker");
+    let invented = t
+        .count(
+            "SELECT count(*) FROM transport_messages m
+              WHERE NOT EXISTS (SELECT 1 FROM outbox o WHERE o.id = m.message_id)",
+        )
+        .await;
+    assert_eq!(invented, 0, "messages with no outbox row behind them");
+    let rows = sqlx::query(
+        r#"SELECT m.message_id, o.aggregate_id, o.seq, m.payload
+             FROM transport_messages m JOIN outbox o ON o.id = m.message_id
+            ORDER BY m."offset""#,
+    )
+    .fetch_all(pool(t))
+    .await
+    .expect("read transport_messages");
+    let mut seen = std::collections::HashSet::new();
+    let mut last: HashMap<String, (i64, i64)> = HashMap::new();
+    for row in &rows {
+        let id: uuid::Uuid = row.get(0);
+        if !seen.insert(id) {
+            continue;
+        }
+        let agg: String = row.get(1);
+        let seq: i64 = row.get(2);
+        let entry = last.entry(agg.clone()).or_insert((0, 0));
+        assert!(
+            seq > entry.0,
+            "aggregate {agg}: seq {seq} reached the receiver after seq {}",
+            entry.0
+        );
+        if counted {
+            let payload: Vec<u8> = row.get(3);
+            let n = serde_json::from_slice::<serde_json::Value>(&payload).expect("json")["n"]
+                .as_i64()
+                .expect("the payload's counter");
+            assert_eq!(
+                n,
+                entry.1 + 1,
+                "aggregate {agg}: event {n} reached the receiver after event {}",
+                entry.1
+            );
+            entry.1 = n;
+        }
+        entry.0 = seq;
+    }
+    (rows.len(), seen.len())
+}
+
+/// Every delivery of the embedded transport's topics, in partition and
+/// offset order, repeats included (a fresh consumer group).
+async fn deliveries(t: &TestDb) -> Vec<outboxd::broker::Delivery> {
+    let topics: Vec<String> = sqlx::query("SELECT DISTINCT topic FROM transport_messages")
+        .fetch_all(pool(t))
+        .await
+        .expect("topics")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let mut source = EmbeddedConsumer::new(
+        t.db.clone(),
+        EmbeddedConsumerConfig {
+            group: "wal-test-receiver".into(),
+            topics,
+            partitions: outboxd::config::Config::from_toml("(defaults)", "", std::iter::empty())
+                .expect("defaults")
+                .transport
+                .partitions,
+            lease: Duration::from_secs(30),
+        },
+    );
+    source.fetch(10_000).await.expect("fetch")
+}
+
+// ---- the test broker ---------------------------------------------------------
+
+/// A trigger on the embedded transport's table makes it fail on cue:
+/// `broker_down` makes every publish fail (a plain error: retryable), and
+/// `reject` makes a publish whose payload contains that text fail with a
+/// check violation, which the embedded transport reports as permanent.
+async fn install_test_broker(t: &TestDb) {
+    t.exec(
+        r#"
+CREATE TABLE public.test_broker (down boolean NOT NULL, reject text);
+INSERT INTO public.test_broker VALUES (false, NULL);
+CREATE FUNCTION public.test_broker_gate() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE b public.test_broker;
+BEGIN
+  SELECT * INTO b FROM public.test_broker;
+  IF b.down THEN
+    RAISE EXCEPTION 'test broker is down';
+  END IF;
+  IF b.reject IS NOT NULL AND position(b.reject IN convert_from(NEW.payload, 'UTF8')) > 0 THEN
+    RAISE EXCEPTION 'test broker rejects a payload with %', b.reject USING ERRCODE = 'check_violation';
+  END IF;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER test_broker_gate BEFORE INSERT ON outboxd.transport_messages
+  FOR EACH ROW EXECUTE FUNCTION public.test_broker_gate();
+"#,
+    )
+    .await;
+}
+
+async fn broker_down(t: &TestDb, down: bool) {
+    t.exec(&format!("UPDATE public.test_broker SET down = {down}"))
+        .await;
+}
+
+// ---- the crash matrix ------------------------------------------------------
+
+/// One confirmed order, its event committed while the reader streams; the
+/// reader stops for ever at `point` (armed to hang on its first hit); then
+/// the "crash" and a restart without faults. Returns the test database,
+/// with the crashed reader's state checked by `at_crash` first.
+async fn crash_at(point: &str) -> WalTestDb {
+    let t = TestDb::postgres_wal().await;
+    orders::create_schema(&t.db).await.expect("orders");
+    billing::create_schema(&t.db).await.expect("billing");
+    orders::create_order(&t.db, "o1", "c1", 1234)
+        .await
+        .expect("order");
+    let faults = Faults::parse(&format!("{point}:hang")).expect("fault point");
+    let crashing = start(&t, "", faults).await;
+    wait_for_reader(&t).await;
+    let before = t.text("SELECT pg_current_wal_lsn()::text").await;
+    OrderService::new(t.db.clone())
+        .confirm_order(&ConfirmOrder {
+            order_id: "o1".into(),
+            operation_key: None,
+        })
+        .await
+        .expect("confirm");
+    let committed = t.text("SELECT pg_current_wal_lsn()::text").await;
+    match point {
+        "after-publish-before-mark" => {
+            // Published: the reader now hangs before the mark.
+            wait_count(&t, "SELECT count(*) FROM transport_messages", 1).await;
+            assert_eq!(
+                t.count("SELECT count(*) FROM outbox WHERE published_at IS NULL")
+                    .await,
+                1,
+                "published but not marked"
+            );
+        }
+        "wal-after-mark-before-confirm" => {
+            wait_count(
+                &t,
+                "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL",
+                1,
+            )
+            .await;
+            assert_eq!(
+                t.count("SELECT count(*) FROM transport_messages").await,
+                1,
+                "marked after its one publish"
+            );
+        }
+        other => panic!("no crash test for {other}"),
+    }
+    // Hung at the point, the reader must not have confirmed the event's
+    // transaction (which ends before `committed`); let a few status
+    // intervals pass to give a wrong confirm the chance to show.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(
+        !confirmed_past(&t, &committed).await,
+        "at {point} the slot already confirms {} (the event's commit ends before {committed}, the stream started before {before}): \
+         a crash now would lose the event if it were not marked",
+        confirmed_lsn(&t).await
+    );
+    crashing.crash(&t).await;
+
+    let restarted = start(&t, "", Faults::none()).await;
+    wait_all_published(&t).await;
+    wait_confirmed_past(&t, &committed).await;
+    restarted.stop().await;
+    t
+}
+
+/// The receiver deduplicates: the first delivery bills the order, every
+/// repeat is recognised by its message id.
+async fn receiver_bills_once(t: &TestDb) -> usize {
+    let all = deliveries(t).await;
+    assert!(!all.is_empty(), "nothing was delivered");
+    let ids: std::collections::HashSet<_> = all
+        .iter()
+        .map(|d| d.header(outboxd::broker::headers::MESSAGE_ID))
+        .collect();
+    assert_eq!(ids.len(), 1, "one event, one message id: {ids:?}");
+    for (i, d) in all.iter().enumerate() {
+        let want = if i == 0 {
+            Processed::Handled
+        } else {
+            Processed::Duplicate
+        };
+        assert_eq!(
+            process(&t.db, "billing", d, &BillingHandler)
+                .await
+                .expect("process"),
+            want,
+            "delivery {i}"
+        );
+    }
+    assert_eq!(
+        t.count("SELECT count(*) FROM invoices").await,
+        1,
+        "one invoice"
+    );
+    all.len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wal_crash_after_publish_before_mark_republishes_and_the_receiver_deduplicates() {
+    let t = crash_at("after-publish-before-mark").await;
+    let n = receiver_bills_once(&t).await;
+    assert!(
+        n >= 2,
+        "published, neither marked nor confirmed: the restarted relay must publish it again (got {n} deliveries)"
+    );
+    check_delivered(&t, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wal_crash_after_mark_before_confirm_loses_nothing_and_the_receiver_deduplicates() {
+    let t = crash_at("wal-after-mark-before-confirm").await;
+    let n = receiver_bills_once(&t).await;
+    println!("after a crash between the mark and the confirm: {n} deliveries of the event");
+    check_delivered(&t, false).await;
+    // The restarted reader resumed from the slot and still streams: a new
+    // event is published and confirmed.
+    let next = start(&t, "", Faults::none()).await;
+    wait_for_reader(&t).await;
+    create_counters(&t).await;
+    let lsn = write_counted(pool(&t), "after-restart", json!({})).await;
+    wait_all_published(&t).await;
+    wait_confirmed_past(&t, &lsn).await;
+    next.stop().await;
+    check_delivered(&t, false).await;
+}
+
+// ---- a real process, killed --------------------------------------------------
+
+/// `outboxd --config FILE` with the test's WAL config, its logs as JSON on
+/// stderr.
+fn outboxd(config: &std::path::Path) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_outboxd"));
+    cmd.arg("--config")
+        .arg(config)
+        .arg("--log-json")
+        .env_remove("OUTBOXD_FAULT")
+        .env_remove("OUTBOXD_LOG")
+        .kill_on_drop(true);
+    cmd
+}
+
+fn write_config(dir: &tempfile::TempDir, t: &WalTestDb, extra: &str) -> std::path::PathBuf {
+    let path = dir.path().join("outboxd.toml");
+    let text = wal_config_toml(&t.url, &t.slot, extra);
+    std::fs::write(&path, text).expect("write the config");
+    path
+}
+
+/// A relay process armed to hang at `point` on its third hit is SIGKILLed
+/// there while writers commit 600 events on 40 aggregates; a restarted
+/// process publishes everything, the slot catches up, and a receiver that
+/// drops repeats sees every aggregate in commit order.
+async fn killed_at(point: &str) -> (usize, usize) {
+    let t = TestDb::postgres_wal().await;
+    create_counters(&t).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write_config(&dir, &t, "");
+    let mut child = outboxd(&config)
+        .arg("run")
+        .env("OUTBOXD_FAULT", format!("{point}:hang:3"))
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn outboxd run");
+    let stderr = child.stderr.take().expect("stderr");
+    let (hit_tx, hit_rx) = tokio::sync::oneshot::channel();
+    let log = tokio::spawn(async move {
+        let mut lines = BufReader::new(stderr).lines();
+        let mut hit = Some(hit_tx);
+        let mut tail = Vec::new();
+        while let Ok(Some(line)) = lines.next_line().await {
+            if line.starts_with("OUTBOXD FAULT")
+                && let Some(h) = hit.take()
+            {
+                let _ = h.send(());
+            }
+            tail.push(line);
+        }
+        tail
+    });
+    wait_for_reader(&t).await;
+    let writers = spawn_writers(&t, 4, 600, 40);
+    let reached = tokio::time::timeout(Duration::from_secs(90), hit_rx).await;
+    child.start_kill().expect("SIGKILL");
+    let status = child.wait().await.expect("wait");
+    let tail = log.await.expect("log reader");
+    assert!(
+        matches!(reached, Ok(Ok(()))),
+        "the relay never reached {point} (status {status}); its log:\n{}",
+        tail.join("\n")
+    );
+    let in_flight = t
+        .count(
+            "SELECT count(*) FROM outbox o WHERE EXISTS (SELECT 1 FROM transport_messages m WHERE m.message_id = o.id)",
+        )
+        .await;
+    println!(
+        "killed at {point}: {in_flight} events had reached the broker, slot confirmed at {}",
+        confirmed_lsn(&t).await
+    );
+    join_writers(writers).await;
+    let last = write_counted(pool(&t), "last", json!({})).await;
+
+    let mut restarted = outboxd(&config)
+        .arg("run")
+        .stderr(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("restart outboxd run");
+    wait_all_published(&t).await;
+    wait_confirmed_past(&t, &last).await;
+    crate::process::terminate(&mut restarted).await;
+    check_delivered(&t, true).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wal_process_killed_between_publish_and_mark_republishes_and_loses_nothing() {
+    let (messages, events) = killed_at("after-publish-before-mark").await;
+    assert!(
+        messages > events,
+        "a batch was published and not marked when the process died: some event must reach the broker twice ({messages} messages, {events} events)"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wal_process_killed_between_mark_and_lsn_confirm_loses_nothing() {
+    let (messages, events) = killed_at("wal-after-mark-before-confirm").await;
+    println!("killed between mark and confirm: {messages} messages for {events} events");
+}
+
+// ---- a broker that is down, then back ---------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wal_broker_down_then_back_loses_nothing_and_keeps_each_aggregates_order() {
+    let t = TestDb::postgres_wal().await;
+    create_counters(&t).await;
+    install_test_broker(&t).await;
+    let pipeline = start(&t, "", Faults::none()).await;
+    wait_for_reader(&t).await;
+    pipeline.wait_metric("outboxd_relay_wal_active", 1.0).await;
+
+    // Up: some events flow.
+    join_writers(spawn_writers(&t, 2, 100, 20)).await;
+    wait_all_published(&t).await;
+
+    // Down while writers go on: events fail, their aggregates wait.
+    broker_down(&t, true).await;
+    let writers = spawn_writers(&t, 2, 300, 20);
+    wait_count(
+        &t,
+        "SELECT count(*) FROM (SELECT 1 FROM outbox WHERE attempts >= 2 LIMIT 1) x",
+        1,
+    )
+    .await;
+    let handed = pipeline
+        .metric("outboxd_relay_wal_handed_aggregates")
+        .unwrap_or(0.0);
+    assert!(
+        handed >= 1.0,
+        "failed events' aggregates are handed to polling (outboxd_relay_wal_handed_aggregates = {handed})"
+    );
+    assert_eq!(
+        t.count("SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL")
+            .await,
+        0,
+        "retryable failures within max_attempts never kill an event"
+    );
+
+    // Back: everything drains, in order, and the aggregates return to the
+    // stream.
+    broker_down(&t, false).await;
+    join_writers(writers).await;
+    let last = write_counted(pool(&t), "agg-0000", json!({})).await;
+    wait_all_published(&t).await;
+    wait_confirmed_past(&t, &last).await;
+    pipeline
+        .wait_metric("outboxd_relay_wal_handed_aggregates", 0.0)
+        .await;
+    // Streamed again: a new event is published through the stream.
+    let after = write_counted(pool(&t), "agg-0001", json!({})).await;
+    wait_all_published(&t).await;
+    wait_confirmed_past(&t, &after).await;
+    pipeline.stop().await;
+    let (messages, events) = check_delivered(&t, true).await;
+    assert_eq!(events, 402);
+    println!("broker down, then back: {events} events, {messages} messages");
+}
+
+// ---- four writers on 1,000 aggregates -----------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wal_four_writers_on_1000_aggregates_keep_commit_order() {
+    let t = TestDb::postgres_wal().await;
+    create_counters(&t).await;
+    let pipeline = start(&t, "", Faults::none()).await;
+    wait_for_reader(&t).await;
+    pipeline.wait_metric("outboxd_relay_wal_active", 1.0).await;
+    let started = Instant::now();
+    join_writers(spawn_writers(&t, 4, 4000, 1000)).await;
+    let last = write_counted(pool(&t), "agg-0000", json!({})).await;
+    wait_all_published(&t).await;
+    wait_confirmed_past(&t, &last).await;
+    let took = started.elapsed();
+    pipeline.stop().await;
+    let (messages, events) = check_delivered(&t, true).await;
+    assert_eq!(events, 4001);
+    assert_eq!(
+        messages, events,
+        "without a fault every event is published exactly once"
+    );
+    println!("four writers, 1,000 aggregates, WAL relay: {events} events in {took:?}");
+}
+
+// ---- a poison event ------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wal_poison_event_goes_dead_holds_its_aggregate_and_redrive_publishes_in_order() {
+    let t = TestDb::postgres_wal().await;
+    create_counters(&t).await;
+    install_test_broker(&t).await;
+    t.exec("UPDATE public.test_broker SET reject = 'poison'")
+        .await;
+    let pipeline = start(&t, "", Faults::none()).await;
+    wait_for_reader(&t).await;
+    let db = pool(&t).clone();
+
+    write_counted(&db, "sick", json!({})).await;
+    write_counted(&db, "sick", json!({ "kind": "poison" })).await;
+    write_counted(&db, "sick", json!({})).await;
+    write_counted(&db, "sick", json!({})).await;
+    for i in 0..40 {
+        write_counted(&db, &format!("well-{}", i % 8), json!({})).await;
+    }
+    wait_count(
+        &t,
+        "SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL",
+        1,
+    )
+    .await;
+    let dead_seq = t
+        .count("SELECT seq FROM outbox WHERE dead_at IS NOT NULL")
+        .await;
+    assert_eq!(
+        t.count(&format!(
+            "SELECT count(*) FROM outbox WHERE seq = {dead_seq} AND payload->>'kind' = 'poison'
+               AND dead_reason LIKE '%rejects a payload with poison%' AND attempts = 1"
+        ))
+        .await,
+        1,
+        "the poison event is dead at once, with the broker's reason"
+    );
+    // Other aggregates flow, also those written after the poison died.
+    for i in 0..40 {
+        write_counted(&db, &format!("well-{}", i % 8), json!({})).await;
+    }
+    wait_count(
+        &t,
+        "SELECT count(*) FROM outbox WHERE aggregate_id LIKE 'well-%' AND published_at IS NULL",
+        0,
+    )
+    .await;
+    // Its aggregate's later events wait behind it, unpublished and unsent.
+    assert_eq!(
+        t.count(
+            "SELECT count(*) FROM outbox WHERE aggregate_id = 'sick' AND published_at IS NULL AND dead_at IS NULL"
+        )
+        .await,
+        2,
+        "the poison's successors are pending"
+    );
+    assert_eq!(
+        t.count(&format!(
+            "SELECT count(*) FROM transport_messages m JOIN outbox o ON o.id = m.message_id
+              WHERE o.aggregate_id = 'sick' AND o.seq > {dead_seq}"
+        ))
+        .await,
+        0,
+        "no event of the poison's aggregate overtook it"
+    );
+    assert_eq!(
+        pipeline.metric("outboxd_relay_wal_handed_aggregates"),
+        Some(1.0),
+        "the poison's aggregate is handed to polling"
+    );
+    // A later event of the sick aggregate waits too.
+    write_counted(&db, "sick", json!({})).await;
+
+    // The cause is fixed, the event redriven: it and then its successors
+    // are published, in order.
+    t.exec("UPDATE public.test_broker SET reject = NULL").await;
+    let redriven = outboxd::ops::dead::redrive(
+        &t.db,
+        &outboxd::ops::dead::DeadFilter {
+            seq: Some(dead_seq),
+            ..Default::default()
+        },
+        chrono::Utc::now(),
+    )
+    .await
+    .expect("redrive");
+    assert_eq!(redriven, 1);
+    wait_all_published(&t).await;
+    pipeline
+        .wait_metric("outboxd_relay_wal_handed_aggregates", 0.0)
+        .await;
+    let last = write_counted(&db, "sick", json!({})).await;
+    wait_all_published(&t).await;
+    wait_confirmed_past(&t, &last).await;
+    pipeline.stop().await;
+    let (messages, events) = check_delivered(&t, true).await;
+    assert_eq!((messages, events), (86, 86));
+    let sick: Vec<i64> = sqlx::query(
+        r#"SELECT (convert_from(m.payload, 'UTF8')::jsonb->>'n')::bigint
+             FROM transport_messages m JOIN outbox o ON o.id = m.message_id
+            WHERE o.aggregate_id = 'sick' ORDER BY m."offset""#,
+    )
+    .fetch_all(pool(&t))
+    .await
+    .expect("sick")
+    .iter()
+    .map(|r| r.get(0))
+    .collect();
+    assert_eq!(sick, [1, 2, 3, 4, 5, 6]);
+}
+
+// ---- a plugin swap mid-stream ------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wal_plugin_swap_mid_stream_runs_each_event_on_one_version_and_loses_nothing() {
+    use crate::hot_swap::{deploy, json_of, transformed_by};
+    let t = TestDb::postgres_wal().await;
+    create_counters(&t).await;
+    let reg = outboxd::plugin::registry::Registry::new(t.db.clone());
+    let v_ce = deploy(&reg, "cloudevents").await;
+    let v_pii = deploy(&reg, "redact-pii").await;
+    reg.activate("t", v_ce, "test").await.expect("activate");
+    let cache = tempfile::tempdir().expect("cache dir");
+    let extra = format!(
+        r#"
+[[routes]]
+event_type = "order.*"
+topic = "orders"
+transformers = ["t"]
+
+[[plugins]]
+name = "t"
+source = "registry"
+limits = {{ timeout = "5s" }}
+
+[plugin_runtime]
+cache_dir = "{}"
+registry_poll = "200ms"
+"#,
+        cache.path().display()
+    );
+    let pipeline = start(&t, &extra, Faults::none()).await;
+    wait_for_reader(&t).await;
+
+    let writers = spawn_writers(&t, 2, 600, 50);
+    wait_count(
+        &t,
+        "SELECT count(*) FROM (SELECT 1 FROM transport_messages LIMIT 150) x",
+        150,
+    )
+    .await;
+    let to_pii = reg.activate("t", v_pii, "test").await.expect("activate");
+    // Once an event has run on the new version, no event committed later
+    // runs on the old one: those inserted after that publish (a higher
+    // seq) committed after it.
+    write_counted(pool(&t), "marker-1", json!({})).await;
+    wait_count(
+        &t,
+        &format!(
+            "SELECT count(*) FROM outbox WHERE aggregate_id = 'marker-1' AND published_at IS NOT NULL AND transformed_by = '{}'",
+            to_pii.label()
+        ),
+        1,
+    )
+    .await;
+    let seq_on_pii = t.count("SELECT max(seq) FROM outbox").await;
+    join_writers(writers).await;
+    let last = write_counted(pool(&t), "marker-2", json!({})).await;
+    wait_all_published(&t).await;
+    wait_confirmed_past(&t, &last).await;
+    pipeline.stop().await;
+
+    let (messages, events) = check_delivered(&t, false).await;
+    assert_eq!(events, 602);
+    assert_eq!(messages, events, "no event published twice");
+    let by = transformed_by(&t.db).await;
+    let sent = sqlx::query(
+        r#"SELECT m.message_id::text, m.payload, o.seq FROM transport_messages m JOIN outbox o ON o.id = m.message_id"#,
+    )
+    .fetch_all(pool(&t))
+    .await
+    .expect("sent");
+    let mut per_version: HashMap<String, usize> = HashMap::new();
+    for row in &sent {
+        let id: String = row.get(0);
+        let payload: Vec<u8> = row.get(1);
+        let seq: i64 = row.get(2);
+        let label = by[&id].clone().expect("transformed_by is set");
+        let enveloped = json_of(&payload).get("specversion").is_some();
+        assert_eq!(
+            enveloped,
+            label == format!("t@{v_ce}"),
+            "event {id} records {label} but its message is the other version's"
+        );
+        if seq > seq_on_pii {
+            assert_eq!(
+                label,
+                to_pii.label(),
+                "event seq {seq}, committed after the swap was live, ran on the old version"
+            );
+        }
+        *per_version.entry(label).or_default() += 1;
+    }
+    println!("plugin swap mid-stream (WAL relay): events per version {per_version:?}");
+    assert_eq!(per_version.len(), 2, "both versions ran: {per_version:?}");
+}
+
+// ---- hot standby -------------------------------------------------------------
+
+const TOKEN: &str = "wal-standby-token-0123456789";
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+/// GET /metrics of a process's admin API; `None` while it does not answer.
+async fn scrape(port: u16) -> Option<String> {
+    let fetch = async {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()?;
+        let req = format!(
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer {TOKEN}\r\n\r\n"
+        );
+        s.write_all(req.as_bytes()).await.ok()?;
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).await.ok()?;
+        let text = String::from_utf8_lossy(&raw).into_owned();
+        text.starts_with("HTTP/1.1 200").then_some(text)
+    };
+    tokio::time::timeout(Duration::from_secs(2), fetch)
+        .await
+        .ok()
+        .flatten()
+}
+
+async fn wal_active(port: u16) -> Option<f64> {
+    scrape(port)
+        .await
+        .and_then(|m| metric_value(&m, "outboxd_relay_wal_active"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wal_hot_standby_takes_over_from_a_killed_reader_within_seconds() {
+    let t = TestDb::postgres_wal().await;
+    create_counters(&t).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ports = [free_port(), free_port()];
+    let mut children = Vec::new();
+    for (i, port) in ports.iter().enumerate() {
+        let sub = tempfile::Builder::new()
+            .prefix(&format!("p{i}"))
+            .tempdir_in(dir.path())
+            .expect("dir");
+        let config = write_config(
+            &sub,
+            &t,
+            &format!(
+                "[admin]\nenabled = true\nlisten = \"127.0.0.1:{port}\"\ntoken = \"{TOKEN}\"\nsample_seconds = 1\n"
+            ),
+        );
+        let child = outboxd(&config)
+            .arg("run")
+            .stderr(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn outboxd run");
+        children.push((child, *port, sub));
+    }
+    // Exactly one reads the slot; the other waits.
+    let started = Instant::now();
+    let active = loop {
+        let a = wal_active(ports[0]).await;
+        let b = wal_active(ports[1]).await;
+        match (a.map(|v| v == 1.0), b.map(|v| v == 1.0)) {
+            (Some(true), Some(false)) => break 0,
+            (Some(false), Some(true)) => break 1,
+            (Some(true), Some(true)) => panic!("both processes report that they read the slot"),
+            _ => {}
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no single active reader after 60 s (outboxd_relay_wal_active: {a:?}, {b:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let standby = 1 - active;
+    assert!(slot_active(&t).await);
+
+    let writers = spawn_writers(&t, 2, 1500, 100);
+    wait_count(
+        &t,
+        "SELECT count(*) FROM (SELECT 1 FROM transport_messages LIMIT 300) x",
+        300,
+    )
+    .await;
+    // Mid-stream: SIGKILL the reader.
+    let (mut victim, _, _) = children.remove(active);
+    victim.start_kill().expect("SIGKILL");
+    let killed = Instant::now();
+    victim.wait().await.expect("wait");
+    let took_over = loop {
+        if wal_active(ports[standby]).await == Some(1.0) {
+            break killed.elapsed();
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(30),
+            "the standby did not take the slot within 30 s of the reader's death"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    println!("hot standby: took over {took_over:?} after SIGKILL (standby_retry 250ms)");
+    assert!(
+        took_over < Duration::from_secs(5),
+        "a crash takeover must take about standby_retry, not {took_over:?}"
+    );
+    join_writers(writers).await;
+    let last = write_counted(pool(&t), "agg-0000", json!({})).await;
+    wait_all_published(&t).await;
+    wait_confirmed_past(&t, &last).await;
+    let scraped = scrape(ports[standby]).await.expect("metrics");
+    assert_eq!(
+        metric_value(&scraped, "outboxd_relay_wal_takeovers_total"),
+        Some(1.0),
+        "the survivor became the reader once"
+    );
+    let (mut survivor, _, _) = children.remove(0);
+    crate::process::terminate(&mut survivor).await;
+    let (messages, events) = check_delivered(&t, true).await;
+    assert_eq!(events, 1501);
+    println!("hot standby: {events} events, {messages} messages across the takeover");
+}
+
+// ---- setup errors --------------------------------------------------------------
+
+/// `outboxd migrate` with `relay.source = "wal"` creates what the relay
+/// reads when it is missing: the publication of the outbox's inserts only
+/// (the relay's marks and retention's deletes never stream back) and the
+/// pgoutput slot. `store::wal::drop_slot` removes the slot first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wal_migrate_creates_the_publication_and_the_slot_when_missing() {
+    let t = TestDb::postgres_wal().await;
+    outboxd::store::wal::drop_slot(&t.db, &t.slot)
+        .await
+        .expect("drop the slot");
+    t.exec("DROP PUBLICATION outboxd_outbox").await;
+    assert_eq!(
+        t.count(&format!(
+            "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{}'",
+            t.slot
+        ))
+        .await,
+        0
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write_config(&dir, &t, "");
+    let out = outboxd(&config)
+        .arg("migrate")
+        .output()
+        .await
+        .expect("run outboxd migrate");
+    assert!(
+        out.status.success(),
+        "outboxd migrate: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        t.count(&format!(
+            "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{}' AND plugin = 'pgoutput'",
+            t.slot
+        ))
+        .await,
+        1,
+        "the pgoutput slot"
+    );
+    assert_eq!(
+        t.count(
+            "SELECT count(*) FROM pg_publication p JOIN pg_publication_tables pt ON pt.pubname = p.pubname
+              WHERE p.pubname = 'outboxd_outbox' AND pt.schemaname = 'outboxd' AND pt.tablename = 'outbox'
+                AND p.pubinsert AND NOT p.pubupdate AND NOT p.pubdelete"
+        )
+        .await,
+        1,
+        "a publication of the outbox's inserts only"
+    );
+}
+
+/// `OUTBOXD_FAULT` can arm the WAL relay's own point by its name.
+#[test]
+fn wal_fault_point_is_known_by_its_name() {
+    let point: Result<FaultPoint, _> = "wal-after-mark-before-confirm".parse();
+    let point = point.expect("a fault point");
+    assert_eq!(point.name(), "wal-after-mark-before-confirm");
+    assert!(FaultPoint::ALL.contains(&point));
+}
