@@ -1,21 +1,21 @@
-//! The relay that reads the write-ahead log (`relay.source = "wal"`), held
-//! to the invariants the polling relay's tests hold it to: a crash at each
-//! of its durable boundaries, a SIGKILL between publish and the slot's
-//! confirm, a broker outage, four writers on 1,000 aggregates, a poison
-//! event and its redrive, a plugin swap mid-stream, and a hot standby that
-//! takes over from a killed reader. Every test reads a slot of its own,
-//! named like its database ([`TestDb::postgres_wal`]), and drops it at the
-//! end; nextest's `wal` group bounds how many run at once.
+//! The relay that reads the write-ahead log (`relay.source = "wal"`),
+//! in-process, held to the invariants the polling relay's tests hold it
+//! to: a crash at each of its durable boundaries, a broker that is down
+//! and then back, four writers on 1,000 aggregates, a poison event and its
+//! redrive, a plugin swap mid-stream, and an idle reader that releases
+//! WAL. Real processes (SIGKILL, the hot standby, Kafka) are in
+//! `wal_processes.rs`, which uses the helpers here. Every test reads a slot
+//! of its own, named like its database ([`TestDb::postgres_wal`]), and
+//! drops it at the end; nextest's `wal` group bounds how many run at once.
 //!
-//! Most run `outboxd run`'s pipeline in-process on the embedded transport,
+//! They run `outboxd run`'s pipeline in-process on the embedded transport,
 //! so what reached "the broker" is the `transport_messages` table, in
 //! publish order per key. Broker failures come from a trigger on that
 //! table ([`install_test_broker`]): down (a retryable error) or rejecting
 //! a payload (a check violation, which the embedded transport reports as
-//! permanent). Crashes between processes use the real binary and SIGKILL.
+//! permanent).
 
 use std::collections::HashMap;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -31,11 +31,10 @@ use outboxd_demo::billing::{self, BillingHandler};
 use outboxd_demo::orders::{self, ConfirmOrder, OrderService};
 use serde_json::json;
 use sqlx::Row;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::support::{TestDb, WalTestDb, wal_config, wal_config_toml};
+use crate::support::{TestDb, WalTestDb, wal_config};
 
 // ---- the pipeline, in-process ----------------------------------------------
 
@@ -82,6 +81,14 @@ impl Pipeline {
         terminate_reader(t).await;
     }
 
+    /// Waits until this pipeline reads the slot: the server shows the slot
+    /// active and the process reports itself as its reader. Events
+    /// committed from then on reach the relay through the stream.
+    async fn wait_streaming(&self, t: &WalTestDb) {
+        wait_for_reader(t).await;
+        self.wait_metric("outboxd_relay_wal_active", 1.0).await;
+    }
+
     fn metric(&self, name: &str) -> Option<f64> {
         metric_value(&self.metrics.render(None), name)
     }
@@ -104,7 +111,7 @@ impl Pipeline {
 }
 
 /// The value of the metric `name` (without labels) in a /metrics text.
-fn metric_value(text: &str, name: &str) -> Option<f64> {
+pub(crate) fn metric_value(text: &str, name: &str) -> Option<f64> {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .find_map(|l| {
@@ -119,7 +126,7 @@ fn metric_value(text: &str, name: &str) -> Option<f64> {
 // ---- the slot, seen from the server ----------------------------------------
 
 /// Whether some process reads the test's slot now.
-async fn slot_active(t: &WalTestDb) -> bool {
+pub(crate) async fn slot_active(t: &WalTestDb) -> bool {
     t.count(&format!(
         "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{}' AND active",
         t.slot
@@ -131,7 +138,7 @@ async fn slot_active(t: &WalTestDb) -> bool {
 /// Waits until a reader holds the slot: events committed from then on
 /// reach the relay through the stream, not through the start-up scan of
 /// unpublished rows.
-async fn wait_for_reader(t: &WalTestDb) {
+pub(crate) async fn wait_for_reader(t: &WalTestDb) {
     let started = Instant::now();
     while !slot_active(t).await {
         assert!(
@@ -154,7 +161,7 @@ async fn terminate_reader(t: &WalTestDb) {
 }
 
 /// The slot's confirmed flush position.
-async fn confirmed_lsn(t: &WalTestDb) -> String {
+pub(crate) async fn confirmed_lsn(t: &WalTestDb) -> String {
     t.text(&format!(
         "SELECT coalesce(confirmed_flush_lsn::text, '0/0') FROM pg_replication_slots WHERE slot_name = '{}'",
         t.slot
@@ -174,7 +181,7 @@ async fn confirmed_past(t: &WalTestDb, lsn: &str) -> bool {
 
 /// Waits until the slot's confirmed position passes `lsn`: the reader
 /// settled every transaction up to there and the server may drop its WAL.
-async fn wait_confirmed_past(t: &WalTestDb, lsn: &str) {
+pub(crate) async fn wait_confirmed_past(t: &WalTestDb, lsn: &str) {
     let started = Instant::now();
     while !confirmed_past(t, lsn).await {
         assert!(
@@ -189,7 +196,7 @@ async fn wait_confirmed_past(t: &WalTestDb, lsn: &str) {
 
 // ---- writing events --------------------------------------------------------
 
-fn pool(t: &TestDb) -> &sqlx::PgPool {
+pub(crate) fn pool(t: &TestDb) -> &sqlx::PgPool {
     match &t.db {
         Db::Postgres(p) => p,
         Db::Sqlite(_) => unreachable!("the WAL relay's tests run on Postgres"),
@@ -197,7 +204,7 @@ fn pool(t: &TestDb) -> &sqlx::PgPool {
 }
 
 /// Each aggregate's counter, in the application's schema.
-async fn create_counters(t: &TestDb) {
+pub(crate) async fn create_counters(t: &TestDb) {
     t.exec_app("CREATE TABLE counters (id text PRIMARY KEY, n bigint NOT NULL)")
         .await;
 }
@@ -207,7 +214,7 @@ async fn create_counters(t: &TestDb) {
 /// counter is the aggregate's commit order. Returns the position of the
 /// WAL just after the insert (before the commit record): once the slot
 /// confirms past it, the relay has settled this transaction.
-async fn write_counted(db: &sqlx::PgPool, agg: &str, extra: serde_json::Value) -> String {
+pub(crate) async fn write_counted(db: &sqlx::PgPool, agg: &str, extra: serde_json::Value) -> String {
     let mut tx = db.begin().await.expect("begin");
     let n: i64 = sqlx::query(
         "INSERT INTO public.counters (id, n) VALUES ($1, 1)
@@ -236,7 +243,7 @@ async fn write_counted(db: &sqlx::PgPool, agg: &str, extra: serde_json::Value) -
 
 /// `writers` tasks commit `events` events in all, spread over `aggregates`
 /// aggregates so that writers collide on the same ones.
-fn spawn_writers(t: &TestDb, writers: usize, events: usize, aggregates: usize) -> JoinSet<()> {
+pub(crate) fn spawn_writers(t: &TestDb, writers: usize, events: usize, aggregates: usize) -> JoinSet<()> {
     let mut set = JoinSet::new();
     for w in 0..writers {
         let db = pool(t).clone();
@@ -254,13 +261,13 @@ fn spawn_writers(t: &TestDb, writers: usize, events: usize, aggregates: usize) -
     set
 }
 
-async fn join_writers(mut set: JoinSet<()>) {
+pub(crate) async fn join_writers(mut set: JoinSet<()>) {
     while let Some(r) = set.join_next().await {
         r.expect("writer");
     }
 }
 
-async fn wait_count(t: &TestDb, sql: &str, want: i64) {
+pub(crate) async fn wait_count(t: &TestDb, sql: &str, want: i64) {
     let started = Instant::now();
     loop {
         let got = t.count(sql).await;
@@ -275,7 +282,7 @@ async fn wait_count(t: &TestDb, sql: &str, want: i64) {
     }
 }
 
-async fn wait_all_published(t: &TestDb) {
+pub(crate) async fn wait_all_published(t: &TestDb) {
     wait_count(
         t,
         "SELECT count(*) FROM outbox WHERE published_at IS NULL",
@@ -291,7 +298,7 @@ async fn wait_all_published(t: &TestDb) {
 /// order: by seq (the advisory lock makes seq the aggregate's commit
 /// order) and, when the payload carries a counter, as 1, 2, 3, … without a
 /// gap. Returns (messages, distinct message ids).
-async fn check_delivered(t: &TestDb, counted: bool) -> (usize, usize) {
+pub(crate) async fn check_delivered(t: &TestDb, counted: bool) -> (usize, usize) {
     let lost = t
         .count(
             "SELECT count(*) FROM outbox o
@@ -422,7 +429,7 @@ async fn crash_at(point: &str) -> WalTestDb {
         .expect("order");
     let faults = Faults::parse(&format!("{point}:hang")).expect("fault point");
     let crashing = start(&t, "", faults).await;
-    wait_for_reader(&t).await;
+    crashing.wait_streaming(&t).await;
     let before = t.text("SELECT pg_current_wal_lsn()::text").await;
     OrderService::new(t.db.clone())
         .confirm_order(&ConfirmOrder {
@@ -529,117 +536,13 @@ async fn wal_crash_after_mark_before_confirm_loses_nothing_and_the_receiver_dedu
     // The restarted reader resumed from the slot and still streams: a new
     // event is published and confirmed.
     let next = start(&t, "", Faults::none()).await;
-    wait_for_reader(&t).await;
+    next.wait_streaming(&t).await;
     create_counters(&t).await;
     let lsn = write_counted(pool(&t), "after-restart", json!({})).await;
     wait_all_published(&t).await;
     wait_confirmed_past(&t, &lsn).await;
     next.stop().await;
     check_delivered(&t, false).await;
-}
-
-// ---- a real process, killed --------------------------------------------------
-
-/// `outboxd --config FILE` with the test's WAL config, its logs as JSON on
-/// stderr.
-fn outboxd(config: &std::path::Path) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_outboxd"));
-    cmd.arg("--config")
-        .arg(config)
-        .arg("--log-json")
-        .env_remove("OUTBOXD_FAULT")
-        .env_remove("OUTBOXD_LOG")
-        .kill_on_drop(true);
-    cmd
-}
-
-fn write_config(dir: &tempfile::TempDir, t: &WalTestDb, extra: &str) -> std::path::PathBuf {
-    let path = dir.path().join("outboxd.toml");
-    let text = wal_config_toml(&t.url, &t.slot, extra);
-    std::fs::write(&path, text).expect("write the config");
-    path
-}
-
-/// A relay process armed to hang at `point` on its third hit is SIGKILLed
-/// there while writers commit 600 events on 40 aggregates; a restarted
-/// process publishes everything, the slot catches up, and a receiver that
-/// drops repeats sees every aggregate in commit order.
-async fn killed_at(point: &str) -> (usize, usize) {
-    let t = TestDb::postgres_wal().await;
-    create_counters(&t).await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = write_config(&dir, &t, "");
-    let mut child = outboxd(&config)
-        .arg("run")
-        .env("OUTBOXD_FAULT", format!("{point}:hang:3"))
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("spawn outboxd run");
-    let stderr = child.stderr.take().expect("stderr");
-    let (hit_tx, hit_rx) = tokio::sync::oneshot::channel();
-    let log = tokio::spawn(async move {
-        let mut lines = BufReader::new(stderr).lines();
-        let mut hit = Some(hit_tx);
-        let mut tail = Vec::new();
-        while let Ok(Some(line)) = lines.next_line().await {
-            if line.starts_with("OUTBOXD FAULT")
-                && let Some(h) = hit.take()
-            {
-                let _ = h.send(());
-            }
-            tail.push(line);
-        }
-        tail
-    });
-    wait_for_reader(&t).await;
-    let writers = spawn_writers(&t, 4, 600, 40);
-    let reached = tokio::time::timeout(Duration::from_secs(90), hit_rx).await;
-    child.start_kill().expect("SIGKILL");
-    let status = child.wait().await.expect("wait");
-    let tail = log.await.expect("log reader");
-    assert!(
-        matches!(reached, Ok(Ok(()))),
-        "the relay never reached {point} (status {status}); its log:\n{}",
-        tail.join("\n")
-    );
-    let in_flight = t
-        .count(
-            "SELECT count(*) FROM outbox o WHERE EXISTS (SELECT 1 FROM transport_messages m WHERE m.message_id = o.id)",
-        )
-        .await;
-    println!(
-        "killed at {point}: {in_flight} events had reached the broker, slot confirmed at {}",
-        confirmed_lsn(&t).await
-    );
-    join_writers(writers).await;
-    let last = write_counted(pool(&t), "last", json!({})).await;
-
-    let mut restarted = outboxd(&config)
-        .arg("run")
-        .stderr(Stdio::null())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("restart outboxd run");
-    wait_all_published(&t).await;
-    wait_confirmed_past(&t, &last).await;
-    crate::process::terminate(&mut restarted).await;
-    check_delivered(&t, true).await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wal_process_killed_between_publish_and_mark_republishes_and_loses_nothing() {
-    let (messages, events) = killed_at("after-publish-before-mark").await;
-    assert!(
-        messages > events,
-        "a batch was published and not marked when the process died: some event must reach the broker twice ({messages} messages, {events} events)"
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wal_process_killed_between_mark_and_lsn_confirm_loses_nothing() {
-    let (messages, events) = killed_at("wal-after-mark-before-confirm").await;
-    println!("killed between mark and confirm: {messages} messages for {events} events");
 }
 
 // ---- a broker that is down, then back ---------------------------------------
@@ -650,8 +553,7 @@ async fn wal_broker_down_then_back_loses_nothing_and_keeps_each_aggregates_order
     create_counters(&t).await;
     install_test_broker(&t).await;
     let pipeline = start(&t, "", Faults::none()).await;
-    wait_for_reader(&t).await;
-    pipeline.wait_metric("outboxd_relay_wal_active", 1.0).await;
+    pipeline.wait_streaming(&t).await;
 
     // Up: some events flow.
     join_writers(spawn_writers(&t, 2, 100, 20)).await;
@@ -707,8 +609,7 @@ async fn wal_four_writers_on_1000_aggregates_keep_commit_order() {
     let t = TestDb::postgres_wal().await;
     create_counters(&t).await;
     let pipeline = start(&t, "", Faults::none()).await;
-    wait_for_reader(&t).await;
-    pipeline.wait_metric("outboxd_relay_wal_active", 1.0).await;
+    pipeline.wait_streaming(&t).await;
     let started = Instant::now();
     join_writers(spawn_writers(&t, 4, 4000, 1000)).await;
     let last = write_counted(pool(&t), "agg-0000", json!({})).await;
@@ -735,7 +636,7 @@ async fn wal_poison_event_goes_dead_holds_its_aggregate_and_redrive_publishes_in
     t.exec("UPDATE public.test_broker SET reject = 'poison'")
         .await;
     let pipeline = start(&t, "", Faults::none()).await;
-    wait_for_reader(&t).await;
+    pipeline.wait_streaming(&t).await;
     let db = pool(&t).clone();
 
     write_counted(&db, "sick", json!({})).await;
@@ -868,7 +769,7 @@ registry_poll = "200ms"
         cache.path().display()
     );
     let pipeline = start(&t, &extra, Faults::none()).await;
-    wait_for_reader(&t).await;
+    pipeline.wait_streaming(&t).await;
 
     let writers = spawn_writers(&t, 2, 600, 50);
     wait_count(
@@ -933,190 +834,6 @@ registry_poll = "200ms"
     assert_eq!(per_version.len(), 2, "both versions ran: {per_version:?}");
 }
 
-// ---- hot standby -------------------------------------------------------------
-
-const TOKEN: &str = "wal-standby-token-0123456789";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
-
-/// GET /metrics of a process's admin API; `None` while it does not answer.
-async fn scrape(port: u16) -> Option<String> {
-    let fetch = async {
-        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .ok()?;
-        let req = format!(
-            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer {TOKEN}\r\n\r\n"
-        );
-        s.write_all(req.as_bytes()).await.ok()?;
-        let mut raw = Vec::new();
-        s.read_to_end(&mut raw).await.ok()?;
-        let text = String::from_utf8_lossy(&raw).into_owned();
-        text.starts_with("HTTP/1.1 200").then_some(text)
-    };
-    tokio::time::timeout(Duration::from_secs(2), fetch)
-        .await
-        .ok()
-        .flatten()
-}
-
-async fn wal_active(port: u16) -> Option<f64> {
-    scrape(port)
-        .await
-        .and_then(|m| metric_value(&m, "outboxd_relay_wal_active"))
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wal_hot_standby_takes_over_from_a_killed_reader_within_seconds() {
-    let t = TestDb::postgres_wal().await;
-    create_counters(&t).await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let ports = [free_port(), free_port()];
-    let mut children = Vec::new();
-    for (i, port) in ports.iter().enumerate() {
-        let sub = tempfile::Builder::new()
-            .prefix(&format!("p{i}"))
-            .tempdir_in(dir.path())
-            .expect("dir");
-        let config = write_config(
-            &sub,
-            &t,
-            &format!(
-                "[admin]\nenabled = true\nlisten = \"127.0.0.1:{port}\"\ntoken = \"{TOKEN}\"\nsample_seconds = 1\n"
-            ),
-        );
-        let child = outboxd(&config)
-            .arg("run")
-            .stderr(Stdio::null())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("spawn outboxd run");
-        children.push((child, *port, sub));
-    }
-    // Exactly one reads the slot; the other waits.
-    let started = Instant::now();
-    let active = loop {
-        let a = wal_active(ports[0]).await;
-        let b = wal_active(ports[1]).await;
-        match (a.map(|v| v == 1.0), b.map(|v| v == 1.0)) {
-            (Some(true), Some(false)) => break 0,
-            (Some(false), Some(true)) => break 1,
-            (Some(true), Some(true)) => panic!("both processes report that they read the slot"),
-            _ => {}
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "no single active reader after 60 s (outboxd_relay_wal_active: {a:?}, {b:?})"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    let standby = 1 - active;
-    assert!(slot_active(&t).await);
-
-    let writers = spawn_writers(&t, 2, 1500, 100);
-    wait_count(
-        &t,
-        "SELECT count(*) FROM (SELECT 1 FROM transport_messages LIMIT 300) x",
-        300,
-    )
-    .await;
-    // Mid-stream: SIGKILL the reader.
-    let (mut victim, _, _) = children.remove(active);
-    victim.start_kill().expect("SIGKILL");
-    let killed = Instant::now();
-    victim.wait().await.expect("wait");
-    let took_over = loop {
-        if wal_active(ports[standby]).await == Some(1.0) {
-            break killed.elapsed();
-        }
-        assert!(
-            killed.elapsed() < Duration::from_secs(30),
-            "the standby did not take the slot within 30 s of the reader's death"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    println!("hot standby: took over {took_over:?} after SIGKILL (standby_retry 250ms)");
-    assert!(
-        took_over < Duration::from_secs(5),
-        "a crash takeover must take about standby_retry, not {took_over:?}"
-    );
-    join_writers(writers).await;
-    let last = write_counted(pool(&t), "agg-0000", json!({})).await;
-    wait_all_published(&t).await;
-    wait_confirmed_past(&t, &last).await;
-    let scraped = scrape(ports[standby]).await.expect("metrics");
-    assert_eq!(
-        metric_value(&scraped, "outboxd_relay_wal_takeovers_total"),
-        Some(1.0),
-        "the survivor became the reader once"
-    );
-    let (mut survivor, _, _) = children.remove(0);
-    crate::process::terminate(&mut survivor).await;
-    let (messages, events) = check_delivered(&t, true).await;
-    assert_eq!(events, 1501);
-    println!("hot standby: {events} events, {messages} messages across the takeover");
-}
-
-// ---- setup errors --------------------------------------------------------------
-
-/// `outboxd migrate` with `relay.source = "wal"` creates what the relay
-/// reads when it is missing: the publication of the outbox's inserts only
-/// (the relay's marks and retention's deletes never stream back) and the
-/// pgoutput slot. `store::wal::drop_slot` removes the slot first.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wal_migrate_creates_the_publication_and_the_slot_when_missing() {
-    let t = TestDb::postgres_wal().await;
-    outboxd::store::wal::drop_slot(&t.db, &t.slot)
-        .await
-        .expect("drop the slot");
-    t.exec("DROP PUBLICATION outboxd_outbox").await;
-    assert_eq!(
-        t.count(&format!(
-            "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{}'",
-            t.slot
-        ))
-        .await,
-        0
-    );
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = write_config(&dir, &t, "");
-    let out = outboxd(&config)
-        .arg("migrate")
-        .output()
-        .await
-        .expect("run outboxd migrate");
-    assert!(
-        out.status.success(),
-        "outboxd migrate: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(
-        t.count(&format!(
-            "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{}' AND plugin = 'pgoutput'",
-            t.slot
-        ))
-        .await,
-        1,
-        "the pgoutput slot"
-    );
-    assert_eq!(
-        t.count(
-            "SELECT count(*) FROM pg_publication p JOIN pg_publication_tables pt ON pt.pubname = p.pubname
-              WHERE p.pubname = 'outboxd_outbox' AND pt.schemaname = 'outboxd' AND pt.tablename = 'outbox'
-                AND p.pubinsert AND NOT p.pubupdate AND NOT p.pubdelete"
-        )
-        .await,
-        1,
-        "a publication of the outbox's inserts only"
-    );
-}
-
 /// `OUTBOXD_FAULT` can arm the WAL relay's own point by its name.
 #[test]
 fn wal_fault_point_is_known_by_its_name() {
@@ -1125,3 +842,34 @@ fn wal_fault_point_is_known_by_its_name() {
     assert_eq!(point.name(), "wal-after-mark-before-confirm");
     assert!(FaultPoint::ALL.contains(&point));
 }
+
+/// With no outbox insert to stream, the database's other writes (here to a
+/// table outside the publication; on a real server, every other
+/// database's too) still advance the WAL: the idle reader must confirm past
+/// them, or its slot would hold that WAL for as long as the outbox is
+/// quiet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wal_an_idle_reader_releases_wal_written_outside_the_outbox() {
+    let t = TestDb::postgres_wal().await;
+    create_counters(&t).await;
+    let pipeline = start(&t, "", Faults::none()).await;
+    pipeline.wait_streaming(&t).await;
+    let first = write_counted(pool(&t), "a", json!({})).await;
+    wait_all_published(&t).await;
+    wait_confirmed_past(&t, &first).await;
+    for i in 0..200 {
+        t.exec(&format!(
+            "INSERT INTO public.counters (id, n) VALUES ('other-{i}', {i})"
+        ))
+        .await;
+    }
+    let end = t.text("SELECT pg_current_wal_insert_lsn()::text").await;
+    // More WAL after `end`, so a position past it exists to be confirmed.
+    t.exec("INSERT INTO public.counters (id, n) VALUES ('other-last', 0)")
+        .await;
+    wait_confirmed_past(&t, &end).await;
+    let lag = pipeline.metric("outboxd_relay_wal_lag_bytes");
+    assert!(lag.is_some(), "outboxd_relay_wal_lag_bytes is exported");
+    pipeline.stop().await;
+}
+
