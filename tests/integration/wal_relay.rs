@@ -169,24 +169,24 @@ pub(crate) async fn confirmed_lsn(t: &WalTestDb) -> String {
     .await
 }
 
-/// Whether the slot's confirmed position is past `lsn`.
+/// Whether the slot's confirmed position has reached `lsn`.
 async fn confirmed_past(t: &WalTestDb, lsn: &str) -> bool {
     t.count(&format!(
-        "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{}' AND confirmed_flush_lsn > '{lsn}'::pg_lsn",
+        "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{}' AND confirmed_flush_lsn >= '{lsn}'::pg_lsn",
         t.slot
     ))
     .await
         == 1
 }
 
-/// Waits until the slot's confirmed position passes `lsn`: the reader
-/// settled every transaction up to there and the server may drop its WAL.
+/// Waits until the slot's confirmed position reaches `lsn`: the reader
+/// settled every transaction before it and the server may drop that WAL.
 pub(crate) async fn wait_confirmed_past(t: &WalTestDb, lsn: &str) {
     let started = Instant::now();
     while !confirmed_past(t, lsn).await {
         assert!(
             started.elapsed() < Duration::from_secs(60),
-            "slot {} still confirms only {} after 60 s, not past {lsn}: it retains WAL it has settled",
+            "slot {} still confirms only {} after 60 s, not {lsn}: it retains WAL it has settled",
             t.slot,
             confirmed_lsn(t).await
         );
