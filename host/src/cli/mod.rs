@@ -199,9 +199,14 @@ fn init_logging(format: LogFormat) {
     };
 }
 
+/// `info`, with sqlx's statement logs at `warn`, and the replication
+/// client's own logs off: the WAL relay logs each of its errors with what it
+/// does next (a standby would otherwise log one "slot is active" error a
+/// second). `OUTBOXD_LOG` replaces it.
 fn log_filter() -> tracing_subscriber::EnvFilter {
-    tracing_subscriber::EnvFilter::try_from_env("OUTBOXD_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn"))
+    tracing_subscriber::EnvFilter::try_from_env("OUTBOXD_LOG").unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new("info,sqlx=warn,pgwire_replication=off")
+    })
 }
 
 fn faults_from_env() -> anyhow::Result<Faults> {
@@ -303,6 +308,25 @@ async fn dispatch(cli: Cli, daemon: Daemon) -> anyhow::Result<ExitCode> {
                     "applied {} (now at version {})",
                     report.applied.join(", "),
                     report.current
+                );
+            }
+            if config.relay.source == crate::config::RelaySource::Wal {
+                let wal = &config.relay.wal;
+                let made = crate::store::wal::ensure(&db, wal).await?;
+                println!(
+                    "WAL relay: publication `{}` {}, replication slot `{}` {}",
+                    wal.publication,
+                    if made.created_publication {
+                        "created"
+                    } else {
+                        "checked"
+                    },
+                    wal.slot,
+                    if made.created_slot {
+                        "created"
+                    } else {
+                        "checked"
+                    },
                 );
             }
             Ok(ExitCode::SUCCESS)

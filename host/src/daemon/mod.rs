@@ -43,6 +43,10 @@ pub enum DaemonError {
     Admin(#[from] crate::admin::AdminError),
     #[error(transparent)]
     Kafka(#[from] KafkaSetupError),
+    #[error(transparent)]
+    Wal(#[from] crate::store::wal::WalSetupError),
+    #[error("{0}")]
+    WalRelay(String),
     #[error("{0}")]
     Plugin(String),
     /// A `builtin:NAME` consumer whose name this binary did not register.
@@ -207,7 +211,7 @@ async fn spawn_pipeline(
             spawn_relays_for(
                 &mut set, config, db, publisher, &faults, &chains, &metrics, &shutdown,
             )
-            .await;
+            .await?;
         }
         TransportKind::Kafka => {
             let publisher = Arc::new(KafkaPublisher::new(
@@ -230,7 +234,7 @@ async fn spawn_pipeline(
             spawn_relays_for(
                 &mut set, config, db, publisher, &faults, &chains, &metrics, &shutdown,
             )
-            .await;
+            .await?;
         }
     }
     spawn_jobs(&mut set, config, db, metrics.clone(), shutdown.clone());
