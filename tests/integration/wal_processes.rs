@@ -15,9 +15,9 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 use crate::support::{TestDb, WalTestDb, wal_config_toml};
 use crate::wal_relay::{
-    check_delivered, confirmed_lsn, create_counters, join_writers, metric_value, pool,
-    slot_active, spawn_writers, wait_all_published, wait_confirmed_past, wait_count,
-    wait_for_reader, write_counted,
+    check_delivered, confirmed_lsn, create_counters, join_writers, metric_value, pool, slot_active,
+    spawn_writers, wait_all_published, wait_confirmed_past, wait_count, wait_for_reader,
+    write_counted,
 };
 
 // ---- a real process, killed --------------------------------------------------
@@ -336,15 +336,15 @@ async fn wal_a_login_without_replication_is_refused_at_start_naming_the_privileg
         "max_connections = 16\nmigrate_on_start = false",
     );
     std::fs::write(&path, text).expect("write the config");
-    let out = tokio::time::timeout(
-        Duration::from_secs(60),
-        outboxd(&path).arg("run").output(),
-    )
-    .await
-    .expect("outboxd run stops by itself within 60 s")
-    .expect("run outboxd");
+    let out = tokio::time::timeout(Duration::from_secs(60), outboxd(&path).arg("run").output())
+        .await
+        .expect("outboxd run stops by itself within 60 s")
+        .expect("run outboxd");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "started without REPLICATION: {stderr}");
+    assert!(
+        !out.status.success(),
+        "started without REPLICATION: {stderr}"
+    );
     assert!(stderr.contains("REPLICATION"), "{stderr}");
 }
 

@@ -112,15 +112,13 @@ impl Pipeline {
 
 /// The value of the metric `name` (without labels) in a /metrics text.
 pub(crate) fn metric_value(text: &str, name: &str) -> Option<f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find_map(|l| {
-            let rest = l.strip_prefix(name)?;
-            if !rest.starts_with(' ') {
-                return None;
-            }
-            rest.trim().parse().ok()
-        })
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let rest = l.strip_prefix(name)?;
+        if !rest.starts_with(' ') {
+            return None;
+        }
+        rest.trim().parse().ok()
+    })
 }
 
 // ---- the slot, seen from the server ----------------------------------------
@@ -214,7 +212,11 @@ pub(crate) async fn create_counters(t: &TestDb) {
 /// counter is the aggregate's commit order. Returns the position of the
 /// WAL just after the insert (before the commit record): once the slot
 /// confirms past it, the relay has settled this transaction.
-pub(crate) async fn write_counted(db: &sqlx::PgPool, agg: &str, extra: serde_json::Value) -> String {
+pub(crate) async fn write_counted(
+    db: &sqlx::PgPool,
+    agg: &str,
+    extra: serde_json::Value,
+) -> String {
     let mut tx = db.begin().await.expect("begin");
     let n: i64 = sqlx::query(
         "INSERT INTO public.counters (id, n) VALUES ($1, 1)
@@ -243,7 +245,12 @@ pub(crate) async fn write_counted(db: &sqlx::PgPool, agg: &str, extra: serde_jso
 
 /// `writers` tasks commit `events` events in all, spread over `aggregates`
 /// aggregates so that writers collide on the same ones.
-pub(crate) fn spawn_writers(t: &TestDb, writers: usize, events: usize, aggregates: usize) -> JoinSet<()> {
+pub(crate) fn spawn_writers(
+    t: &TestDb,
+    writers: usize,
+    events: usize,
+    aggregates: usize,
+) -> JoinSet<()> {
     let mut set = JoinSet::new();
     for w in 0..writers {
         let db = pool(t).clone();
@@ -872,4 +879,3 @@ async fn wal_an_idle_reader_releases_wal_written_outside_the_outbox() {
     assert!(lag.is_some(), "outboxd_relay_wal_lag_bytes is exported");
     pipeline.stop().await;
 }
-
