@@ -46,10 +46,13 @@ struct Pipeline {
 }
 
 async fn start(t: &WalTestDb, extra: &str, faults: Faults) -> Pipeline {
-    let config = wal_config(&t.url, &t.slot, extra);
+    start_with(t, &wal_config(&t.url, &t.slot, extra), faults).await
+}
+
+async fn start_with(t: &WalTestDb, config: &outboxd::config::Config, faults: Faults) -> Pipeline {
     let (stop, stop_rx) = watch::channel(false);
     let (set, handles) = Daemon::default()
-        .spawn_pipeline(&config, &t.db, faults, stop_rx)
+        .spawn_pipeline(config, &t.db, faults, stop_rx)
         .await
         .expect("start the pipeline with relay.source = \"wal\"");
     Pipeline {
@@ -389,18 +392,22 @@ async fn deliveries(t: &TestDb) -> Vec<outboxd::broker::Delivery> {
 // ---- the test broker ---------------------------------------------------------
 
 /// A trigger on the embedded transport's table makes it fail on cue:
-/// `broker_down` makes every publish fail (a plain error: retryable), and
+/// `broker_down` makes every publish fail (a plain error: retryable),
 /// `reject` makes a publish whose payload contains that text fail with a
-/// check violation, which the embedded transport reports as permanent.
+/// check violation, which the embedded transport reports as permanent, and
+/// `delay` (seconds per message) makes it slow.
 async fn install_test_broker(t: &TestDb) {
     t.exec(
         r#"
-CREATE TABLE public.test_broker (down boolean NOT NULL, reject text);
+CREATE TABLE public.test_broker (down boolean NOT NULL, reject text, delay float8 NOT NULL DEFAULT 0);
 INSERT INTO public.test_broker VALUES (false, NULL);
 CREATE FUNCTION public.test_broker_gate() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE b public.test_broker;
 BEGIN
   SELECT * INTO b FROM public.test_broker;
+  IF b.delay > 0 THEN
+    PERFORM pg_sleep(b.delay);
+  END IF;
   IF b.down THEN
     RAISE EXCEPTION 'test broker is down';
   END IF;
@@ -878,4 +885,89 @@ async fn wal_an_idle_reader_releases_wal_written_outside_the_outbox() {
     let lag = pipeline.metric("outboxd_relay_wal_lag_bytes");
     assert!(lag.is_some(), "outboxd_relay_wal_lag_bytes is exported");
     pipeline.stop().await;
+}
+
+// ---- the lag cap -------------------------------------------------------------
+
+/// A slow broker under a flood of large events: the slot falls behind the
+/// server's WAL by more than `relay.wal.max_lag_bytes`. The relay must
+/// notice and fall back to polling (`outboxd_relay_wal_fallback`), keep
+/// confirming the slot so that it retains no WAL, and still publish every
+/// event in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wal_a_slot_further_behind_than_max_lag_bytes_falls_back_to_polling() {
+    const MAX_LAG: i64 = 16 << 20;
+    let t = TestDb::postgres_wal().await;
+    create_counters(&t).await;
+    install_test_broker(&t).await;
+    let text = crate::support::wal_config_toml(&t.url, &t.slot, "").replace(
+        "sender_timeout = \"5s\"",
+        &format!("sender_timeout = \"5s\"\nmax_lag_bytes = {MAX_LAG}"),
+    );
+    let config = outboxd::config::Config::from_toml("(lag test)", &text, std::iter::empty())
+        .expect("config");
+    let pipeline = start_with(&t, &config, Faults::none()).await;
+    pipeline.wait_streaming(&t).await;
+
+    // 100 ms a message: about 10 events/s, 2 MB/s of these payloads,
+    // slower than the writers below produce WAL.
+    t.exec("UPDATE public.test_broker SET delay = 0.1").await;
+    let lag_sql = format!(
+        "SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint FROM pg_replication_slots WHERE slot_name = '{}'",
+        t.slot
+    );
+    let mut writers = JoinSet::new();
+    for w in 0..2 {
+        let db = pool(&t).clone();
+        writers.spawn(async move {
+            for i in 0..150 {
+                // About 200 kB of incompressible text per event.
+                let blob: String = (0..6_250)
+                    .map(|_| uuid::Uuid::new_v4().simple().to_string())
+                    .collect();
+                write_counted(
+                    &db,
+                    &format!("big-{}", (w * 150 + i) % 5),
+                    json!({ "blob": blob }),
+                )
+                .await;
+            }
+        });
+    }
+    let mut worst = 0;
+    let mut exceeded: Option<Instant> = None;
+    let started = Instant::now();
+    loop {
+        let lag = t.count(&lag_sql).await;
+        worst = worst.max(lag);
+        if pipeline.metric("outboxd_relay_wal_fallback") == Some(1.0) {
+            break;
+        }
+        if lag > MAX_LAG && exceeded.is_none() {
+            exceeded = Some(Instant::now());
+        }
+        if let Some(since) = exceeded {
+            assert!(
+                since.elapsed() < Duration::from_secs(20),
+                "the slot fell {lag} bytes behind the server's WAL (over relay.wal.max_lag_bytes = {MAX_LAG} for 20 s, \
+                 worst {worst}; outboxd_relay_wal_lag_bytes = {:?}), and the relay did not fall back to polling",
+                pipeline.metric("outboxd_relay_wal_lag_bytes")
+            );
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "the slow broker never put the slot {MAX_LAG} bytes behind (worst {worst}): this test proves nothing; make the broker slower"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!("fell back to polling with the slot {worst} bytes behind at worst");
+    t.exec("UPDATE public.test_broker SET delay = 0").await;
+    join_writers(writers).await;
+    let last = write_counted(pool(&t), "big-0", json!({})).await;
+    wait_all_published(&t).await;
+    // Polling now, it still confirms the stream: the slot holds no WAL.
+    wait_confirmed_past(&t, &last).await;
+    pipeline.stop().await;
+    let (_, events) = check_delivered(&t, true).await;
+    assert_eq!(events, 301);
 }
