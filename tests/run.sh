@@ -4,6 +4,10 @@
 # Postgres: uses $OUTBOXD_TEST_DATABASE_URL if set, else the server on
 # 127.0.0.1:5432 if it answers, else a throwaway cluster (initdb + pg_ctl in
 # a temporary directory) when the PostgreSQL binaries are installed.
+# The WAL relay's tests read a logical replication slot, so the server must
+# run with wal_level = logical: the throwaway cluster starts with it, and the
+# local cluster on 127.0.0.1:5432 is switched (ALTER SYSTEM and a restart,
+# once; a no-op when it already is). Another server is only checked.
 # Kafka-compatible broker: see tests/tansu.sh (started here when present).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,7 +43,7 @@ start_throwaway_postgres() {
   log "starting a throwaway Postgres in $dir on port $port"
   "${runas[@]}" "$initdb" -D "$dir/data" -U postgres --auth=trust >/dev/null
   "${runas[@]}" "$pg_ctl" -D "$dir/data" -l "$dir/log" -w \
-    -o "-c listen_addresses=127.0.0.1 -p $port -k $dir -c fsync=off" start >/dev/null
+    -o "-c listen_addresses=127.0.0.1 -p $port -k $dir -c fsync=off -c wal_level=logical" start >/dev/null
   cleanup_cmds+=("${runas[*]} $pg_ctl -D $dir/data -m immediate stop >/dev/null 2>&1; rm -rf $dir")
   export OUTBOXD_TEST_DATABASE_URL="postgres://postgres@127.0.0.1:$port/postgres"
 }
@@ -52,6 +56,73 @@ if [ -z "${OUTBOXD_TEST_DATABASE_URL:-}" ]; then
   fi
 fi
 log "Postgres for tests: $OUTBOXD_TEST_DATABASE_URL"
+
+pg_answers() { psql "$OUTBOXD_TEST_DATABASE_URL" -Atqc "SELECT 1" >/dev/null 2>&1; }
+
+# The WAL relay reads a logical replication slot: wal_level must be
+# `logical`, a setting that takes a server restart.
+ensure_logical_wal() {
+  local level cluster
+  level=$(psql "$OUTBOXD_TEST_DATABASE_URL" -Atqc "SHOW wal_level" 2>/dev/null || true)
+  if [ "$level" = logical ]; then
+    return
+  fi
+  case "$OUTBOXD_TEST_DATABASE_URL" in
+    *@127.0.0.1:5432/* | *@localhost:5432/*)
+      # The cluster that listens on 5432, as pg_lsclusters lists it
+      # ("15 main"); else the only version under /etc/postgresql.
+      cluster=$(pg_lsclusters --no-header 2>/dev/null | awk '$3 == 5432 { print $1, $2; exit }')
+      [ -n "$cluster" ] || cluster="$(ls /etc/postgresql 2>/dev/null | sort -V | tail -1) main"
+      log "Postgres on 127.0.0.1:5432 runs wal_level = ${level:-unknown}; the WAL relay's tests need logical:"
+      log "ALTER SYSTEM SET wal_level = logical, then restarting cluster $cluster"
+      psql "$OUTBOXD_TEST_DATABASE_URL" -qc "ALTER SYSTEM SET wal_level = logical" >/dev/null
+      # shellcheck disable=SC2086 # "$cluster" is two words: version and name
+      pg_ctlcluster --skip-systemctl-redirect $cluster restart
+      for _ in $(seq 1 120); do
+        pg_answers && break
+        sleep 0.5
+      done
+      level=$(psql "$OUTBOXD_TEST_DATABASE_URL" -Atqc "SHOW wal_level" 2>/dev/null || true)
+      if [ "$level" != logical ]; then
+        echo "error: Postgres on 127.0.0.1:5432 still runs wal_level = ${level:-unknown (it does not answer)} after the restart of cluster $cluster." >&2
+        echo "       Set wal_level = logical in its postgresql.conf (or ALTER SYSTEM) and restart it." >&2
+        exit 1
+      fi
+      log "Postgres on 127.0.0.1:5432 now runs wal_level = logical"
+      ;;
+    *)
+      {
+        echo
+        echo "!!! WARNING: the Postgres at $OUTBOXD_TEST_DATABASE_URL runs wal_level = ${level:-unknown},"
+        echo "!!! not logical. The WAL relay's tests (relay.source = \"wal\", every test named wal_*)"
+        echo "!!! will FAIL, not skip. Fix: as a superuser run"
+        echo "!!!     ALTER SYSTEM SET wal_level = logical;"
+        echo "!!! then restart that server (max_replication_slots and max_wal_senders >= 4 as well)."
+        echo
+      } >&2
+      ;;
+  esac
+}
+
+if command -v psql >/dev/null 2>&1; then
+  ensure_logical_wal
+  # Replication slots left behind by earlier runs, each named after its
+  # test's database. A slot pins WAL for ever and blocks DROP DATABASE, so
+  # these go first: terminate the walsender still reading one (a killed
+  # test's relay), then drop it.
+  psql "$OUTBOXD_TEST_DATABASE_URL" -Atqc \
+    "SELECT slot_name FROM pg_replication_slots WHERE database LIKE 'outboxd\_t\_%'" 2>/dev/null |
+    while read -r slot; do
+      for _ in $(seq 1 50); do
+        psql "$OUTBOXD_TEST_DATABASE_URL" -Atqc \
+          "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = '$slot' AND active_pid IS NOT NULL" >/dev/null 2>&1 || true
+        if psql "$OUTBOXD_TEST_DATABASE_URL" -qc "SELECT pg_drop_replication_slot('$slot')" >/dev/null 2>&1; then
+          break
+        fi
+        sleep 0.1
+      done
+    done
+fi
 
 # Drop databases left behind by earlier runs (each test makes its own).
 if command -v psql >/dev/null 2>&1; then

@@ -77,4 +77,6 @@ mod sqlite_wake;
 mod swap_processes;
 mod timing;
 mod traces;
+mod wal_processes;
+mod wal_relay;
 mod wal_setup;

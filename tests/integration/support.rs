@@ -261,3 +261,207 @@ macro_rules! on_both {
         }
     };
 }
+
+/// A migrated Postgres test database ready for the WAL relay
+/// (`relay.source = "wal"`): its publication and its replication slot exist.
+/// The slot is named like the database (`outboxd_t_<uuid>`): slots belong
+/// to the whole cluster, so the name never clashes with another test's, and
+/// tests/run.sh can find the leftovers of a killed run. Dropping this drops
+/// the slot (see [`SlotGuard`]).
+pub struct WalTestDb {
+    pub t: TestDb,
+    pub slot: String,
+    _slot: SlotGuard,
+}
+
+impl std::ops::Deref for WalTestDb {
+    type Target = TestDb;
+    fn deref(&self) -> &TestDb {
+        &self.t
+    }
+}
+
+impl TestDb {
+    /// This database's name, the last part of its URL.
+    pub fn database_name(&self) -> &str {
+        self.url.rsplit('/').next().expect("database name")
+    }
+
+    /// A new Postgres database, migrated, with the WAL relay's publication
+    /// and slot created by the product's own `store::wal::ensure`.
+    pub async fn postgres_wal() -> WalTestDb {
+        let t = TestDb::postgres().await;
+        let level = t.text("SHOW wal_level").await;
+        assert_eq!(
+            level,
+            "logical",
+            "the WAL relay's tests need a server with wal_level = logical, and {} runs {level}. \
+             `bash tests/run.sh` switches the local cluster on 127.0.0.1:5432 (ALTER SYSTEM and a restart); \
+             on another server run `ALTER SYSTEM SET wal_level = logical` as a superuser and restart it",
+            pg_admin_url()
+        );
+        let slot = t.database_name().to_string();
+        // Armed before the slot exists, so a test that fails from here on
+        // still drops it.
+        let guard = SlotGuard { slot: slot.clone() };
+        wait_for_a_free_slot(&t).await;
+        let config = wal_config(&t.url, &slot, "");
+        outboxd::store::wal::ensure(&t.db, &config.relay.wal)
+            .await
+            .unwrap_or_else(|e| panic!("create the publication and slot {slot}: {e}"));
+        WalTestDb {
+            t,
+            slot,
+            _slot: guard,
+        }
+    }
+
+    /// Runs a query returning one text value.
+    pub async fn text(&self, sql: &str) -> String {
+        match &self.db {
+            Db::Postgres(p) => sqlx::query(sql)
+                .fetch_one(p)
+                .await
+                .expect(sql)
+                .get::<String, _>(0),
+            Db::Sqlite(p) => sqlx::query(sql)
+                .fetch_one(p)
+                .await
+                .expect(sql)
+                .get::<String, _>(0),
+        }
+    }
+}
+
+/// The outboxd config of a WAL relay test: this database, `relay.source =
+/// "wal"` on `slot`, one reader, short retry and status intervals, a fast
+/// backoff with room for many attempts (an outage must not kill events),
+/// the embedded transport; then `extra` (TOML sections) appended.
+pub fn wal_config_toml(url: &str, slot: &str, extra: &str) -> String {
+    format!(
+        r#"
+[database]
+url = "{url}"
+max_connections = 16
+
+[relay]
+source = "wal"
+workers = 1
+batch_size = 50
+poll_interval = "50ms"
+publish_timeout = "5s"
+max_attempts = 1000
+
+[relay.backoff]
+base_seconds = 0.05
+max_seconds = 0.5
+
+[relay.wal]
+slot = "{slot}"
+standby_retry = "250ms"
+status_interval = "250ms"
+sender_timeout = "5s"
+
+{extra}
+"#
+    )
+}
+
+/// [`wal_config_toml`], parsed and validated as `outboxd run` would.
+pub fn wal_config(url: &str, slot: &str, extra: &str) -> outboxd::config::Config {
+    let text = wal_config_toml(url, slot, extra);
+    outboxd::config::Config::from_toml("(WAL test config)", &text, std::iter::empty())
+        .unwrap_or_else(|e| panic!("the WAL test config is refused: {e}\n{text}"))
+}
+
+/// The cluster has a fixed number of replication slots
+/// (`max_replication_slots`); nextest's `wal` group (.config/nextest.toml)
+/// bounds how many of these tests run at once. Under plain `cargo test`,
+/// or next to a chaos soak holding slots, this waits for one to be free
+/// rather than failing on a full cluster.
+async fn wait_for_a_free_slot(t: &TestDb) {
+    let started = std::time::Instant::now();
+    loop {
+        let free = t
+            .count(
+                "SELECT current_setting('max_replication_slots')::bigint - (SELECT count(*) FROM pg_replication_slots)",
+            )
+            .await;
+        if free > 0 {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(180),
+            "no free replication slot on {} for 3 minutes (max_replication_slots is full): \
+             see `SELECT slot_name, database, active FROM pg_replication_slots`; \
+             tests/run.sh drops the slots earlier runs left",
+            pg_admin_url()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Drops a test's replication slot when the test ends, passed or panicked,
+/// so no slot pins WAL or blocks its database's DROP DATABASE. A reader
+/// still on the slot (a relay the test started, or one a standby is about
+/// to start) is terminated first, until the drop succeeds. It runs psql,
+/// synchronously: a Drop cannot await, and the test's runtime may be
+/// shutting down.
+pub struct SlotGuard {
+    pub slot: String,
+}
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        let slot = &self.slot;
+        let sql = format!(
+            r#"DO $$
+DECLARE pid int;
+BEGIN
+  FOR i IN 1..200 LOOP
+    SELECT active_pid INTO pid FROM pg_replication_slots WHERE slot_name = '{slot}';
+    IF NOT FOUND THEN RETURN; END IF;
+    IF pid IS NULL THEN
+      BEGIN
+        PERFORM pg_drop_replication_slot('{slot}');
+        RETURN;
+      EXCEPTION WHEN object_in_use OR undefined_object THEN NULL;
+      END;
+    ELSE
+      PERFORM pg_terminate_backend(pid);
+    END IF;
+    PERFORM pg_sleep(0.05);
+  END LOOP;
+  RAISE EXCEPTION 'replication slot {slot} is still in use after 10 s';
+END $$"#
+        );
+        let out = std::process::Command::new("psql")
+            .args([
+                pg_admin_url().as_str(),
+                "-X",
+                "-q",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-c",
+                &sql,
+            ])
+            .output();
+        let failed = match &out {
+            Ok(o) if o.status.success() => None,
+            Ok(o) => Some(String::from_utf8_lossy(&o.stderr).into_owned()),
+            Err(e) => Some(format!("cannot run psql: {e}")),
+        };
+        if let Some(why) = failed {
+            // Panicking in a Drop during a panic aborts the process and
+            // hides the first failure; report it instead.
+            if std::thread::panicking() {
+                eprintln!("could not drop replication slot {slot}: {why}");
+            } else {
+                panic!(
+                    "could not drop replication slot {slot}: {why} \
+                     (tests/run.sh drops leftover slots at its start)"
+                );
+            }
+        }
+    }
+}
