@@ -77,3 +77,4 @@ mod sqlite_wake;
 mod swap_processes;
 mod timing;
 mod traces;
+mod wal_status;

@@ -266,7 +266,7 @@ async fn spawn_pipeline(
         let stop = shutdown.clone();
         let sampler_metrics = metrics.clone();
         set.spawn(async move {
-            crate::admin::run_sampler(store, history, sampler_metrics, every, stop).await;
+            crate::admin::run_sampler(store, history, sampler_metrics, every, None, stop).await;
             Ok(())
         });
     }
