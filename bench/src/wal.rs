@@ -260,6 +260,8 @@ pub(crate) struct RelaySetup {
 /// relay is up (its probe was published).
 pub(crate) const PROBE_TYPE: &str = "walprobe.ready";
 const PROBE_TOPIC: &str = "outboxd.walbench.probe";
+/// Partitions of every benchmark topic.
+pub(crate) const PARTITIONS: i32 = 4;
 
 impl Bench {
     pub fn brokers(&self) -> &str {
@@ -343,6 +345,12 @@ impl Bench {
     ) -> Result<RelayProcess, BenchError> {
         if mode == Mode::Wal {
             self.skip_slot_to_now().await?;
+        }
+        if setup.kafka {
+            let topics = [PROBE_TOPIC.to_string(), setup.topic.clone()];
+            outboxd::broker::kafka::ensure_topics(&self.kafka_props(), &topics, PARTITIONS)
+                .await
+                .map_err(|e| BenchError::Refused(format!("--brokers {}: {e}", self.brokers())))?;
         }
         let path = self
             .dir
@@ -474,6 +482,7 @@ fn spawn(exe: &Path, config: &Path, log: &Path) -> Result<tokio::process::Child,
         .arg(config)
         .arg("run")
         .env("OUTBOXD_LOG", "warn")
+        .env("NO_COLOR", "1")
         .stdout(Stdio::null())
         .stderr(out)
         .kill_on_drop(true);

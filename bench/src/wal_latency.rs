@@ -18,7 +18,7 @@ use serde::Serialize;
 
 use super::BenchError;
 use super::pipeline::produce;
-use super::wal::{Bench, Mode, RelaySetup, median, run_order};
+use super::wal::{Bench, Mode, PARTITIONS, RelaySetup, median, run_order};
 use outboxd::broker::Delivery;
 use outboxd::config::Config;
 use outboxd::consumer::inbox::{Handler, HandlerError, InboxTx};
@@ -26,8 +26,6 @@ use outboxd::daemon::Daemon;
 use outboxd::fault::Faults;
 use outboxd_demo::latency::{LatencySamples, percentile};
 
-/// Partitions of each run's topic; the consumer reads them all.
-const PARTITIONS: i32 = 4;
 const EVENT_TYPE: &str = "walbench.event";
 
 #[derive(Debug, Clone, Serialize)]
@@ -158,9 +156,6 @@ async fn run_one(
     topic: &str,
 ) -> Result<LatencyRun, BenchError> {
     bench.reset().await?;
-    outboxd::broker::kafka::ensure_topics(&bench.kafka_props(), &[topic.to_string()], PARTITIONS)
-        .await
-        .map_err(|e| BenchError::Refused(format!("--brokers {}: {e}", bench.brokers())))?;
     let relay = bench
         .start_relay(
             mode,

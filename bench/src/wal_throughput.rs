@@ -23,7 +23,6 @@ use super::wal::{Bench, Mode, RelaySetup, median, run_order};
 use outboxd::broker::MessageSource;
 use outboxd::broker::kafka::{KafkaConsumer, KafkaConsumerConfig};
 
-const PARTITIONS: i32 = 4;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct ThroughputRun {
@@ -150,13 +149,6 @@ async fn run_one(
 ) -> Result<ThroughputRun, BenchError> {
     let a = &bench.args;
     bench.reset().await?;
-    outboxd::broker::kafka::ensure_topics(
-        &bench.kafka_props(),
-        std::slice::from_ref(&setup.topic),
-        PARTITIONS,
-    )
-    .await
-    .map_err(|e| BenchError::Refused(format!("--brokers {}: {e}", bench.brokers())))?;
     let mut relay = bench.start_relay(mode, setup).await?;
     let drained = async {
         relay.pause()?;
