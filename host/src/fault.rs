@@ -38,10 +38,13 @@ pub enum FaultPoint {
     /// written, before the inbox transaction commits (after an external
     /// effect, before the mark).
     ConsumerBeforeCommit,
+    /// WAL relay: the batch is published and marked, before the slot's
+    /// position moves past it (the stream replays it after a crash).
+    WalAfterMarkBeforeConfirm,
 }
 
 impl FaultPoint {
-    pub const ALL: [FaultPoint; 10] = [
+    pub const ALL: [FaultPoint; 11] = [
         FaultPoint::BeforeTransaction,
         FaultPoint::AfterInsertBeforeCommit,
         FaultPoint::AfterCommitBeforeReply,
@@ -52,6 +55,7 @@ impl FaultPoint {
         FaultPoint::RedriveAfterCommit,
         FaultPoint::RedriveReleaseBeforeCommit,
         FaultPoint::ConsumerBeforeCommit,
+        FaultPoint::WalAfterMarkBeforeConfirm,
     ];
 
     pub fn name(self) -> &'static str {
@@ -66,6 +70,7 @@ impl FaultPoint {
             FaultPoint::RedriveAfterCommit => "redrive-after-commit",
             FaultPoint::RedriveReleaseBeforeCommit => "redrive-release-before-commit",
             FaultPoint::ConsumerBeforeCommit => "consumer-before-commit",
+            FaultPoint::WalAfterMarkBeforeConfirm => "wal-after-mark-before-confirm",
         }
     }
 }

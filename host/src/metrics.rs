@@ -227,6 +227,58 @@ impl ParkingMetrics {
     }
 }
 
+/// What the WAL relay reports of its slot and its hand-offs.
+#[derive(Debug, Default)]
+pub struct WalMetrics {
+    /// 1 while this process reads the slot.
+    pub active: AtomicU64,
+    /// Server WAL end minus the confirmed flush position, as the stream
+    /// reports it.
+    pub lag_bytes: AtomicU64,
+    /// 1 once this process fell back to polling (relay.wal.max_lag_bytes).
+    pub fallback: AtomicU64,
+    /// Aggregates handed to polling (a failed or dead event, or rows the
+    /// slot does not replay).
+    pub handed_aggregates: AtomicU64,
+    /// Times this process became the slot's reader.
+    pub takeovers: AtomicU64,
+}
+
+impl WalMetrics {
+    fn render(&self, out: &mut String) {
+        for (name, help, value) in [
+            (
+                "outboxd_relay_wal_active",
+                "1 while this process reads the replication slot (relay.source = \"wal\").",
+                &self.active,
+            ),
+            (
+                "outboxd_relay_wal_lag_bytes",
+                "Server WAL end minus the slot's confirmed flush position, as the stream reports it.",
+                &self.lag_bytes,
+            ),
+            (
+                "outboxd_relay_wal_fallback",
+                "1 once this process fell back from the WAL to polling (relay.wal.max_lag_bytes).",
+                &self.fallback,
+            ),
+            (
+                "outboxd_relay_wal_handed_aggregates",
+                "Aggregates the WAL relay handed to polling (failed or dead events, rows the slot does not replay).",
+                &self.handed_aggregates,
+            ),
+        ] {
+            gauge(out, name, help, value.load(Ordering::Relaxed) as f64);
+        }
+        counter(
+            out,
+            "outboxd_relay_wal_takeovers_total",
+            "Times this process became the reader of the replication slot.",
+            self.takeovers.load(Ordering::Relaxed),
+        );
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct Metrics {
     pub relay_batches: AtomicU64,
@@ -236,6 +288,8 @@ pub struct Metrics {
     pub relay_failures: LabelledCounter,
     /// From the event's commit to the broker's acknowledgement.
     pub relay_lag: Histogram,
+    /// The WAL relay (relay.source = "wal"); zero in polling mode.
+    pub wal: WalMetrics,
     consumers: Mutex<BTreeMap<String, std::sync::Arc<ConsumerMetrics>>>,
     /// Business rows missing their event, per reconciliation rule (last run).
     reconcile_missing: Mutex<BTreeMap<String, u64>>,
@@ -483,6 +537,7 @@ impl Metrics {
         let _ = writeln!(out, "# TYPE outboxd_relay_lag_seconds histogram");
         self.relay_lag
             .render(&mut out, "outboxd_relay_lag_seconds", "");
+        self.wal.render(&mut out);
 
         let consumers = self.consumers();
         for (name, help, pick) in [

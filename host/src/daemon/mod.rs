@@ -43,6 +43,10 @@ pub enum DaemonError {
     Admin(#[from] crate::admin::AdminError),
     #[error(transparent)]
     Kafka(#[from] KafkaSetupError),
+    #[error(transparent)]
+    Wal(#[from] crate::store::wal::WalSetupError),
+    #[error("{0}")]
+    WalRelay(String),
     #[error("{0}")]
     Plugin(String),
     /// A `builtin:NAME` consumer whose name this binary did not register.
@@ -207,7 +211,7 @@ async fn spawn_pipeline(
             spawn_relays_for(
                 &mut set, config, db, publisher, &faults, &chains, &metrics, &shutdown,
             )
-            .await;
+            .await?;
         }
         TransportKind::Kafka => {
             let publisher = Arc::new(KafkaPublisher::new(
@@ -230,7 +234,7 @@ async fn spawn_pipeline(
             spawn_relays_for(
                 &mut set, config, db, publisher, &faults, &chains, &metrics, &shutdown,
             )
-            .await;
+            .await?;
         }
     }
     spawn_jobs(&mut set, config, db, metrics.clone(), shutdown.clone());
@@ -265,8 +269,14 @@ async fn spawn_pipeline(
         let every = Duration::from_secs(config.admin.sample_seconds.max(1));
         let stop = shutdown.clone();
         let sampler_metrics = metrics.clone();
+        let slot = (config.relay.source == crate::config::RelaySource::Wal).then(|| {
+            crate::admin::SlotSampler {
+                db: db.clone(),
+                slot: config.relay.wal.slot.clone(),
+            }
+        });
         set.spawn(async move {
-            crate::admin::run_sampler(store, history, sampler_metrics, every, None, stop).await;
+            crate::admin::run_sampler(store, history, sampler_metrics, every, slot, stop).await;
             Ok(())
         });
     }

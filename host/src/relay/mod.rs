@@ -6,6 +6,7 @@
 //! ([`transform`]); the others take the plain path, untouched.
 
 pub mod transform;
+pub mod wal;
 pub mod worker;
 
 pub use outboxd_core::{backoff, route};

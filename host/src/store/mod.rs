@@ -31,6 +31,7 @@ pub mod sqlite_watch;
 mod stored_time;
 pub mod transport;
 mod tx;
+pub mod wal;
 pub mod wal_status;
 
 use std::future::Future;

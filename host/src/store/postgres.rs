@@ -22,6 +22,38 @@ impl PgStore {
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }
+
+    /// [`OutboxStore::claim`] over the given aggregates only (the WAL
+    /// relay's hand-off to polling).
+    pub async fn claim_among(
+        &self,
+        limit: usize,
+        now: DateTime<Utc>,
+        aggregates: &[String],
+    ) -> Result<PgBatch, StoreError> {
+        if aggregates.is_empty() {
+            return Ok(PgBatch {
+                tx: None,
+                events: Vec::new(),
+            });
+        }
+        let mut tx = self.pool.begin().await?;
+        let rows = sqlx::query(CLAIM_AMONG)
+            .bind(limit as i64)
+            .bind(now)
+            .bind(aggregates)
+            .fetch_all(&mut *tx)
+            .await?;
+        let events = rows.iter().map(decode_row).collect::<Result<Vec<_>, _>>()?;
+        if events.is_empty() {
+            tx.rollback().await?;
+            return Ok(PgBatch { tx: None, events });
+        }
+        Ok(PgBatch {
+            tx: Some(tx),
+            events,
+        })
+    }
 }
 
 /// The oldest due, pending event of each aggregate. NOT EXISTS keeps
@@ -34,6 +66,24 @@ SELECT o.seq, o.id, o.aggregate_id, o.event_type, o.payload::text, o.headers::te
  WHERE o.published_at IS NULL
    AND o.dead_at IS NULL
    AND o.next_attempt_at <= $2
+   AND NOT EXISTS (
+     SELECT 1 FROM outbox earlier
+      WHERE earlier.aggregate_id = o.aggregate_id
+        AND earlier.published_at IS NULL
+        AND earlier.seq < o.seq)
+ ORDER BY o.seq
+ LIMIT $1
+ FOR UPDATE OF o SKIP LOCKED";
+
+/// [`CLAIM`] over a given set of aggregates.
+const CLAIM_AMONG: &str = "
+SELECT o.seq, o.id, o.aggregate_id, o.event_type, o.payload::text, o.headers::text,
+       o.created_at, o.attempts, o.redrive_with
+  FROM outbox o
+ WHERE o.published_at IS NULL
+   AND o.dead_at IS NULL
+   AND o.next_attempt_at <= $2
+   AND o.aggregate_id = ANY($3)
    AND NOT EXISTS (
      SELECT 1 FROM outbox earlier
       WHERE earlier.aggregate_id = o.aggregate_id
@@ -82,51 +132,63 @@ impl ClaimedBatch for PgBatch {
         let Some(mut tx) = self.tx.take() else {
             return Ok(());
         };
-        if !outcome.transformed.is_empty() {
-            let rows = outcome.done_rows();
-            let seqs: Vec<i64> = rows.iter().map(|r| r.0).collect();
-            let outcomes: Vec<&str> = rows.iter().map(|r| r.1).collect();
-            let labels: Vec<Option<&str>> = rows.iter().map(|r| r.2).collect();
-            sqlx::query(MARK_DONE)
-                .bind(&seqs)
-                .bind(&outcomes)
-                .bind(&labels)
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
-        } else {
-            if !outcome.published.is_empty() {
-                sqlx::query(MARK_PUBLISHED)
-                    .bind(&outcome.published)
-                    .bind(now)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            if !outcome.filtered.is_empty() {
-                sqlx::query(MARK_FILTERED)
-                    .bind(&outcome.filtered)
-                    .bind(now)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-        }
-        if !outcome.failed.is_empty() {
-            let seqs: Vec<i64> = outcome.failed.iter().map(|f| f.seq).collect();
-            let errors: Vec<&str> = outcome.failed.iter().map(|f| f.error.as_str()).collect();
-            let retry: Vec<DateTime<Utc>> = outcome.failed.iter().map(|f| f.retry_at).collect();
-            let dead: Vec<bool> = outcome.failed.iter().map(|f| f.dead).collect();
-            sqlx::query(MARK_FAILED)
-                .bind(&seqs)
-                .bind(&errors)
-                .bind(&retry)
-                .bind(&dead)
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
-        }
+        mark_outcome(&mut tx, &outcome, now).await?;
         tx.commit().await?;
         Ok(())
     }
+}
+
+/// Writes a batch's outcome in `tx`: published and filtered events (with
+/// their chain labels when plugins ran), then failures (attempts, backoff,
+/// dead). The polling claim's transaction and the WAL relay's marks share it.
+pub(super) async fn mark_outcome(
+    tx: &mut Transaction<'static, Postgres>,
+    outcome: &BatchOutcome,
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    if !outcome.transformed.is_empty() {
+        let rows = outcome.done_rows();
+        let seqs: Vec<i64> = rows.iter().map(|r| r.0).collect();
+        let outcomes: Vec<&str> = rows.iter().map(|r| r.1).collect();
+        let labels: Vec<Option<&str>> = rows.iter().map(|r| r.2).collect();
+        sqlx::query(MARK_DONE)
+            .bind(&seqs)
+            .bind(&outcomes)
+            .bind(&labels)
+            .bind(now)
+            .execute(&mut **tx)
+            .await?;
+    } else {
+        if !outcome.published.is_empty() {
+            sqlx::query(MARK_PUBLISHED)
+                .bind(&outcome.published)
+                .bind(now)
+                .execute(&mut **tx)
+                .await?;
+        }
+        if !outcome.filtered.is_empty() {
+            sqlx::query(MARK_FILTERED)
+                .bind(&outcome.filtered)
+                .bind(now)
+                .execute(&mut **tx)
+                .await?;
+        }
+    }
+    if !outcome.failed.is_empty() {
+        let seqs: Vec<i64> = outcome.failed.iter().map(|f| f.seq).collect();
+        let errors: Vec<&str> = outcome.failed.iter().map(|f| f.error.as_str()).collect();
+        let retry: Vec<DateTime<Utc>> = outcome.failed.iter().map(|f| f.retry_at).collect();
+        let dead: Vec<bool> = outcome.failed.iter().map(|f| f.dead).collect();
+        sqlx::query(MARK_FAILED)
+            .bind(&seqs)
+            .bind(&errors)
+            .bind(&retry)
+            .bind(&dead)
+            .bind(now)
+            .execute(&mut **tx)
+            .await?;
+    }
+    Ok(())
 }
 
 impl OutboxStore for PgStore {

@@ -111,6 +111,9 @@ pub(crate) mod keys {
         // that shows the duration to write instead.
         kafka_stall_timeout: "consumers[].kafka_stall_timeout", "consumers[].kafka_stall_timeout";
         http_request_timeout: "plugins[].http.request_timeout", "plugins[].http.request_timeout";
+        wal_standby_retry: "relay.wal.standby_retry", "relay.wal.standby_retry";
+        wal_sender_timeout: "relay.wal.sender_timeout", "relay.wal.sender_timeout";
+        wal_status_interval: "relay.wal.status_interval", "relay.wal.status_interval";
     }
 
     /// `plugin_runtime.registry_poll`, which may be left out.

@@ -264,6 +264,94 @@ pub struct RelaySection {
     /// faster, but a crash republishes up to two batches instead of one.
     #[serde(default)]
     pub pipeline: bool,
+    /// Where the relay finds new events: `poll` (the claim query; the
+    /// default, and the only source on SQLite) or `wal` (Postgres's logical
+    /// replication stream, see [`WalSection`]).
+    #[serde(default)]
+    pub source: RelaySource,
+    #[serde(default)]
+    pub wal: WalSection,
+}
+
+/// `relay.source`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RelaySource {
+    #[default]
+    Poll,
+    Wal,
+}
+
+/// `[relay.wal]`: the logical replication slot and publication the WAL
+/// relay reads (Postgres only).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WalSection {
+    /// The replication slot (`pgoutput`). Slots belong to the whole
+    /// cluster: give each database its own name.
+    #[serde(default = "default_wal_slot")]
+    pub slot: String,
+    /// The publication on the outbox table (`publish = 'insert'`).
+    #[serde(default = "default_wal_publication")]
+    pub publication: String,
+    /// How often a standby (a process whose slot another one reads) tries
+    /// to take the slot over. Default 1s.
+    #[serde(
+        default = "default_wal_standby_retry",
+        deserialize_with = "duration::keys::wal_standby_retry"
+    )]
+    pub standby_retry: Duration,
+    /// `wal_sender_timeout` for the replication connection: how long the
+    /// server keeps a silent reader's slot after a network partition before
+    /// a standby may take it. Default 10s.
+    #[serde(
+        default = "default_wal_sender_timeout",
+        deserialize_with = "duration::keys::wal_sender_timeout"
+    )]
+    pub sender_timeout: Duration,
+    /// How often the reader reports its flushed position. Default 1s.
+    #[serde(
+        default = "default_wal_status_interval",
+        deserialize_with = "duration::keys::wal_status_interval"
+    )]
+    pub status_interval: Duration,
+    /// Past this much WAL between the server's end and the slot's confirmed
+    /// position, the relay stops reading the slot and polls instead, and
+    /// says so (error log, `outboxd_relay_wal_fallback`). Default 1 GiB.
+    #[serde(default = "default_wal_max_lag_bytes")]
+    pub max_lag_bytes: u64,
+}
+
+impl Default for WalSection {
+    fn default() -> Self {
+        Self {
+            slot: default_wal_slot(),
+            publication: default_wal_publication(),
+            standby_retry: default_wal_standby_retry(),
+            sender_timeout: default_wal_sender_timeout(),
+            status_interval: default_wal_status_interval(),
+            max_lag_bytes: default_wal_max_lag_bytes(),
+        }
+    }
+}
+
+fn default_wal_slot() -> String {
+    "outboxd".into()
+}
+fn default_wal_publication() -> String {
+    "outboxd_outbox".into()
+}
+fn default_wal_standby_retry() -> Duration {
+    Duration::from_secs(1)
+}
+fn default_wal_sender_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+fn default_wal_status_interval() -> Duration {
+    Duration::from_secs(1)
+}
+fn default_wal_max_lag_bytes() -> u64 {
+    1 << 30
 }
 
 impl Default for RelaySection {
@@ -277,6 +365,8 @@ impl Default for RelaySection {
             lease: default_lease(),
             backoff: Backoff::default(),
             pipeline: false,
+            source: RelaySource::Poll,
+            wal: WalSection::default(),
         }
     }
 }

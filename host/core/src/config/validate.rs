@@ -66,6 +66,7 @@ impl Config {
             );
         }
         self.check_sqlite_relay_lease()?;
+        self.check_wal_source()?;
         self.check_pool_size()?;
         let b = self.relay.backoff;
         if !(b.base_seconds > 0.0 && b.max_seconds >= b.base_seconds) {
@@ -341,6 +342,70 @@ impl Config {
     /// a renewal is a write, so it may queue behind other writers for the
     /// database's one write lock; a lease shorter than a second could
     /// expire while its renewal waits, and the batch would be claimed twice.
+    /// `relay.source = "wal"` reads Postgres's logical replication stream:
+    /// SQLite has none, and the slot and publication names go into SQL
+    /// and the replication protocol as identifiers.
+    fn check_wal_source(&self) -> Result<(), ConfigError> {
+        use super::RelaySource;
+        let bad = |key: &str, message: String| {
+            Err(ConfigError::Key {
+                key: key.into(),
+                message,
+            })
+        };
+        if self.relay.source != RelaySource::Wal {
+            return Ok(());
+        }
+        if DbKind::from_url(&self.database.url).ok() == Some(DbKind::Sqlite) {
+            return bad(
+                "relay.source",
+                "\"wal\" reads Postgres's write-ahead log; SQLite has none. Use relay.source = \"poll\" (the default) on SQLite".into(),
+            );
+        }
+        let w = &self.relay.wal;
+        for (key, name) in [
+            ("relay.wal.slot", &w.slot),
+            ("relay.wal.publication", &w.publication),
+        ] {
+            let ok = !name.is_empty()
+                && name.len() <= 63
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+                && !name.as_bytes()[0].is_ascii_digit();
+            if !ok {
+                return bad(
+                    key,
+                    format!(
+                        "`{name}` is not a valid name: use 1 to 63 lowercase letters, digits and underscores, not starting with a digit"
+                    ),
+                );
+            }
+        }
+        if w.standby_retry.is_zero() || w.status_interval.is_zero() {
+            return bad(
+                "relay.wal",
+                "standby_retry and status_interval must be more than 0 (defaults \"1s\")".into(),
+            );
+        }
+        if w.sender_timeout < Duration::from_secs(1) {
+            return bad(
+                "relay.wal.sender_timeout",
+                "use at least \"1s\" (default \"10s\"): the server drops a reader that is silent this long".into(),
+            );
+        }
+        if w.max_lag_bytes < 16 << 20 {
+            return bad(
+                "relay.wal.max_lag_bytes",
+                format!(
+                    "{} is below one WAL segment's worth of headroom; use at least 16777216 (16 MiB; default 1073741824)",
+                    w.max_lag_bytes
+                ),
+            );
+        }
+        Ok(())
+    }
+
     fn check_sqlite_relay_lease(&self) -> Result<(), ConfigError> {
         if DbKind::from_url(&self.database.url).ok() != Some(DbKind::Sqlite)
             || self.relay.lease >= MIN_SQLITE_LEASE
