@@ -352,10 +352,7 @@ impl Bench {
                 .await
                 .map_err(|e| BenchError::Refused(format!("--brokers {}: {e}", self.brokers())))?;
         }
-        let path = self
-            .dir
-            .path()
-            .join(format!("relay-{}.toml", mode.name()));
+        let path = self.dir.path().join(format!("relay-{}.toml", mode.name()));
         std::fs::write(&path, self.relay_config(mode, setup))
             .map_err(|e| BenchError::Refused(format!("cannot write {}: {e}", path.display())))?;
         let log = self.dir.path().join(format!("relay-{}.log", mode.name()));
@@ -383,12 +380,11 @@ impl Bench {
                     relay.log_tail()
                 )));
             }
-            let done: bool = sqlx::query_scalar(
-                "SELECT published_at IS NOT NULL FROM outbox WHERE seq = $1",
-            )
-            .bind(seq)
-            .fetch_one(&self.pool)
-            .await?;
+            let done: bool =
+                sqlx::query_scalar("SELECT published_at IS NOT NULL FROM outbox WHERE seq = $1")
+                    .bind(seq)
+                    .fetch_one(&self.pool)
+                    .await?;
             if done {
                 return Ok(());
             }

@@ -67,9 +67,7 @@ pub(crate) async fn run(bench: &Bench) -> Result<Vec<LatencyRun>, BenchError> {
         a.poll_workers,
         a.consumer_batch
     );
-    println!(
-        "| run | mode | events | p50 ms | p99 ms | max ms | relay p50 ms | relay p99 ms |"
-    );
+    println!("| run | mode | events | p50 ms | p99 ms | max ms | relay p50 ms | relay p99 ms |");
     println!("|---:|---|---:|---:|---:|---:|---:|---:|");
     let mut runs = Vec::new();
     let nonce = std::process::id();

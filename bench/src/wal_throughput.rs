@@ -23,7 +23,6 @@ use super::wal::{Bench, Mode, RelaySetup, median, run_order};
 use outboxd::broker::MessageSource;
 use outboxd::broker::kafka::{KafkaConsumer, KafkaConsumerConfig};
 
-
 #[derive(Debug, Clone, Serialize)]
 pub struct ThroughputRun {
     pub run: usize,
@@ -98,7 +97,11 @@ pub(crate) async fn run(bench: &Bench) -> Result<Vec<ThroughputRun>, BenchError>
     Ok(runs)
 }
 
-fn summarize(runs: &[ThroughputRun], modes: &[Mode], variants: &[(String, Option<std::path::PathBuf>)]) {
+fn summarize(
+    runs: &[ThroughputRun],
+    modes: &[Mode],
+    variants: &[(String, Option<std::path::PathBuf>)],
+) {
     let med = |mode: Mode, t: &str| {
         median(
             runs.iter()
@@ -189,12 +192,14 @@ async fn run_one(
     relay.stop().await;
     let seconds = drained?;
     if a.verify {
-        read_back(bench, &setup.topic, a.backlog).await.map_err(|e| match e {
-            BenchError::Incorrect(m) => {
-                BenchError::Incorrect(format!("{} run {run}, {transformer}: {m}", mode.name()))
-            }
-            other => other,
-        })?;
+        read_back(bench, &setup.topic, a.backlog)
+            .await
+            .map_err(|e| match e {
+                BenchError::Incorrect(m) => {
+                    BenchError::Incorrect(format!("{} run {run}, {transformer}: {m}", mode.name()))
+                }
+                other => other,
+            })?;
     }
     Ok(ThroughputRun {
         run,

@@ -14,7 +14,11 @@ use crate::support::TestDb;
 
 /// The test database's name: its slot's name.
 fn slot_of(t: &TestDb) -> String {
-    t.url.rsplit('/').next().expect("a database in the URL").to_string()
+    t.url
+        .rsplit('/')
+        .next()
+        .expect("a database in the URL")
+        .to_string()
 }
 
 /// Writes about `kib` KiB of WAL into the test database.
@@ -107,5 +111,61 @@ async fn the_admin_sampler_exports_the_slots_retained_bytes() {
     assert!(
         value >= 1024 * 1024,
         "1 MiB written since the slot was made, the gauge says {value}"
+    );
+}
+
+/// Runs the `outboxd` binary on the test database with `env` on top.
+async fn outboxd(t: &TestDb, args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_outboxd"));
+    cmd.args(args)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("OUTBOXD__DATABASE__URL", &t.url);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().await.expect("run outboxd");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+#[tokio::test]
+async fn outboxd_stats_shows_the_slot_in_wal_mode_only() {
+    let t = TestDb::postgres().await;
+    let slot = slot_of(&t);
+    let wal = [
+        ("OUTBOXD__RELAY__SOURCE", "wal"),
+        ("OUTBOXD__RELAY__WAL__SLOT", slot.as_str()),
+    ];
+    let (ok, text) = outboxd(&t, &["migrate"], &wal).await;
+    assert!(ok, "migrate in WAL mode creates the slot:\n{text}");
+    let (ok, table) = outboxd(&t, &["stats"], &wal).await;
+    let (ok_json, json) = outboxd(&t, &["stats", "--json"], &wal).await;
+    let (ok_poll, polling) = outboxd(&t, &["stats"], &[]).await;
+    outboxd::store::wal::drop_slot(&t.db, &slot)
+        .await
+        .expect("drop the test's slot");
+    assert!(ok && ok_json && ok_poll, "{table}\n{json}\n{polling}");
+    assert!(
+        table.contains(&format!("wal slot              {slot}\n")),
+        "{table}"
+    );
+    assert!(
+        table.contains("reader pid          none: no process reads the slot"),
+        "{table}"
+    );
+    assert!(table.contains("retained WAL        "), "{table}");
+    assert!(table.contains("confirmed flush LSN "), "{table}");
+    let v: serde_json::Value = serde_json::from_str(&json).expect("stats --json is JSON");
+    assert_eq!(v["wal_slot"]["slot"], slot.as_str(), "{json}");
+    assert!(v["wal_slot"]["active_pid"].is_null(), "{json}");
+    assert!(v["wal_slot"]["retained_bytes"].as_i64().is_some(), "{json}");
+    assert!(
+        !polling.contains("wal slot"),
+        "a polling config has no slot to show:\n{polling}"
     );
 }

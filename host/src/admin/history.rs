@@ -79,7 +79,9 @@ impl SlotSampler {
                 }
                 metrics.set_wal_retained(&self.slot, 0);
             }
-            Err(e) => tracing::warn!(slot = %self.slot, error = %e, "cannot sample the replication slot"),
+            Err(e) => {
+                tracing::warn!(slot = %self.slot, error = %e, "cannot sample the replication slot")
+            }
         }
     }
 }

@@ -339,9 +339,9 @@ async fn dispatch(cli: Cli, daemon: Daemon) -> anyhow::Result<ExitCode> {
                 .await?;
             let consumers = crate::ops::consumer_dead::summary(&db).await?;
             let wal = match config.relay.source {
-                crate::config::RelaySource::Wal => Some(
-                    crate::store::wal_status::slot_status(&db, &config.relay.wal.slot).await?,
-                ),
+                crate::config::RelaySource::Wal => {
+                    Some(crate::store::wal_status::slot_status(&db, &config.relay.wal.slot).await?)
+                }
                 crate::config::RelaySource::Poll => None,
             };
             if json {
