@@ -80,3 +80,4 @@ mod traces;
 mod wal_processes;
 mod wal_relay;
 mod wal_setup;
+mod wal_status;
