@@ -25,19 +25,22 @@ pub struct SlotStatus {
     pub wal_status: Option<String>,
 }
 
+/// database, active_pid, retained bytes, confirmed_flush_lsn, wal_status.
+type SlotRow = (
+    Option<String>,
+    Option<i32>,
+    Option<i64>,
+    Option<String>,
+    Option<String>,
+);
+
 /// The slot named `slot`: `None` when it does not exist, or on SQLite
 /// (which has no WAL relay).
 pub async fn slot_status(db: &Db, slot: &str) -> Result<Option<SlotStatus>, StoreError> {
     let Db::Postgres(pool) = db else {
         return Ok(None);
     };
-    let row: Option<(
-        Option<String>,
-        Option<i32>,
-        Option<i64>,
-        Option<String>,
-        Option<String>,
-    )> = sqlx::query_as(
+    let row: Option<SlotRow> = sqlx::query_as(
         "SELECT database::text, active_pid,
                 pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::int8,
                 confirmed_flush_lsn::text, wal_status
