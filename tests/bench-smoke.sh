@@ -15,7 +15,10 @@ db=outboxd_bench_smoke
 psql "$OUTBOXD_TEST_DATABASE_URL" -qc "DROP DATABASE IF EXISTS $db" >/dev/null
 psql "$OUTBOXD_TEST_DATABASE_URL" -qc "CREATE DATABASE $db" >/dev/null
 url="${OUTBOXD_TEST_DATABASE_URL%/*}/$db"
-trap 'psql "$OUTBOXD_TEST_DATABASE_URL" -qc "DROP DATABASE IF EXISTS $db" >/dev/null 2>&1 || true' EXIT
+# The wal benchmark's slot is named after the database; one left behind by a
+# failed run would block DROP DATABASE.
+trap 'psql "$OUTBOXD_TEST_DATABASE_URL" -qc "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = '"'$db'"' AND NOT active" >/dev/null 2>&1 || true
+      psql "$OUTBOXD_TEST_DATABASE_URL" -qc "DROP DATABASE IF EXISTS $db" >/dev/null 2>&1 || true' EXIT
 
 export OUTBOXD_LOG=error PGOPTIONS="--client-min-messages=warning"
 # The benchmarks are their own binary, outboxd-bench; `memory` measures the
@@ -47,6 +50,15 @@ wake_dir=$(mktemp -d)
 bench sqlite-wake --db "$wake_dir/wake.db" --commits 20 --idle-seconds 1
 rm -rf "$wake_dir"
 bench sql-gate --iterations 200
+# The WAL relay against polling (needs wal_level = logical, which tests/run.sh
+# sets): latency and throughput go through Kafka, idle runs on either.
+if [ -n "${OUTBOXD_TEST_KAFKA:-}" ]; then
+  bench wal --url "$url" --brokers "$OUTBOXD_TEST_KAFKA" --runs 1 \
+    --rate 200 --seconds 2 --backlog 2000 --aggregates 200 \
+    --plugin plugins/dist/cloudevents.wasm --idle-seconds 2 --idle-settle-seconds 1
+else
+  bench wal --url "$url" --scenarios idle --idle-seconds 2 --idle-settle-seconds 1
+fi
 # The criterion micro-benchmarks of one plugin call, in criterion's test
 # mode (each benchmark runs once; `cargo bench` measures them).
 cargo test -q -p outboxd-bench --bench plugin_calls

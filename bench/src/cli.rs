@@ -26,6 +26,10 @@ pub enum BenchCommand {
     /// What the lexical guard and the capability gate cost per consumer
     /// plugin statement.
     SqlGate(crate::SqlGateBenchArgs),
+    /// The WAL relay against the polling relay, interleaved in one run:
+    /// latency through Kafka, throughput at a backlog (with and without a
+    /// transformer), statements at idle.
+    Wal(crate::WalBenchArgs),
 }
 
 pub async fn bench_command(cmd: &BenchCommand) -> anyhow::Result<ExitCode> {
@@ -60,6 +64,9 @@ pub async fn bench_command(cmd: &BenchCommand) -> anyhow::Result<ExitCode> {
         }
         BenchCommand::SqliteWake(args) => crate::sqlite_wake(args).await?,
         BenchCommand::SqlGate(args) => crate::sql_gate(args).await?,
+        BenchCommand::Wal(args) => {
+            crate::wal(args).await?;
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -16,6 +16,9 @@
 //!   every event was published exactly once and in per-aggregate order.
 //! - `sqlite-wake`: how soon a SQLite commit wakes the relay and consumers
 //!   (in this process and from another), and the idle watcher's CPU.
+//! - `wal`: the WAL relay against the polling relay in one run: latency
+//!   through Kafka, throughput at a backlog (with and without a
+//!   transformer), and the statements an idle relay runs.
 
 mod claim;
 pub mod cli;
@@ -31,6 +34,10 @@ mod relay_report;
 mod relay_sink;
 mod sql_gate;
 mod sqlite_wake;
+mod wal;
+mod wal_idle;
+mod wal_latency;
+mod wal_throughput;
 
 pub use claim::{ClaimBenchArgs, ClaimBenchReport, claim};
 pub use consumer::{ConsumerBenchArgs, consumer};
@@ -41,6 +48,7 @@ pub use memory::{MemoryBenchArgs, MemoryRow, memory};
 pub use relay::{RelayBenchArgs, relay};
 pub use sql_gate::{SqlGateBenchArgs, sql_gate};
 pub use sqlite_wake::{SqliteWakeArgs, sqlite_wake};
+pub use wal::{WalBenchArgs, WalReport, wal};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {

@@ -74,7 +74,7 @@ impl<P: Publisher> Publisher for Verifying<P> {
 /// The `"n":` counter of a benchmark payload, bare or inside a CloudEvents
 /// envelope's `data`: a scan rather than a JSON parse, so checking costs
 /// the same whatever the payload's size.
-fn counter(payload: &[u8]) -> Option<i64> {
+pub(super) fn counter(payload: &[u8]) -> Option<i64> {
     let key = b"\"n\":";
     let at = payload.windows(key.len()).position(|w| w == key)? + key.len();
     let digits: Vec<u8> = payload[at..]

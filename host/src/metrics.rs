@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use crate::store::OutboxStats;
 
@@ -297,6 +297,13 @@ pub struct Metrics {
     pub retention_deleted: LabelledCounter,
     /// Plugins loaded in this process, for their per-version metrics.
     plugins: Mutex<Vec<std::sync::Arc<dyn PluginReport>>>,
+    /// `relay.source = "wal"`: WAL bytes the replication slot keeps on the
+    /// server (`pg_current_wal_lsn() - restart_lsn`), as the admin sampler
+    /// last read it; see [`Metrics::set_wal_retained`].
+    pub relay_wal_retained_bytes: AtomicI64,
+    /// The slot those bytes belong to; `None` until first sampled, and then
+    /// the gauge is not rendered (polling processes have no slot).
+    relay_wal_slot: Mutex<Option<String>>,
 }
 
 /// What `/metrics` and the admin API show of one loaded plugin version.
@@ -439,6 +446,17 @@ impl Metrics {
 
     pub fn plugins(&self) -> Vec<std::sync::Arc<dyn PluginReport>> {
         self.plugins.lock().map(|v| v.clone()).unwrap_or_default()
+    }
+
+    /// Records a sample of the WAL relay's slot: `bytes` of WAL retained.
+    pub fn set_wal_retained(&self, slot: &str, bytes: i64) {
+        if let Ok(mut s) = self.relay_wal_slot.lock()
+            && s.as_deref() != Some(slot)
+        {
+            *s = Some(slot.to_string());
+        }
+        self.relay_wal_retained_bytes
+            .store(bytes, Ordering::Relaxed);
     }
 
     pub fn set_reconcile_missing(&self, rule: &str, missing: u64) {
@@ -596,7 +614,21 @@ impl Metrics {
                 escape(&table)
             );
         }
+        self.render_wal_retained(&mut out);
         out
+    }
+
+    fn render_wal_retained(&self, out: &mut String) {
+        let slot = self.relay_wal_slot.lock().ok().and_then(|s| s.clone());
+        if let Some(slot) = slot {
+            let name = "outboxd_relay_wal_retained_bytes";
+            let _ = writeln!(
+                out,
+                "# HELP {name} WAL the relay's replication slot keeps on the server (pg_current_wal_lsn() - restart_lsn), sampled by the admin sampler.\n# TYPE {name} gauge\n{name}{{slot=\"{}\"}} {}",
+                escape(&slot),
+                self.relay_wal_retained_bytes.load(Ordering::Relaxed)
+            );
+        }
     }
 }
 
@@ -717,5 +749,24 @@ mod tests {
         assert_eq!(h.quantile(0.99), Some(0.1));
         // The p80 falls in the first bucket still (100 of 112).
         assert!(h.quantile(0.8).expect("observed") <= 0.00001);
+    }
+
+    #[test]
+    fn wal_retained_bytes_appear_once_sampled_with_their_slot() {
+        let m = Metrics::default();
+        assert!(
+            !m.render(None).contains("outboxd_relay_wal_retained_bytes"),
+            "a process that never sampled a slot (polling) exports no gauge"
+        );
+        m.set_wal_retained("orders_slot", 123_456);
+        let text = m.render(None);
+        assert!(
+            text.contains("# TYPE outboxd_relay_wal_retained_bytes gauge\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("outboxd_relay_wal_retained_bytes{slot=\"orders_slot\"} 123456\n"),
+            "{text}"
+        );
     }
 }

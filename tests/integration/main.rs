@@ -79,3 +79,5 @@ mod timing;
 mod traces;
 mod wal_processes;
 mod wal_relay;
+mod wal_setup;
+mod wal_status;

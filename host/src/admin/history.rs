@@ -8,7 +8,8 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::watch;
 
-use crate::store::{AnyStore, OutboxStore};
+use crate::store::wal_status::slot_status;
+use crate::store::{AnyStore, Db, OutboxStore};
 
 /// Kept samples; at the default 5 s interval, one hour.
 pub const CAPACITY: usize = 720;
@@ -53,17 +54,55 @@ impl History {
     }
 }
 
-/// Samples the outbox every `every` until shutdown.
+/// The WAL relay's replication slot, sampled with the outbox when
+/// `relay.source = "wal"`.
+#[derive(Debug, Clone)]
+pub struct SlotSampler {
+    pub db: Db,
+    pub slot: String,
+}
+
+impl SlotSampler {
+    /// Sets `outboxd_relay_wal_retained_bytes`; a missing slot retains
+    /// nothing (and is said once, in the log).
+    async fn sample(&self, metrics: &crate::metrics::Metrics, said_missing: &mut bool) {
+        match slot_status(&self.db, &self.slot).await {
+            Ok(Some(s)) => {
+                *said_missing = false;
+                metrics.set_wal_retained(&s.slot, s.retained_bytes);
+            }
+            Ok(None) => {
+                if !*said_missing {
+                    tracing::warn!(slot = %self.slot,
+                        "replication slot relay.wal.slot does not exist; `outboxd migrate` (or a WAL-mode `outboxd run`) creates it");
+                    *said_missing = true;
+                }
+                metrics.set_wal_retained(&self.slot, 0);
+            }
+            Err(e) => {
+                tracing::warn!(slot = %self.slot, error = %e, "cannot sample the replication slot")
+            }
+        }
+    }
+}
+
+/// Samples the outbox (and the WAL relay's slot, when given) every `every`
+/// until shutdown.
 pub async fn run_sampler(
     store: AnyStore,
     history: std::sync::Arc<History>,
     metrics: std::sync::Arc<crate::metrics::Metrics>,
     every: Duration,
+    slot: Option<SlotSampler>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let mut said_missing = false;
     loop {
         if *shutdown.borrow() {
             return;
+        }
+        if let Some(slot) = &slot {
+            slot.sample(&metrics, &mut said_missing).await;
         }
         let now = chrono::Utc::now();
         match store.stats(now).await {

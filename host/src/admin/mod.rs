@@ -15,7 +15,7 @@ use std::sync::Arc;
 use futures_util::future::BoxFuture;
 use tokio::sync::watch;
 
-pub use history::{History, Sample, run_sampler};
+pub use history::{History, Sample, SlotSampler, run_sampler};
 
 use crate::metrics::Metrics;
 use crate::store::Db;

@@ -338,9 +338,18 @@ async fn dispatch(cli: Cli, daemon: Daemon) -> anyhow::Result<ExitCode> {
                 .stats(now)
                 .await?;
             let consumers = crate::ops::consumer_dead::summary(&db).await?;
+            let wal = match config.relay.source {
+                crate::config::RelaySource::Wal => {
+                    Some(crate::store::wal_status::slot_status(&db, &config.relay.wal.slot).await?)
+                }
+                crate::config::RelaySource::Poll => None,
+            };
             if json {
                 let mut v = serde_json::to_value(&stats)?;
                 v["consumers"] = serde_json::to_value(&consumers)?;
+                if let Some(slot) = &wal {
+                    v["wal_slot"] = serde_json::to_value(slot)?;
+                }
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
                 println!("pending               {}", stats.pending);
@@ -355,6 +364,9 @@ async fn dispatch(cli: Cli, daemon: Daemon) -> anyhow::Result<ExitCode> {
                     stats.blocked_aggregates, stats.blocked_events
                 );
                 println!("published             {}", stats.published);
+                if let Some(slot) = &wal {
+                    print_wal_slot(&config.relay.wal.slot, slot.as_ref());
+                }
                 for c in &consumers {
                     let since = c
                         .oldest_parked_at
@@ -502,4 +514,32 @@ fn forward(binary: &str, package: &str, args: &[String]) -> anyhow::Result<ExitC
         Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
         None => ExitCode::FAILURE,
     })
+}
+
+/// `outboxd stats` with `relay.source = "wal"`: the replication slot.
+fn print_wal_slot(name: &str, slot: Option<&crate::store::wal_status::SlotStatus>) {
+    let Some(s) = slot else {
+        println!(
+            "wal slot              {name}: missing (`outboxd migrate` or a WAL-mode `outboxd run` creates it)"
+        );
+        return;
+    };
+    println!("wal slot              {}", s.slot);
+    match s.active_pid {
+        Some(pid) => println!("  reader pid          {pid}"),
+        None => println!("  reader pid          none: no process reads the slot"),
+    }
+    println!(
+        "  retained WAL        {} bytes ({:.1} MiB){}",
+        s.retained_bytes,
+        s.retained_bytes as f64 / (1024.0 * 1024.0),
+        match s.wal_status.as_deref() {
+            Some(st) if st != "reserved" => format!(", wal_status {st}"),
+            _ => String::new(),
+        }
+    );
+    println!(
+        "  confirmed flush LSN {}",
+        s.confirmed_flush_lsn.as_deref().unwrap_or("none")
+    );
 }

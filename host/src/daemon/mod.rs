@@ -269,8 +269,14 @@ async fn spawn_pipeline(
         let every = Duration::from_secs(config.admin.sample_seconds.max(1));
         let stop = shutdown.clone();
         let sampler_metrics = metrics.clone();
+        let slot = (config.relay.source == crate::config::RelaySource::Wal).then(|| {
+            crate::admin::SlotSampler {
+                db: db.clone(),
+                slot: config.relay.wal.slot.clone(),
+            }
+        });
         set.spawn(async move {
-            crate::admin::run_sampler(store, history, sampler_metrics, every, stop).await;
+            crate::admin::run_sampler(store, history, sampler_metrics, every, slot, stop).await;
             Ok(())
         });
     }

@@ -86,6 +86,7 @@ fn wal_relay<P: Publisher + Clone>(
         wal: config.relay.wal.clone(),
         batch_size: config.relay.batch_size,
         poll_interval: config.relay.poll_interval,
+        pipeline: config.relay.pipeline,
         relay: relay_over(config, parts, feed.clone()),
         handed_relay: relay_over(config, parts, handed_store.clone()),
         feed,

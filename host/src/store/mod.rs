@@ -32,6 +32,7 @@ mod stored_time;
 pub mod transport;
 mod tx;
 pub mod wal;
+pub mod wal_status;
 
 use std::future::Future;
 

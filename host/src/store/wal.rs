@@ -74,9 +74,7 @@ pub async fn ensure(db: &Db, wal: &WalSection) -> Result<WalSetupReport, WalSetu
     let level: String = sqlx::query_scalar("SELECT current_setting('wal_level')")
         .fetch_one(pool)
         .await?;
-    if level != "logical" {
-        return Err(WalSetupError::WalLevel(level));
-    }
+    check_wal_level(&level)?;
     let (role, may): (String, bool) = sqlx::query_as(
         "SELECT rolname::text, rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user",
     )
@@ -188,6 +186,16 @@ pub async fn ensure(db: &Db, wal: &WalSection) -> Result<WalSetupReport, WalSetu
         }
     }
     Ok(report)
+}
+
+/// Logical decoding needs `wal_level = logical`; `replica` and `minimal`
+/// write too little to decode rows from.
+fn check_wal_level(level: &str) -> Result<(), WalSetupError> {
+    if level == "logical" {
+        Ok(())
+    } else {
+        Err(WalSetupError::WalLevel(level.to_string()))
+    }
 }
 
 fn code(e: &sqlx::Error) -> Option<String> {
@@ -315,7 +323,7 @@ pub async fn still_unpublished(
 }
 
 /// What the reader hands the relay next and what it learns back: the
-/// [`OutboxStore`] a [`crate::relay::Relay`] runs over in WAL mode, so
+/// [`OutboxStore`] the relay runs over in WAL mode, so
 /// events from the stream take the same plugin chains, publish path and
 /// marks as claimed ones.
 #[derive(Clone, Debug)]
@@ -342,11 +350,11 @@ impl WalFeed {
         &self.pool
     }
 
-    /// The events the next `claim` returns.
+    /// The events the next `claim` returns. (Failures are left for
+    /// [`WalFeed::take_failed`]: with pipelining, the previous batch may be
+    /// marked while this one is offered.)
     pub fn offer(&self, events: Vec<OutboxEvent>) {
-        let mut s = self.state.lock().expect("feed state");
-        s.next = events;
-        s.failed.clear();
+        self.state.lock().expect("feed state").next = events;
     }
 
     /// The seqs the last batch marked failed (retry or dead).
@@ -436,5 +444,25 @@ impl OutboxStore for HandedStore {
 
     async fn stats(&self, now: DateTime<Utc>) -> Result<OutboxStats, StoreError> {
         PgStore::new(self.pool.clone()).stats(now).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_server_without_logical_wal_is_refused_with_the_setting_to_change() {
+        assert!(check_wal_level("logical").is_ok());
+        for level in ["replica", "minimal"] {
+            let e = check_wal_level(level).expect_err("not logical").to_string();
+            assert!(
+                e.contains("wal_level = logical")
+                    && e.contains(&format!("`{level}`"))
+                    && e.contains("ALTER SYSTEM SET wal_level = logical")
+                    && e.contains("restart"),
+                "{e}"
+            );
+        }
     }
 }

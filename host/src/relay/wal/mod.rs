@@ -48,6 +48,18 @@ const SEED_LIMIT: i64 = 1_000_000;
 /// nothing changes for them (a dead event waits for an operator).
 const MAX_HANDED_PAUSE: Duration = Duration::from_secs(5);
 
+/// Batches of the handed aggregates published per round.
+const HANDED_STEPS: usize = 4;
+
+/// What a round over the handed aggregates did.
+#[derive(Debug, Default)]
+struct HandedRound {
+    /// Something was published or taken back.
+    changed: bool,
+    /// It published every batch it could: more may be due at once.
+    busy: bool,
+}
+
 /// Stream messages read before publishing what they committed: a burst of
 /// transactions becomes one batch rather than one each.
 const READ_AHEAD: usize = 512;
@@ -58,6 +70,8 @@ pub struct WalRelay<P> {
     replication: ReplicationConfig,
     batch_size: usize,
     poll_interval: Duration,
+    /// `relay.pipeline`: send the next batch while one is marked.
+    pipeline: bool,
     feed: WalFeed,
     relay: Relay<WalFeed, P>,
     handed_store: HandedStore,
@@ -68,6 +82,12 @@ pub struct WalRelay<P> {
     wake: Option<watch::Receiver<u64>>,
     metrics: Arc<Metrics>,
     faults: Faults,
+}
+
+/// A batch sent and not yet marked.
+struct InFlight {
+    sent: super::Sent<crate::store::wal::WalBatch>,
+    go: Vec<Pending>,
 }
 
 /// Why a reading session ended.
@@ -117,6 +137,7 @@ pub struct WalParts<P> {
     pub wal: WalSection,
     pub batch_size: usize,
     pub poll_interval: Duration,
+    pub pipeline: bool,
     pub feed: WalFeed,
     /// Makes a relay over a store, with the process's router, config,
     /// chains, faults and metrics.
@@ -138,6 +159,7 @@ impl<P: Publisher> WalRelay<P> {
             replication,
             batch_size: parts.batch_size,
             poll_interval: parts.poll_interval,
+            pipeline: parts.pipeline,
             feed: parts.feed,
             relay: parts.relay,
             handed_store: parts.handed_store,
@@ -252,22 +274,25 @@ impl<P: Publisher> WalRelay<P> {
         let mut confirmed = 0u64;
         let mut handed_pause = self.poll_interval;
         let mut next_handed = tokio::time::Instant::now();
+        let mut last_wal_end_read = std::time::Instant::now();
         loop {
             // Publish what the stream committed.
-            loop {
-                let batch = st.next_batch(self.batch_size);
-                if batch.is_empty() {
-                    break;
-                }
-                if self.publish(&mut st, batch).await? {
-                    handed_pause = self.poll_interval;
-                    next_handed = tokio::time::Instant::now() + handed_pause;
-                }
+            if self.publish_queued(&mut st).await? {
+                handed_pause = self.poll_interval;
+                next_handed = tokio::time::Instant::now() + handed_pause;
             }
             let position = st.confirmable();
             if position > confirmed {
                 confirmed = position;
                 client.update_applied_lsn(Lsn::from_u64(position));
+                // The stream only shows the server's WAL end as far as it
+                // has been read, and a reader that is behind reads it late.
+                // While it is busy, ask the server (never when idle: an
+                // idle reader makes no query).
+                if last_wal_end_read.elapsed() >= self.wal.status_interval {
+                    last_wal_end_read = std::time::Instant::now();
+                    st.server_at(wal_store::current_lsn(self.feed.pool()).await?);
+                }
             }
             let lag = st.lag();
             self.metrics.wal.lag_bytes.store(lag, Ordering::Relaxed);
@@ -297,9 +322,12 @@ impl<P: Publisher> WalRelay<P> {
                     }
                 }
                 _ = tokio::time::sleep_until(next_handed), if handed_due => {
-                    let changed = self.poll_handed(&mut st).await?;
-                    handed_pause = if changed { self.poll_interval } else { (handed_pause * 2).min(MAX_HANDED_PAUSE) };
-                    next_handed = tokio::time::Instant::now() + handed_pause;
+                    let round = self.poll_handed(&mut st).await?;
+                    handed_pause = if round.changed { self.poll_interval } else { (handed_pause * 2).min(MAX_HANDED_PAUSE) };
+                    // Full batches: more is due now; go on after a look at
+                    // the stream.
+                    next_handed = tokio::time::Instant::now()
+                        + if round.busy { Duration::ZERO } else { handed_pause };
                 }
                 received = client.recv() => {
                     let Some(ev) = received? else {
@@ -347,13 +375,51 @@ impl<P: Publisher> WalRelay<P> {
         Ok(())
     }
 
-    /// Publishes one batch through the relay and marks it. Returns whether
-    /// an aggregate was handed to polling.
-    async fn publish(
+    /// Publishes and marks every queued event, batch by batch. With
+    /// `relay.pipeline`, batch N+1 is sent while batch N is marked; N+1
+    /// never holds an aggregate of N, so a failure in N cannot be overtaken.
+    /// Returns whether an aggregate was handed to polling.
+    async fn publish_queued(&self, st: &mut StreamState) -> Result<bool, SessionError> {
+        let mut handed = false;
+        let mut in_flight: Option<InFlight> = None;
+        loop {
+            let busy: std::collections::HashSet<String> = in_flight
+                .as_ref()
+                .map(|f| f.go.iter().map(|p| p.ev.aggregate_id.clone()).collect())
+                .unwrap_or_default();
+            let batch = st.next_batch_excluding(self.batch_size, &busy);
+            match (in_flight.take(), batch.is_empty()) {
+                (None, true) => return Ok(handed),
+                (Some(previous), true) => handed |= self.settle_batch(st, previous).await?,
+                (None, false) => {
+                    let (already, sent) = self.send_batch(batch).await?;
+                    st.settle(&already);
+                    in_flight = sent;
+                    if !self.pipeline
+                        && let Some(f) = in_flight.take()
+                    {
+                        handed |= self.settle_batch(st, f).await?;
+                    }
+                }
+                (Some(previous), false) => {
+                    let (settled, sent) =
+                        tokio::join!(self.settle_batch_of(previous), self.send_batch(batch));
+                    let (failed, go) = settled?;
+                    handed |= self.after_settle(st, failed, &go).await?;
+                    let (already, sent) = sent?;
+                    st.settle(&already);
+                    in_flight = sent;
+                }
+            }
+        }
+    }
+
+    /// Drops what the table shows as done, then sends the rest (plugin
+    /// chains, publish, every acknowledgement awaited); marks nothing.
+    async fn send_batch(
         &self,
-        st: &mut StreamState,
         batch: Vec<Pending>,
-    ) -> Result<bool, SessionError> {
+    ) -> Result<(Vec<Pending>, Option<InFlight>), SessionError> {
         let check: Vec<i64> = batch
             .iter()
             .filter(|p| p.verify)
@@ -362,17 +428,37 @@ impl<P: Publisher> WalRelay<P> {
         let done = wal_store::done_among(self.feed.pool(), &check).await?;
         let (already, go): (Vec<Pending>, Vec<Pending>) =
             batch.into_iter().partition(|p| done.contains(&p.ev.seq));
-        st.settle(&already);
         if go.is_empty() {
-            return Ok(false);
+            return Ok((already, None));
         }
         self.feed.offer(go.iter().map(|p| p.ev.clone()).collect());
-        self.relay.step().await?;
-        let failed = self.feed.take_failed();
+        let sent = self.relay.send().await?;
+        Ok((already, sent.map(|sent| InFlight { sent, go })))
+    }
+
+    /// Marks a sent batch; returns the seqs that failed and the batch.
+    async fn settle_batch_of(&self, f: InFlight) -> Result<(Vec<i64>, Vec<Pending>), SessionError> {
+        self.relay.settle(f.sent).await?;
+        Ok((self.feed.take_failed(), f.go))
+    }
+
+    async fn settle_batch(&self, st: &mut StreamState, f: InFlight) -> Result<bool, SessionError> {
+        let (failed, go) = self.settle_batch_of(f).await?;
+        self.after_settle(st, failed, &go).await
+    }
+
+    /// A marked batch: failed events hand their aggregates to polling, and
+    /// every event of it is settled.
+    async fn after_settle(
+        &self,
+        st: &mut StreamState,
+        failed: Vec<i64>,
+        go: &[Pending],
+    ) -> Result<bool, SessionError> {
         for p in go.iter().filter(|p| failed.contains(&p.ev.seq)) {
             st.hand(&p.ev.aggregate_id);
         }
-        st.settle(&go);
+        st.settle(go);
         self.faults
             .check(FaultPoint::WalAfterMarkBeforeConfirm)
             .await
@@ -380,24 +466,35 @@ impl<P: Publisher> WalRelay<P> {
         Ok(!failed.is_empty())
     }
 
-    /// One round of polling over the handed aggregates, then takes back
-    /// those it has fully published. Returns whether anything changed.
-    async fn poll_handed(&self, st: &mut StreamState) -> Result<bool, SessionError> {
+    /// One round of polling over the handed aggregates (a few batches, so
+    /// the stream is not starved), then takes back those it has fully
+    /// published.
+    async fn poll_handed(&self, st: &mut StreamState) -> Result<HandedRound, SessionError> {
         let handed = st.handed();
         self.handed_store.set(handed.clone());
-        let mut changed = false;
-        for _ in 0..10 {
+        let mut round = HandedRound::default();
+        let mut drained = false;
+        for _ in 0..HANDED_STEPS {
             match self.handed_relay.step().await? {
-                StepOutcome::Published(_) => changed = true,
-                StepOutcome::Idle => break,
+                StepOutcome::Published(_) => round.changed = true,
+                StepOutcome::Idle => {
+                    drained = true;
+                    break;
+                }
             }
+        }
+        if !drained {
+            // Still draining: the release check waits for a round that
+            // finds nothing left to claim.
+            round.busy = true;
+            return Ok(round);
         }
         let (still, fence) = wal_store::still_unpublished(self.feed.pool(), &handed).await?;
         for aggregate in handed.iter().filter(|a| !still.contains(*a)) {
             st.release(aggregate, fence);
-            changed = true;
+            round.changed = true;
         }
-        Ok(changed)
+        Ok(round)
     }
 
     /// Polls the whole outbox from now on, while the stream is read and
@@ -573,7 +670,7 @@ mod tests {
             "postgres://relay:p%40ss@db.example:6543/orders?sslmode=prefer",
             &wal,
         )
-        .unwrap();
+        .expect("test value");
         assert_eq!(
             (
                 c.host.as_str(),
@@ -585,17 +682,19 @@ mod tests {
             ("db.example", 6543, "relay", "p@ss", "orders")
         );
         assert!(!c.tls.mode.requires_tls());
-        let err = replication_config("postgres://u@h/d?sslmode=verify-full", &wal).unwrap_err();
+        let err =
+            replication_config("postgres://u@h/d?sslmode=verify-full", &wal).expect_err("an error");
         assert!(
             err.contains("does not do") && err.contains("relay.source = \"poll\""),
             "{err}"
         );
-        let opts = c.options.clone().unwrap();
+        let opts = c.options.clone().expect("test value");
         assert!(
             opts.contains("timezone=UTC") && opts.contains("wal_sender_timeout=10000"),
             "{opts}"
         );
-        let err = replication_config("postgres://u@h/d?sslmode=sometimes", &wal).unwrap_err();
+        let err =
+            replication_config("postgres://u@h/d?sslmode=sometimes", &wal).expect_err("an error");
         assert!(
             err.contains("sslmode `sometimes`") && err.contains("database.url"),
             "{err}"

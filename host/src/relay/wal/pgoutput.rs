@@ -377,19 +377,24 @@ mod tests {
     #[test]
     fn an_outbox_insert_becomes_the_event_the_claim_would_read() {
         let mut rels = Relations::default();
-        let Message::Relation(r) = decode(&relation(16400, "outboxd", "outbox", COLUMNS)).unwrap()
+        let Message::Relation(r) =
+            decode(&relation(16400, "outboxd", "outbox", COLUMNS)).expect("test value")
         else {
             panic!("not a relation")
         };
-        rels.learn(&r).unwrap();
+        rels.learn(&r).expect("test value");
         let Message::Insert {
             relation,
             row: values,
-        } = decode(&insert(16400, &row("42", "2026-12-02 15:44:13.123456+00"))).unwrap()
+        } = decode(&insert(16400, &row("42", "2026-12-02 15:44:13.123456+00")))
+            .expect("test value")
         else {
             panic!("not an insert")
         };
-        let ev = rels.event(relation, &values).unwrap().expect("the outbox");
+        let ev = rels
+            .event(relation, &values)
+            .expect("test value")
+            .expect("the outbox");
         assert_eq!(ev.seq, 42);
         assert_eq!(ev.aggregate_id, "order-7");
         assert_eq!(ev.event_type, "order.created");
@@ -408,8 +413,8 @@ mod tests {
     #[test]
     fn offsets_and_whole_seconds_parse() {
         assert_eq!(
-            parse_timestamptz("2026-12-02 17:44:13+02").unwrap(),
-            parse_timestamptz("2026-12-02 15:44:13.000000+00").unwrap()
+            parse_timestamptz("2026-12-02 17:44:13+02").expect("test value"),
+            parse_timestamptz("2026-12-02 15:44:13.000000+00").expect("test value")
         );
         assert!(parse_timestamptz("12/02/2026 15:44:13 UTC").is_none());
     }
@@ -417,11 +422,12 @@ mod tests {
     #[test]
     fn other_tables_are_passed_over_and_unknown_relations_are_errors() {
         let mut rels = Relations::default();
-        let Message::Relation(r) = decode(&relation(7, "public", "outbox", &["seq"])).unwrap()
+        let Message::Relation(r) =
+            decode(&relation(7, "public", "outbox", &["seq"])).expect("test value")
         else {
             panic!()
         };
-        rels.learn(&r).unwrap();
+        rels.learn(&r).expect("test value");
         assert_eq!(rels.event(7, &[Some("1".into())]), Ok(None));
         assert_eq!(rels.event(8, &[]), Err(DecodeError::UnknownRelation(8)));
     }
@@ -430,11 +436,11 @@ mod tests {
     fn an_outbox_table_without_a_needed_column_names_it_and_the_fix() {
         let mut rels = Relations::default();
         let Message::Relation(r) =
-            decode(&relation(9, "outboxd", "outbox", &["seq", "id"])).unwrap()
+            decode(&relation(9, "outboxd", "outbox", &["seq", "id"])).expect("test value")
         else {
             panic!()
         };
-        let err = rels.learn(&r).unwrap_err();
+        let err = rels.learn(&r).expect_err("an error");
         assert_eq!(err, DecodeError::MissingColumn("aggregate_id"));
         assert!(err.to_string().contains("outboxd migrate"));
     }
@@ -458,11 +464,12 @@ mod tests {
         );
         assert!(matches!(decode(b"Yabc"), Ok(Message::Other(b'Y'))));
         let mut rels = Relations::default();
-        let Message::Relation(r) = decode(&relation(1, "outboxd", "outbox", COLUMNS)).unwrap()
+        let Message::Relation(r) =
+            decode(&relation(1, "outboxd", "outbox", COLUMNS)).expect("test value")
         else {
             panic!()
         };
-        rels.learn(&r).unwrap();
+        rels.learn(&r).expect("test value");
         let mut bad = row("forty-two", "2026-12-02 15:44:13+00");
         let err = rels.event(
             1,

@@ -232,8 +232,14 @@ impl StreamState {
     /// Up to `limit` queued events, at most one per aggregate; a handed
     /// aggregate's events go to polling instead.
     pub fn next_batch(&mut self, limit: usize) -> Vec<Pending> {
+        self.next_batch_excluding(limit, &HashSet::new())
+    }
+
+    /// [`StreamState::next_batch`] with `busy` aggregates (in a batch still
+    /// in flight) left queued, as if already in this batch.
+    pub fn next_batch_excluding(&mut self, limit: usize, busy: &HashSet<String>) -> Vec<Pending> {
         let mut batch = Vec::new();
-        let mut seen: HashSet<String> = HashSet::new();
+        let mut seen: HashSet<String> = busy.clone();
         let mut keep = VecDeque::with_capacity(self.queue.len());
         while let Some(p) = self.queue.pop_front() {
             if batch.len() >= limit {
@@ -367,6 +373,19 @@ mod tests {
         assert_eq!(seqs(&s.next_batch(100)), vec![2]);
         assert_eq!(seqs(&s.next_batch(100)), vec![4]);
         assert!(s.next_batch(100).is_empty());
+    }
+
+    #[test]
+    fn a_pipelined_batch_leaves_the_aggregates_in_flight_queued() {
+        let mut s = StreamState::new(Seed::default());
+        txn(&mut s, 10, &[(1, "a"), (2, "b"), (3, "a"), (4, "c")]);
+        let first = s.next_batch(100);
+        assert_eq!(seqs(&first), vec![1, 2, 4]);
+        txn(&mut s, 20, &[(5, "b"), (6, "d")]);
+        let busy: HashSet<String> = ["a".to_string(), "b".to_string()].into();
+        assert_eq!(seqs(&s.next_batch_excluding(100, &busy)), vec![6]);
+        s.settle(&first);
+        assert_eq!(seqs(&s.next_batch(100)), vec![3, 5]);
     }
 
     #[test]
