@@ -143,16 +143,11 @@ fn spawn_relays<S: OutboxStore, P: Publisher + Clone>(
         ..WorkerConfig::default()
     };
     for _ in 0..config.relay.workers {
-        let relay = Relay::new(
+        let relay = relay_over(
+            config,
+            (&publisher, &router, &faults, &chains, &metrics),
             store.clone(),
-            publisher.clone(),
-            router.clone(),
-            config.relay_config(),
-            Arc::new(SystemClock),
-        )
-        .with_faults(faults.clone())
-        .with_metrics(metrics.clone())
-        .with_chains(chains.clone());
+        );
         let wake = wake.clone();
         let shutdown = shutdown.clone();
         let worker_cfg = worker_cfg.clone();

@@ -23,6 +23,25 @@ impl PgStore {
         &self.pool
     }
 
+    /// Runs a claim statement in a new transaction, which the batch holds
+    /// until it is completed (or dropped: rolled back, claimable again).
+    async fn claim_with(
+        &self,
+        query: sqlx::query::Query<'_, Postgres, sqlx::postgres::PgArguments>,
+    ) -> Result<PgBatch, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let rows = query.fetch_all(&mut *tx).await?;
+        let events = rows.iter().map(decode_row).collect::<Result<Vec<_>, _>>()?;
+        if events.is_empty() {
+            tx.rollback().await?;
+            return Ok(PgBatch { tx: None, events });
+        }
+        Ok(PgBatch {
+            tx: Some(tx),
+            events,
+        })
+    }
+
     /// [`OutboxStore::claim`] over the given aggregates only (the WAL
     /// relay's hand-off to polling).
     pub async fn claim_among(
@@ -37,61 +56,48 @@ impl PgStore {
                 events: Vec::new(),
             });
         }
-        let mut tx = self.pool.begin().await?;
-        let rows = sqlx::query(CLAIM_AMONG)
-            .bind(limit as i64)
-            .bind(now)
-            .bind(aggregates)
-            .fetch_all(&mut *tx)
-            .await?;
-        let events = rows.iter().map(decode_row).collect::<Result<Vec<_>, _>>()?;
-        if events.is_empty() {
-            tx.rollback().await?;
-            return Ok(PgBatch { tx: None, events });
-        }
-        Ok(PgBatch {
-            tx: Some(tx),
-            events,
-        })
+        self.claim_with(
+            sqlx::query(CLAIM_AMONG)
+                .bind(limit as i64)
+                .bind(now)
+                .bind(aggregates),
+        )
+        .await
     }
+}
+
+/// The claim's statement, with `$extra` conditions on the claimed row.
+macro_rules! claim_sql {
+    ($extra:literal) => {
+        concat!(
+            "
+SELECT o.seq, o.id, o.aggregate_id, o.event_type, o.payload::text, o.headers::text,
+       o.created_at, o.attempts, o.redrive_with
+  FROM outbox o
+ WHERE o.published_at IS NULL
+   AND o.dead_at IS NULL
+   AND o.next_attempt_at <= $2",
+            $extra,
+            "
+   AND NOT EXISTS (
+     SELECT 1 FROM outbox earlier
+      WHERE earlier.aggregate_id = o.aggregate_id
+        AND earlier.published_at IS NULL
+        AND earlier.seq < o.seq)
+ ORDER BY o.seq
+ LIMIT $1
+ FOR UPDATE OF o SKIP LOCKED"
+        )
+    };
 }
 
 /// The oldest due, pending event of each aggregate. NOT EXISTS keeps
 /// per-aggregate order (a dead event also holds its successors back), and
 /// SKIP LOCKED lets relays run side by side without double claims.
-const CLAIM: &str = "
-SELECT o.seq, o.id, o.aggregate_id, o.event_type, o.payload::text, o.headers::text,
-       o.created_at, o.attempts, o.redrive_with
-  FROM outbox o
- WHERE o.published_at IS NULL
-   AND o.dead_at IS NULL
-   AND o.next_attempt_at <= $2
-   AND NOT EXISTS (
-     SELECT 1 FROM outbox earlier
-      WHERE earlier.aggregate_id = o.aggregate_id
-        AND earlier.published_at IS NULL
-        AND earlier.seq < o.seq)
- ORDER BY o.seq
- LIMIT $1
- FOR UPDATE OF o SKIP LOCKED";
+const CLAIM: &str = claim_sql!("");
 
 /// [`CLAIM`] over a given set of aggregates.
-const CLAIM_AMONG: &str = "
-SELECT o.seq, o.id, o.aggregate_id, o.event_type, o.payload::text, o.headers::text,
-       o.created_at, o.attempts, o.redrive_with
-  FROM outbox o
- WHERE o.published_at IS NULL
-   AND o.dead_at IS NULL
-   AND o.next_attempt_at <= $2
-   AND o.aggregate_id = ANY($3)
-   AND NOT EXISTS (
-     SELECT 1 FROM outbox earlier
-      WHERE earlier.aggregate_id = o.aggregate_id
-        AND earlier.published_at IS NULL
-        AND earlier.seq < o.seq)
- ORDER BY o.seq
- LIMIT $1
- FOR UPDATE OF o SKIP LOCKED";
+const CLAIM_AMONG: &str = claim_sql!("\n   AND o.aggregate_id = ANY($3)");
 
 const MARK_PUBLISHED: &str = "UPDATE outbox SET published_at = $2, outcome = 'published' WHERE seq = ANY($1) AND published_at IS NULL";
 
@@ -195,21 +201,8 @@ impl OutboxStore for PgStore {
     type Batch = PgBatch;
 
     async fn claim(&self, limit: usize, now: DateTime<Utc>) -> Result<PgBatch, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let rows = sqlx::query(CLAIM)
-            .bind(limit as i64)
-            .bind(now)
-            .fetch_all(&mut *tx)
-            .await?;
-        let events = rows.iter().map(decode_row).collect::<Result<Vec<_>, _>>()?;
-        if events.is_empty() {
-            tx.rollback().await?;
-            return Ok(PgBatch { tx: None, events });
-        }
-        Ok(PgBatch {
-            tx: Some(tx),
-            events,
-        })
+        self.claim_with(sqlx::query(CLAIM).bind(limit as i64).bind(now))
+            .await
     }
 
     async fn stats(&self, now: DateTime<Utc>) -> Result<OutboxStats, StoreError> {
