@@ -96,9 +96,11 @@ pub async fn ensure(db: &Db, wal: &WalSection) -> Result<WalSetupReport, WalSetu
     .await?;
     match publication {
         None => {
+            // Config validation allows only plain identifiers; quoted here
+            // as well, for a caller that built its own section.
             let created = sqlx::query(&format!(
-                "CREATE PUBLICATION {} FOR TABLE {}.outbox WITH (publish = 'insert')",
-                wal.publication,
+                "CREATE PUBLICATION \"{}\" FOR TABLE {}.outbox WITH (publish = 'insert')",
+                wal.publication.replace('"', "\"\""),
                 super::HOST_SCHEMA
             ))
             .execute(pool)
