@@ -12,7 +12,6 @@ use std::process::Stdio;
 
 use outboxd::config::{ConsumerSection, TableGrants};
 use outboxd::event::NewEvent;
-use outboxd::store::Db;
 use outboxd_demo::billing;
 use serde_json::{Value, json};
 
@@ -321,22 +320,6 @@ async fn send(t: &TestDb, aggregate: String, payload: Value) {
         .await;
 }
 
-async fn text(t: &TestDb, sql: &str) -> String {
-    use sqlx::Row;
-    match &t.db {
-        Db::Postgres(p) => sqlx::query(sql)
-            .fetch_one(p)
-            .await
-            .expect(sql)
-            .get::<String, _>(0),
-        Db::Sqlite(p) => sqlx::query(sql)
-            .fetch_one(p)
-            .await
-            .expect(sql)
-            .get::<String, _>(0),
-    }
-}
-
 async fn every_attack_is_stopped_and_the_next_messages_run_exactly_once(t: TestDb) {
     seed_tables(&t).await;
     let mut section = ConsumerSection::new("attacked", vec!["attack.msg".into()], "plugin:attack");
@@ -393,8 +376,8 @@ async fn every_attack_is_stopped_and_the_next_messages_run_exactly_once(t: TestD
             20,
         )
         .await;
-        let reason = text(
-            &t,
+        let reason = t
+            .text(
             "SELECT error FROM consumer_dead_letters WHERE consumer = 'attacked' ORDER BY id DESC LIMIT 1",
         )
         .await;
