@@ -17,35 +17,15 @@ cleanup_cmds=()
 cleanup() { for c in "${cleanup_cmds[@]:-}"; do [ -n "$c" ] && eval "$c" || true; done; }
 trap cleanup EXIT
 
-find_pg_bin() {
-  local name=$1
-  if command -v "$name" >/dev/null 2>&1; then command -v "$name"; return; fi
-  ls -d /usr/lib/postgresql/*/bin/"$name" 2>/dev/null | sort -V | tail -1
-}
+source tests/pg-throwaway.sh
 
 start_throwaway_postgres() {
-  local initdb pg_ctl dir port runas=()
-  initdb=$(find_pg_bin initdb); pg_ctl=$(find_pg_bin pg_ctl)
-  if [ -z "$initdb" ] || [ -z "$pg_ctl" ]; then
-    echo "error: Postgres is not reachable at 127.0.0.1:5432 and initdb/pg_ctl are not installed." >&2
-    echo "       Install them (Debian: apt-get install postgresql) or set OUTBOXD_TEST_DATABASE_URL" >&2
-    echo "       to a server where the user may CREATE DATABASE." >&2
-    exit 1
-  fi
-  dir=$(mktemp -d /tmp/outboxd-pg.XXXXXX)
+  local port
   port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-  if [ "$(id -u)" = 0 ]; then
-    # initdb refuses to run as root.
-    id postgres >/dev/null 2>&1 || useradd --system --no-create-home postgres
-    chown postgres "$dir"
-    runas=(runuser -u postgres --)
-  fi
-  log "starting a throwaway Postgres in $dir on port $port"
-  "${runas[@]}" "$initdb" -D "$dir/data" -U postgres --auth=trust >/dev/null
-  "${runas[@]}" "$pg_ctl" -D "$dir/data" -l "$dir/log" -w \
-    -o "-c listen_addresses=127.0.0.1 -p $port -k $dir -c fsync=off -c wal_level=logical" start >/dev/null
-  cleanup_cmds+=("${runas[*]} $pg_ctl -D $dir/data -m immediate stop >/dev/null 2>&1; rm -rf $dir")
-  export OUTBOXD_TEST_DATABASE_URL="postgres://postgres@127.0.0.1:$port/postgres"
+  log "starting a throwaway Postgres on port $port"
+  throwaway_postgres 127.0.0.1 "$port" || exit 1
+  cleanup_cmds+=("$THROWAWAY_PG_STOP")
+  export OUTBOXD_TEST_DATABASE_URL=$THROWAWAY_PG_URL
 }
 
 if [ -z "${OUTBOXD_TEST_DATABASE_URL:-}" ]; then

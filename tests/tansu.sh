@@ -6,6 +6,7 @@
 #   tests/tansu.sh stop         stop it
 #   tests/tansu.sh kill         SIGKILL it (the chaos soak's broker fault)
 #   tests/tansu.sh restart      stop it and start it again on the same port
+#   tests/tansu.sh install      only install it (needs the crate registry)
 #
 # Storage is ${TANSU_STORAGE:-memory://tansu/}. The chaos soak sets
 # TANSU_STORAGE=sqlite://tansu.db (a file in the state dir) so that a killed broker keeps what it
@@ -17,6 +18,11 @@
 # Then: OUTBOXD_TEST_KAFKA=127.0.0.1:PORT cargo test --test integration kafka
 #
 # State lives in ${TANSU_STATE_DIR:-/tmp/outboxd-tansu}: pid, port and log.
+#
+# The chaos soak runs tansu inside a network namespace of its own:
+# TANSU_NETNS=NAME starts it there (through `ip netns exec`), listening on
+# TANSU_HOST:TANSU_PORT and advertising TANSU_ADVERTISE (host:port, the
+# soak's delay proxy) to clients.
 set -euo pipefail
 
 TANSU_VERSION=0.6.0
@@ -25,6 +31,10 @@ TANSU_ROOT=${TANSU_ROOT:-$HOME/.cache/outboxd/tansu-$TANSU_VERSION}
 TANSU_FEATURES=dynostore,libsql
 STORAGE=${TANSU_STORAGE:-memory://tansu/}
 INSTALL_LOG=/tmp/tansu-install.log
+HOST=${TANSU_HOST:-127.0.0.1}
+NETNS=${TANSU_NETNS:-}
+in_netns=()
+[[ -z "$NETNS" ]] || in_netns=(ip netns exec "$NETNS")
 mkdir -p "$STATE_DIR"
 STATE_DIR=$(cd "$STATE_DIR" && pwd)
 
@@ -69,7 +79,7 @@ is_running() {
 }
 
 accepts() {
-  (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+  (exec 3<>"/dev/tcp/$HOST/$1") 2>/dev/null
 }
 
 stop() {
@@ -107,14 +117,15 @@ start() {
   local port=${1:-} bin
   bin=$(ensure_tansu)
   if is_running; then
-    echo "KAFKA_BOOTSTRAP=127.0.0.1:$(cat "$STATE_DIR/port")"
+    echo "KAFKA_BOOTSTRAP=$HOST:$(cat "$STATE_DIR/port")"
     return
   fi
-  [[ -n "$port" ]] || port=$(free_port)
+  [[ -n "$port" ]] || port=${TANSU_PORT:-$(free_port)}
+  local advertise=${TANSU_ADVERTISE:-$HOST:$port}
   # sqlite:// paths are relative to tansu's working directory: the state dir.
-  (cd "$STATE_DIR" && exec "$bin" broker \
-    --listener-url "tcp://127.0.0.1:$port" \
-    --advertised-listener-url "tcp://127.0.0.1:$port" \
+  (cd "$STATE_DIR" && exec "${in_netns[@]}" "$bin" broker \
+    --listener-url "tcp://$HOST:$port" \
+    --advertised-listener-url "tcp://$advertise" \
     --storage-engine "$STORAGE" \
     >>"$STATE_DIR/log" 2>&1) &
   echo $! >"$STATE_DIR/pid"
@@ -122,7 +133,7 @@ start() {
   for _ in $(seq 100); do
     if accepts "$port"; then
       index_headers
-      echo "KAFKA_BOOTSTRAP=127.0.0.1:$port"
+      echo "KAFKA_BOOTSTRAP=$HOST:$port"
       return
     fi
     if ! is_running; then
@@ -132,13 +143,14 @@ start() {
     fi
     sleep 0.1
   done
-  echo "tansu did not accept connections on 127.0.0.1:$port within 10 s; see $STATE_DIR/log" >&2
+  echo "tansu did not accept connections on $HOST:$port within 10 s; see $STATE_DIR/log" >&2
   stop
   exit 1
 }
 
 case "${1:-start}" in
   start) start ;;
+  install) ensure_tansu >/dev/null ;;
   stop) stop ;;
   kill)
     if is_running; then kill -9 "$(cat "$STATE_DIR/pid")"; fi
@@ -150,7 +162,7 @@ case "${1:-start}" in
     start "$port"
     ;;
   *)
-    echo "usage: $0 [start|stop|kill|restart]" >&2
+    echo "usage: $0 [start|stop|kill|restart|install]" >&2
     exit 2
     ;;
 esac

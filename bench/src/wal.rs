@@ -194,8 +194,20 @@ pub async fn wal(args: &WalBenchArgs) -> Result<WalReport, BenchError> {
         pool,
         db,
         outboxd,
-        dir: tempfile::tempdir()
-            .map_err(|e| BenchError::Refused(format!("cannot make a temporary directory: {e}")))?,
+        dir: {
+            let mut dir = tempfile::tempdir().map_err(|e| {
+                BenchError::Refused(format!("cannot make a temporary directory: {e}"))
+            })?;
+            // OUTBOXD_BENCH_KEEP=1 keeps the relays' configs and logs.
+            if std::env::var_os("OUTBOXD_BENCH_KEEP").is_some() {
+                println!(
+                    "keeping the relays' configs and logs in {}",
+                    dir.path().display()
+                );
+                dir.disable_cleanup(true);
+            }
+            dir
+        },
         modes,
     };
     let result = run_scenarios(&bench, &wants).await;
@@ -356,6 +368,12 @@ impl Bench {
         std::fs::write(&path, self.relay_config(mode, setup))
             .map_err(|e| BenchError::Refused(format!("cannot write {}: {e}", path.display())))?;
         let log = self.dir.path().join(format!("relay-{}.log", mode.name()));
+        // Kept runs append a marker instead of starting the file again.
+        let _ = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, b"--- new relay process ---\n"));
         let child = spawn(&self.outboxd, &path, &log)?;
         let mut relay = RelayProcess { child, log };
         if let Err(e) = self.wait_probe(&mut relay).await {
@@ -471,13 +489,19 @@ impl Bench {
 }
 
 fn spawn(exe: &Path, config: &Path, log: &Path) -> Result<tokio::process::Child, BenchError> {
-    let out = std::fs::File::create(log)
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
         .map_err(|e| BenchError::Refused(format!("cannot create {}: {e}", log.display())))?;
     let mut cmd = tokio::process::Command::new(exe);
     cmd.arg("--config")
         .arg(config)
         .arg("run")
-        .env("OUTBOXD_LOG", "warn")
+        .env(
+            "OUTBOXD_LOG",
+            std::env::var("OUTBOXD_BENCH_RELAY_LOG").unwrap_or_else(|_| "warn".into()),
+        )
         .env("NO_COLOR", "1")
         .stdout(Stdio::null())
         .stderr(out)

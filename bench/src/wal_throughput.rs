@@ -245,6 +245,7 @@ async fn read_back(bench: &Bench, topic: &str, events: i64) -> Result<(), BenchE
     )
     .map_err(|e| BenchError::Refused(format!("reading {topic} back: {e}")))?;
     let mut last: HashMap<Vec<u8>, i64> = HashMap::new();
+    let mut offsets: HashMap<i32, i64> = HashMap::new();
     let mut got = 0i64;
     let mut first_error = None;
     let started = Instant::now();
@@ -281,10 +282,13 @@ async fn read_back(bench: &Bench, topic: &str, events: i64) -> Result<(), BenchE
             let key = d.key.clone().unwrap_or_default();
             let n = counter(&d.payload).unwrap_or(-1);
             let prev = last.entry(key.clone()).or_insert(0);
+            let prev_offset = offsets.insert(d.partition, d.offset);
             if n != *prev + 1 && first_error.is_none() {
                 first_error = Some(format!(
-                    "{}: got n={n} after n={prev}",
-                    String::from_utf8_lossy(&key)
+                    "{}: got n={n} after n={prev} (partition {} offset {}, the partition's previous offset {prev_offset:?})",
+                    String::from_utf8_lossy(&key),
+                    d.partition,
+                    d.offset
                 ));
             }
             *prev = n;

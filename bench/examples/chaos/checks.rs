@@ -22,6 +22,8 @@ pub struct Verdict {
     pub duplicate_effects: i64,
     /// Pairs of one aggregate's effects that ran against commit order.
     pub order_violations: i64,
+    /// Published order events the file plugin did not transform.
+    pub file_plugin_missing: i64,
     /// Effects per consumer version and per payload shape (the swaps).
     pub by_writer: Vec<(String, i64)>,
     pub by_shape: Vec<(String, i64)>,
@@ -35,6 +37,7 @@ impl Verdict {
             && self.lost == 0
             && self.duplicate_effects == 0
             && self.order_violations == 0
+            && self.file_plugin_missing == 0
     }
 }
 
@@ -124,7 +127,18 @@ pub async fn verdict(pool: &PgPool) -> Result<Verdict, sqlx::Error> {
           WHERE prev IS NOT NULL AND seq <= prev",
     )
     .await?;
+    let file_plugin_missing = one(
+        pool,
+        &format!(
+            "SELECT count(*) FROM outbox WHERE event_type LIKE 'order.%'
+                AND published_at IS NOT NULL AND outcome IS DISTINCT FROM 'filtered'
+                AND coalesce(transformed_by, '') NOT LIKE '%{}@%'",
+            crate::cluster::FILE_PLUGIN
+        ),
+    )
+    .await?;
     Ok(Verdict {
+        file_plugin_missing,
         events,
         atomicity_violations,
         unpublished,
@@ -149,4 +163,12 @@ pub async fn verdict(pool: &PgPool) -> Result<Verdict, sqlx::Error> {
         )
         .await?,
     })
+}
+
+/// The outbox's rows and its size on disk with indexes and TOAST, in bytes.
+pub async fn outbox_size(pool: &PgPool) -> Result<(i64, i64), sqlx::Error> {
+    Ok((
+        one(pool, "SELECT count(*) FROM outbox").await?,
+        one(pool, "SELECT pg_total_relation_size('outbox')").await?,
+    ))
 }

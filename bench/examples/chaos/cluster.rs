@@ -8,23 +8,29 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use tokio::process::{Child, Command};
 
-/// One `outboxd run` process, started again after each kill.
+/// One `outboxd run` process, started again after each kill, in the
+/// network namespace named after it.
 pub struct Proc {
     pub name: String,
+    netns: String,
     outboxd: PathBuf,
     config: PathBuf,
     log: PathBuf,
     child: Option<Child>,
+    /// The highest resident set (VmHWM) any of its runs reached, in KiB.
+    pub peak_rss_kib: u64,
 }
 
 impl Proc {
-    pub fn new(name: &str, outboxd: &Path, config: &Path, dir: &Path) -> Self {
+    pub fn new(name: &str, netns: String, outboxd: &Path, config: &Path, dir: &Path) -> Self {
         Self {
             name: name.to_string(),
+            netns,
             outboxd: outboxd.to_path_buf(),
             config: config.to_path_buf(),
             log: dir.join(format!("{name}.log")),
             child: None,
+            peak_rss_kib: 0,
         }
     }
 
@@ -34,7 +40,9 @@ impl Proc {
             .append(true)
             .open(&self.log)
             .with_context(|| format!("open {}", self.log.display()))?;
-        let child = Command::new(&self.outboxd)
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.netns])
+            .arg(&self.outboxd)
             .arg("--config")
             .arg(&self.config)
             .arg("run")
@@ -44,32 +52,71 @@ impl Proc {
             .stderr(log)
             .kill_on_drop(true)
             .spawn()
-            .with_context(|| format!("start {} ({})", self.name, self.outboxd.display()))?;
+            .with_context(|| {
+                format!(
+                    "start {} ({} in netns {})",
+                    self.name,
+                    self.outboxd.display(),
+                    self.netns
+                )
+            })?;
         self.child = Some(child);
         Ok(())
     }
 
+    /// Reads the running process's peak resident set.
+    pub fn sample_rss(&mut self) {
+        let Some(pid) = self.child.as_ref().and_then(Child::id) else {
+            return;
+        };
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+            return;
+        };
+        let hwm = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
+        if let Some(kib) = hwm {
+            self.peak_rss_kib = self.peak_rss_kib.max(kib);
+        }
+    }
+
     /// SIGKILL: no drain, no goodbye, whatever was in flight is cut.
     pub async fn kill(&mut self) {
+        self.sample_rss();
         if let Some(mut child) = self.child.take() {
             let _ = child.start_kill();
             let _ = child.wait().await;
         }
     }
 
+    /// Whether the process exited on its own, and how.
+    pub fn exited(&mut self) -> anyhow::Result<Option<std::process::ExitStatus>> {
+        match self.child.as_mut() {
+            Some(child) => Ok(child.try_wait()?),
+            None => Ok(None),
+        }
+    }
+
     /// Fails when the process exited on its own: the soak must not hide a
     /// crash behind its own kills.
     pub fn check_alive(&mut self) -> anyhow::Result<()> {
-        if let Some(child) = self.child.as_mut()
-            && let Some(status) = child.try_wait()?
-        {
+        if let Some(status) = self.exited()? {
             bail!(
-                "{} exited by itself ({status}); see {}",
+                "{} exited by itself ({status}); last lines of {}:\n{}",
                 self.name,
-                self.log.display()
+                self.log.display(),
+                self.tail(8)
             );
         }
         Ok(())
+    }
+
+    /// The last `n` lines of the process's log.
+    pub fn tail(&self, n: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
     }
 }
 
@@ -148,26 +195,75 @@ impl Broker {
 
 pub const TOPIC: &str = "chaos.events";
 
-/// Settings both process kinds share: the store, the broker, the plugins.
-fn common(url: &str, bootstrap: &str, cache: &Path, kafka_extra: &str) -> String {
+/// What a soak runs: the transport, the relay's source and how consumers
+/// share the topic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Transport {
+    Kafka,
+    Embedded,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RelaySource {
+    Poll,
+    Wal,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Consumers {
+    /// Kafka only: each process reads fixed partitions, offsets in Postgres.
+    Static,
+    /// Members of one consumer group (Kafka's, or the embedded transport's
+    /// leases).
+    Group,
+}
+
+pub struct Setup<'a> {
+    /// The database as the processes reach it (through the delay proxy).
+    pub url: &'a str,
+    /// The broker as the processes reach it; None on the embedded transport.
+    pub bootstrap: Option<&'a str>,
+    pub relay_source: RelaySource,
+    pub consumers: Consumers,
+    /// The file plugin on the order route.
+    pub file_plugin: &'a Path,
+    pub publish_timeout: std::time::Duration,
+}
+
+/// The file plugin's name: a second transformer on the order route, loaded
+/// from its file rather than the registry.
+pub const FILE_PLUGIN: &str = "orders-mask";
+
+/// Settings both process kinds share: the store, the transport, the plugins.
+fn common(setup: &Setup<'_>, cache: &Path) -> String {
+    let transport = match setup.bootstrap {
+        Some(bootstrap) => format!(
+            r#"[transport]
+kind = "kafka"
+[transport.kafka]
+"bootstrap.servers" = "{bootstrap}"
+"enable.auto.commit" = "false"
+"enable.auto.offset.store" = "false""#
+        ),
+        None => "[transport]\nkind = \"embedded\"\npartitions = 4".to_string(),
+    };
     format!(
         r#"[database]
 url = "{url}"
 max_connections = 6
 migrate_on_start = false
 
-[transport]
-kind = "kafka"
-[transport.kafka]
-"bootstrap.servers" = "{bootstrap}"
-"enable.auto.commit" = "false"
-"enable.auto.offset.store" = "false"
-{kafka_extra}
+{transport}
 
 [[plugins]]
 name = "shape"
 source = "registry"
 config = {{ mask = "email" }}
+
+[[plugins]]
+name = "{FILE_PLUGIN}"
+path = "{file}"
+config = {{ mask = "customer_id" }}
 
 [[plugins]]
 name = "ledger"
@@ -179,43 +275,54 @@ cache_dir = "{cache}"
 registry_poll_ms = 500
 
 [[routes]]
+event_type = "order.*"
+topic = "{TOPIC}"
+transformers = ["shape", "{FILE_PLUGIN}"]
+
+[[routes]]
 event_type = "*"
 topic = "{TOPIC}"
 transformers = ["shape"]
 "#,
+        url = setup.url,
+        file = setup.file_plugin.display(),
         cache = cache.display()
     )
 }
 
 /// Writes relay.toml (relay only) and consumer-N.toml (consumers only).
-/// The two consumer processes split the topic's four partitions statically
+/// Static consumers split the topic's four partitions
 /// (`kafka_partitions`), with offsets in Postgres: they join no consumer
 /// group, so a broker restart cannot stall them in a rebalance (tansu
 /// 0.6.0's group coordinator stopped answering after restarts, and its
 /// libsql engine panicked in `UpdateGroup`; see RELIABILITY.md).
-pub fn write_configs(
-    dir: &Path,
-    url: &str,
-    bootstrap: &str,
-) -> anyhow::Result<(PathBuf, [PathBuf; 2])> {
+pub fn write_configs(dir: &Path, setup: &Setup<'_>) -> anyhow::Result<(PathBuf, [PathBuf; 2])> {
     let cache = dir.join("cache");
-    let base = common(url, bootstrap, &cache, "");
+    let base = common(setup, &cache);
+    let source = match setup.relay_source {
+        RelaySource::Poll => "",
+        RelaySource::Wal => "source = \"wal\"\n",
+    };
     let relay = format!(
         "{base}
 [relay]
-workers = 2
+{source}workers = 2
 batch_size = 100
 poll_interval_ms = 100
-publish_timeout_ms = 4000
+publish_timeout_ms = {publish_timeout}
 max_attempts = 40
 [relay.backoff]
 base_seconds = 0.2
 max_seconds = 5
-"
+",
+        publish_timeout = setup.publish_timeout.as_millis()
     );
     let consumer = |n: usize| {
-        let base = common(url, bootstrap, &cache, "");
-        let partitions = if n == 1 { "[0, 1]" } else { "[2, 3]" };
+        let partitions = match setup.consumers {
+            Consumers::Static if n == 1 => "kafka_partitions = [0, 1]\n",
+            Consumers::Static => "kafka_partitions = [2, 3]\n",
+            Consumers::Group => "",
+        };
         format!(
             "{base}
 [relay]
@@ -229,9 +336,8 @@ tables = {{ write = [\"ledger\"] }}
 db_role = \"{role}\"
 batch_in_transaction = 10
 max_attempts = 20
-kafka_partitions = {partitions}
-",
-            role = plugin_role(url)
+{partitions}",
+            role = plugin_role(setup.url)
         )
     };
     let relay_path = dir.join("relay.toml");

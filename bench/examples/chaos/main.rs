@@ -7,15 +7,24 @@
 //! ran in commit order. It prints one line of figures and exits non-zero
 //! when a check fails.
 //!
-//! Run it through `tests/chaos.sh` (it builds everything and starts tansu
-//! with durable storage); `--help` lists the knobs.
+//! Every process runs in a network namespace of its own and reaches
+//! Postgres and the broker through this driver's delay proxies, so the soak
+//! also partitions links, drops packets, delays bytes and hangs connections
+//! (see `net`).
+//!
+//! Run it through `tests/chaos.sh` (it makes the namespaces, starts a
+//! Postgres and tansu with durable storage in them and builds everything);
+//! `--help` lists the knobs.
 
 mod checks;
 mod cluster;
 mod faults;
+mod net;
 mod producers;
+mod proxy;
 mod rng;
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -27,8 +36,9 @@ use sqlx::postgres::PgPoolOptions;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use cluster::{Broker, Proc};
-use faults::{Fault, Kills, broker_hung, schedule, supervise, unhang};
+use cluster::{Broker, Consumers, Proc, RelaySource, Setup, Transport};
+use faults::{Fault, Kills, broker_hung, net_schedule, schedule, supervise, unhang};
+use net::{Net, Target};
 use rng::Rng;
 
 #[derive(Debug, Parser)]
@@ -47,21 +57,43 @@ struct Args {
     /// Replays a run's fault schedule and producer choices.
     #[arg(long)]
     seed: Option<u64>,
-    /// A Postgres URL whose user may CREATE DATABASE.
-    #[arg(long, env = "OUTBOXD_TEST_DATABASE_URL")]
+    /// A Postgres URL whose user may CREATE DATABASE, as this driver
+    /// reaches it; the processes reach the same server through the proxy.
+    #[arg(long)]
     database_url: String,
-    #[arg(long, env = "OUTBOXD_TEST_KAFKA")]
-    bootstrap: String,
+    #[arg(long, value_enum, default_value_t = Transport::Kafka)]
+    transport: Transport,
+    #[arg(long, value_enum, default_value_t = RelaySource::Poll)]
+    relay_source: RelaySource,
+    /// `static` is Kafka only.
+    #[arg(long, value_enum, default_value_t = Consumers::Static)]
+    consumers: Consumers,
+    /// The namespaces tests/netns.sh made: PREFIX-relay-1 and so on. This
+    /// driver runs in PREFIX-drv.
+    #[arg(long)]
+    netns: String,
+    /// The broker's own address (Kafka); the processes reach it through the
+    /// proxy, which tansu advertises.
+    #[arg(long)]
+    kafka_upstream: Option<SocketAddr>,
+    /// The relays' `publish_timeout`: short partitions are shorter than it,
+    /// long ones longer.
+    #[arg(long, default_value_t = 4_000)]
+    publish_timeout_ms: u64,
     #[arg(long, default_value = "target/debug/outboxd")]
     outboxd: PathBuf,
     #[arg(long, default_value = "tests/tansu.sh")]
     tansu_script: PathBuf,
     #[arg(long, default_value = "plugins/dist")]
     plugins: PathBuf,
-    /// Broker kills (at least 3, so recovery is exercised more than once;
-    /// 0 isolates the other faults when diagnosing).
-    #[arg(long, default_value_t = 3)]
-    broker_kills: u32,
+    /// Broker kills (Kafka; default: one per 200 s, at least 3, so
+    /// recovery is exercised more than once; 0 isolates the other faults
+    /// when diagnosing).
+    #[arg(long)]
+    broker_kills: Option<u32>,
+    /// No network faults (to isolate the other faults when diagnosing).
+    #[arg(long)]
+    no_net_faults: bool,
     /// Keeps the database and the logs for a post-mortem.
     #[arg(long)]
     keep: bool,
@@ -73,6 +105,18 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    let kafka = args.transport == Transport::Kafka;
+    if !kafka && args.consumers == Consumers::Static {
+        anyhow::bail!(
+            "--consumers static needs --transport kafka (the embedded transport's consumers share partitions through leases): use --consumers group"
+        );
+    }
+    let broker_kills = if kafka {
+        args.broker_kills
+            .unwrap_or_else(|| (args.seconds / 200).max(3) as u32)
+    } else {
+        0
+    };
     let seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -103,6 +147,18 @@ async fn main() -> anyhow::Result<()> {
         .execute(format!("CREATE DATABASE {name}").as_str())
         .await?;
     let url = format!("{base}/{name}");
+    let pg_upstream = pg_address(&args.database_url)?;
+    let proc_url = format!("postgres://postgres@{}/{name}", Net::service(Target::Pg));
+    let bootstrap = Net::service(Target::Kafka).to_string();
+    let kafka_upstream = if kafka {
+        Some(
+            args.kafka_upstream
+                .context("--transport kafka needs --kafka-upstream")?,
+        )
+    } else {
+        None
+    };
+    let net = Net::start(&args.netns, pg_upstream, kafka_upstream, seed).await?;
     // The driver's own connections are named, so the faults spare them.
     let pool = PgPoolOptions::new()
         .max_connections(8)
@@ -114,13 +170,25 @@ async fn main() -> anyhow::Result<()> {
     migrate(&db).await?;
     outboxd_demo::orders::create_schema(&db).await?;
     outboxd::store::execute_in_app_schema(&db, producers::BUSINESS_SCHEMA).await?;
-    let props = [("bootstrap.servers".to_string(), args.bootstrap.clone())].into();
-    outboxd::broker::kafka::ensure_topics(&props, &[cluster::TOPIC.to_string()], 4)
-        .await
-        .map_err(|e| anyhow::anyhow!("create {}: {e}", cluster::TOPIC))?;
+    if kafka {
+        let props = [("bootstrap.servers".to_string(), bootstrap.clone())].into();
+        outboxd::broker::kafka::ensure_topics(&props, &[cluster::TOPIC.to_string()], 4)
+            .await
+            .map_err(|e| anyhow::anyhow!("create {}: {e}", cluster::TOPIC))?;
+    }
 
-    let (relay_cfg, [consumer_cfg, consumer2_cfg]) =
-        cluster::write_configs(&dir_path, &url, &args.bootstrap)?;
+    let publish_timeout = Duration::from_millis(args.publish_timeout_ms);
+    let file_plugin = std::fs::canonicalize(args.plugins.join("redact-pii.wasm"))
+        .context("the file plugin plugins/dist/redact-pii.wasm (bash plugins/build.sh)")?;
+    let setup = Setup {
+        url: &proc_url,
+        bootstrap: kafka.then_some(bootstrap.as_str()),
+        relay_source: args.relay_source,
+        consumers: args.consumers,
+        file_plugin: &file_plugin,
+        publish_timeout,
+    };
+    let (relay_cfg, [consumer_cfg, consumer2_cfg]) = cluster::write_configs(&dir_path, &setup)?;
     cluster::plugin_roles(&args.outboxd, &consumer_cfg).await?;
     let wasm = |f: &str| args.plugins.join(f);
     for (cfg, file, plugin) in [
@@ -132,25 +200,33 @@ async fn main() -> anyhow::Result<()> {
             cluster::deploy(&args.outboxd, cfg, &wasm(file), plugin).await?
         );
     }
-    let mut procs = vec![
-        Proc::new("relay-1", &args.outboxd, &relay_cfg, &dir_path),
-        Proc::new("relay-2", &args.outboxd, &relay_cfg, &dir_path),
-        Proc::new("consumer-1", &args.outboxd, &consumer_cfg, &dir_path),
-        Proc::new("consumer-2", &args.outboxd, &consumer2_cfg, &dir_path),
-    ];
+    let mut procs: Vec<Proc> = [
+        ("relay-1", &relay_cfg),
+        ("relay-2", &relay_cfg),
+        ("consumer-1", &consumer_cfg),
+        ("consumer-2", &consumer2_cfg),
+    ]
+    .into_iter()
+    .map(|(host, cfg)| Proc::new(host, net.namespace(host), &args.outboxd, cfg, &dir_path))
+    .collect();
     for p in &mut procs {
         p.start()?;
     }
     let tansu_log = std::env::var_os("TANSU_STATE_DIR")
         .map_or_else(|| PathBuf::from("/tmp/outboxd-tansu"), PathBuf::from)
         .join("log");
-    let mut broker = Broker {
+    let mut broker = kafka.then(|| Broker {
         script: args.tansu_script.clone(),
         read: std::fs::metadata(&tansu_log).map_or(0, |m| m.len()),
         log: tansu_log,
-    };
+    });
+    let config = format!(
+        "transport={:?} relay_source={:?} consumers={:?}",
+        args.transport, args.relay_source, args.consumers
+    )
+    .to_lowercase();
     println!(
-        "chaos: seed {seed}, {} s at {} events/s over {} aggregates; logs in {}",
+        "chaos: seed {seed}, {} s at {} events/s over {} aggregates, {config}; logs in {}",
         args.seconds,
         args.rate,
         args.aggregates,
@@ -169,13 +245,16 @@ async fn main() -> anyhow::Result<()> {
     );
 
     let run = Duration::from_secs(args.seconds);
-    let plan = schedule(&mut rng, run, args.broker_kills);
+    let mut plan = schedule(&mut rng, run, broker_kills);
+    if !args.no_net_faults {
+        plan.extend(net_schedule(&mut rng, run, kafka, publish_timeout));
+        plan.sort_by_key(|(t, _)| *t);
+    }
     let start = Instant::now();
     let mut kills = Kills::default();
     let mut last_fault = start;
     let mut max_backlog_ms = 0i64;
     let mut next_sample = start;
-    let mut plan = plan;
     plan.reverse(); // popped from the end, earliest first
     let mut broker_started = Instant::now();
     let mut backlog_ms = 0i64;
@@ -186,15 +265,15 @@ async fn main() -> anyhow::Result<()> {
                 max_backlog_ms = max_backlog_ms.max(backlog_ms);
                 next_sample += Duration::from_millis(500);
             }
-            for p in &mut procs {
-                p.check_alive()?;
-            }
-            if broker.crashed() {
-                supervise(&mut broker, &mut kills).await?;
-                broker_started = Instant::now();
-            } else if broker_hung(&broker, backlog_ms, broker_started.elapsed()) {
-                unhang(&mut broker, &mut kills).await?;
-                broker_started = Instant::now();
+            watch_procs(&mut procs, &mut kills, true).await?;
+            if let Some(broker) = broker.as_mut() {
+                if broker.crashed() {
+                    supervise(broker, &mut kills).await?;
+                    broker_started = Instant::now();
+                } else if broker_hung(broker, backlog_ms, broker_started.elapsed()) {
+                    unhang(broker, &mut kills).await?;
+                    broker_started = Instant::now();
+                }
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -214,14 +293,22 @@ async fn main() -> anyhow::Result<()> {
             }
             Fault::StartProc(i) => procs[i].start()?,
             Fault::Broker => {
-                broker.kill().await?;
+                broker
+                    .as_ref()
+                    .context("a broker fault without a broker")?
+                    .kill()
+                    .await?;
                 // Down on purpose: not a hang.
                 broker_started = Instant::now();
                 kills.broker += 1;
                 later = Some((now + rng.millis(1_000, 4_000), Fault::BrokerBack));
             }
             Fault::BrokerBack => {
-                broker.restart().await?;
+                broker
+                    .as_ref()
+                    .context("a broker fault without a broker")?
+                    .restart()
+                    .await?;
                 broker_started = Instant::now();
             }
             Fault::PgTerminate => {
@@ -244,6 +331,29 @@ async fn main() -> anyhow::Result<()> {
                 println!("chaos: [{:>5.1}s] {out}", start.elapsed().as_secs_f64());
                 kills.swaps += 1;
             }
+            Fault::Net {
+                proc,
+                target,
+                fault,
+                kind,
+                length,
+            } => {
+                let host = &procs[proc].name;
+                net.inject(host, target, fault).await?;
+                *kills.net.entry(kind.label()).or_default() += 1;
+                println!(
+                    "chaos: [{:>5.1}s] {} {host} <-> {}: {fault:?} for {:.1} s",
+                    start.elapsed().as_secs_f64(),
+                    kind.label(),
+                    target.label(),
+                    length.as_secs_f64()
+                );
+            }
+            Fault::Heal {
+                proc,
+                target,
+                fault,
+            } => net.heal(&procs[proc].name, target, fault).await?,
         }
         if let Some(event) = later {
             let at = plan.partition_point(|(t, _)| *t > event.0);
@@ -255,6 +365,16 @@ async fn main() -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let fault_phase = start.elapsed();
+    for p in &procs {
+        for target in [Target::Pg, Target::Kafka]
+            .into_iter()
+            .filter(|t| kafka || *t == Target::Pg)
+        {
+            for fault in [net::NetFault::Partition, net::NetFault::Stall] {
+                net.heal(&p.name, target, fault).await?;
+            }
+        }
+    }
     let _ = stop_tx.send(true);
     while producer_set.join_next().await.is_some() {}
     let producers_stopped = Instant::now();
@@ -264,18 +384,18 @@ async fn main() -> anyhow::Result<()> {
     let drain_deadline = Instant::now() + Duration::from_secs(args.drain_timeout);
     let mut drained = false;
     while Instant::now() < drain_deadline {
-        for p in &mut procs {
-            p.check_alive()?;
-        }
+        watch_procs(&mut procs, &mut kills, false).await?;
         backlog_ms = checks::backlog_age_ms(&pool).await?;
-        if broker.crashed() {
-            supervise(&mut broker, &mut kills).await?;
-            broker_started = Instant::now();
-            last_fault = Instant::now();
-        } else if broker_hung(&broker, backlog_ms, broker_started.elapsed()) {
-            unhang(&mut broker, &mut kills).await?;
-            broker_started = Instant::now();
-            last_fault = Instant::now();
+        if let Some(broker) = broker.as_mut() {
+            if broker.crashed() {
+                supervise(broker, &mut kills).await?;
+                broker_started = Instant::now();
+                last_fault = Instant::now();
+            } else if broker_hung(broker, backlog_ms, broker_started.elapsed()) {
+                unhang(broker, &mut kills).await?;
+                broker_started = Instant::now();
+                last_fault = Instant::now();
+            }
         }
         max_backlog_ms = max_backlog_ms.max(backlog_ms);
         if checks::outstanding(&pool).await? == 0 {
@@ -290,14 +410,29 @@ async fn main() -> anyhow::Result<()> {
         p.kill().await;
     }
     let verdict = checks::verdict(&pool).await?;
+    // Retention, as the daemon's hourly pass would run it a week later.
+    let outbox_before = checks::outbox_size(&pool).await?;
+    let retention = outboxd::ops::retention::cleanup(
+        &db,
+        &outboxd::ops::retention::RetentionConfig::default(),
+        chrono::Utc::now() + chrono::Duration::days(8),
+    )
+    .await?;
+    pool.execute("VACUUM outbox").await?;
+    let outbox_after = checks::outbox_size(&pool).await?;
+    let peak_rss: Vec<String> = procs
+        .iter()
+        .map(|p| format!("{}={}", p.name, p.peak_rss_kib / 1024))
+        .collect();
     let produced_events = produced
         .account_events
         .load(std::sync::atomic::Ordering::Relaxed)
         + produced.orders.load(std::sync::atomic::Ordering::Relaxed);
     let line = format!(
-        "chaos: seconds={} events={} relay_kills={} consumer_kills={} broker_kills={} broker_crashes={} broker_hangs={} pg_kills={} swaps={} \
+        "chaos: {config} seconds={} events={} relay_kills={} consumer_kills={} broker_kills={} broker_crashes={} broker_hangs={} pg_kills={} swaps={} \
+         net_faults={} self_exits={} \
          lost={} duplicate_effects={} order_violations={} atomicity_violations={} unpublished={} \
-         dead={} consumer_dead_letters={} max_backlog_age_ms={} drain_ms={} drain_after_stop_ms={}{}",
+         dead={} consumer_dead_letters={} file_plugin_missing={} max_backlog_age_ms={} drain_ms={} drain_after_stop_ms={}{}",
         fault_phase.as_secs(),
         verdict.events,
         kills.relay,
@@ -307,6 +442,8 @@ async fn main() -> anyhow::Result<()> {
         kills.broker_hangs,
         kills.pg_backends,
         kills.swaps,
+        kills.net_total(),
+        kills.self_exits,
         verdict.lost,
         verdict.duplicate_effects,
         verdict.order_violations,
@@ -314,6 +451,7 @@ async fn main() -> anyhow::Result<()> {
         verdict.unpublished,
         verdict.dead,
         verdict.consumer_dead_letters,
+        verdict.file_plugin_missing,
         max_backlog_ms,
         drain_ms,
         drain_after_stop_ms,
@@ -327,26 +465,77 @@ async fn main() -> anyhow::Result<()> {
         verdict.by_shape,
         verdict.by_transformer
     );
+    let net_line: Vec<String> = kills.net.iter().map(|(k, n)| format!("{k}={n}")).collect();
+    println!("chaos: network faults: {}", net_line.join(" "));
+    println!(
+        "chaos: peak RSS MiB: {}; outbox before retention {} rows {} MiB, after {} rows {} MiB ({} deleted)",
+        peak_rss.join(" "),
+        outbox_before.0,
+        outbox_before.1 / (1 << 20),
+        outbox_after.0,
+        outbox_after.1 / (1 << 20),
+        retention.outbox_deleted
+    );
     println!("{line}");
     if let Some(path) = &args.json {
-        let doc = serde_json::json!({ "seed": seed, "kills": kills, "verdict": verdict,
+        let rss: std::collections::BTreeMap<&str, u64> = procs
+            .iter()
+            .map(|p| (p.name.as_str(), p.peak_rss_kib))
+            .collect();
+        let doc = serde_json::json!({ "seed": seed, "config": config, "kills": kills, "verdict": verdict,
             "max_backlog_age_ms": max_backlog_ms, "drain_ms": drain_ms as u64,
-            "drain_after_stop_ms": drain_after_stop_ms as u64, "drained": drained });
+            "drain_after_stop_ms": drain_after_stop_ms as u64, "drained": drained,
+            "peak_rss_kib": rss, "outbox_before_retention": outbox_before,
+            "outbox_after_retention": outbox_after });
         std::fs::write(path, serde_json::to_vec_pretty(&doc)?)?;
     }
     let swapped = verdict.by_writer.len() == 2 && verdict.by_shape.len() == 2;
-    let ok = drained && verdict.ok() && kills.broker >= args.broker_kills && swapped;
+    let ok = drained && verdict.ok() && kills.broker >= broker_kills && swapped;
+    // The database goes with tests/chaos.sh's throwaway cluster (kept
+    // with --keep).
     pool.close().await;
-    if !args.keep {
-        admin
-            .execute(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)").as_str())
-            .await?;
-    }
     if !ok {
         anyhow::bail!(
             "the soak failed (seed {seed}): drained={drained}, both versions and shapes seen={swapped}; \
              rerun with --seed {seed} --keep for the logs"
         );
+    }
+    Ok(())
+}
+
+/// `host:port` of a `postgres://user@host:port/db` URL.
+fn pg_address(url: &str) -> anyhow::Result<SocketAddr> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = rest.split('/').next().unwrap_or(rest);
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    host_port.parse().with_context(|| {
+        format!("--database-url {url}: the soak needs host:port as an IP address and a port")
+    })
+}
+
+/// Samples each process's memory and restarts a process that exited by
+/// itself with an error (exit code 1, no panic) while faults were being
+/// injected, as a supervisor would: an `outboxd run` that cannot reach its
+/// database or broker at start, or loses it then, exits with an error that
+/// names it. Such exits are counted as `self_exits` and printed with the
+/// process's last log lines; a panic, a signal or an exit after the faults
+/// stopped fails the soak, which must not hide a crash behind its own kills.
+async fn watch_procs(procs: &mut [Proc], kills: &mut Kills, faults_on: bool) -> anyhow::Result<()> {
+    for p in procs.iter_mut() {
+        p.sample_rss();
+        let Some(status) = p.exited()? else { continue };
+        let tail = p.tail(6);
+        let excused = faults_on && status.code() == Some(1) && !tail.contains("panicked");
+        if !excused {
+            p.check_alive()?;
+        }
+        println!(
+            "chaos: {} exited by itself ({status}) while faults ran; starting it again. Its last lines:\n{}",
+            p.name,
+            p.tail(3)
+        );
+        kills.self_exits += 1;
+        p.start()?;
     }
     Ok(())
 }
