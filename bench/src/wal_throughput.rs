@@ -239,14 +239,18 @@ async fn fill(bench: &Bench, events: i64, aggregates: i64, batch: i64) -> Result
 /// arrives as 1, 2, 3 … exactly once, `events` messages in all.
 async fn read_back(bench: &Bench, topic: &str, events: i64) -> Result<(), BenchError> {
     let group = format!("walbench-verify-{}", uuid::Uuid::new_v4());
-    let mut consumer = KafkaConsumer::new(&bench.kafka_props(), {
-        let mut c = KafkaConsumerConfig::new(group, vec![topic.to_string()]);
-        if let Ok(v) = std::env::var("OUTBOXD_BENCH_PARTITION_LIMIT") {
-            c.partition_limit = v.parse().unwrap_or(c.partition_limit);
-        }
-        c
-    })
-    .map_err(|e| BenchError::Refused(format!("reading {topic} back: {e}")))?;
+    let mut cfg = KafkaConsumerConfig::new(group, vec![topic.to_string()]);
+    // The read-back's per-partition buffer; above the backlog, it never
+    // pauses a partition (see BENCHMARKS.md on the consumer defect).
+    if let Ok(v) = std::env::var("OUTBOXD_BENCH_PARTITION_LIMIT") {
+        cfg.partition_limit = v.parse().map_err(|_| {
+            BenchError::Refused(format!(
+                "OUTBOXD_BENCH_PARTITION_LIMIT={v}: write a whole number of messages, such as 1000000"
+            ))
+        })?;
+    }
+    let mut consumer = KafkaConsumer::new(&bench.kafka_props(), cfg)
+        .map_err(|e| BenchError::Refused(format!("reading {topic} back: {e}")))?;
     let mut last: HashMap<Vec<u8>, i64> = HashMap::new();
     let mut offsets: HashMap<i32, i64> = HashMap::new();
     let mut got = 0i64;
