@@ -8,7 +8,8 @@
 #   tests/netns.sh down PREFIX      kill what runs inside them, delete them
 #   tests/netns.sh hosts            print "name address" per host
 #
-# Hosts (10.213.0.0/24): drv (the soak's driver and its delay proxy), pg,
+# Hosts (10.213.0.0/24; bench/examples/chaos/net.rs knows the same
+# addresses): drv (the soak's driver and its delay proxy), pg,
 # kafka, relay-1, relay-2, consumer-1, consumer-2. Each host namespace has
 # an nftables table `inet chaos` whose base chains jump to per-target
 # chains (pg_out/pg_in, kafka_out/kafka_in): the driver adds drop rules to
