@@ -179,6 +179,90 @@ async fn mock_consumer_pauses_a_full_partition_and_resumes_after_commits() {
     );
 }
 
+/// Reads `topic` the way a consumer that keeps up does, in fetches as
+/// large as the partition limit, committing each partition's last message,
+/// and returns every partition's offsets in the order they came.
+async fn read_in_full_fetches(
+    bootstrap: &str,
+    topic: &str,
+    want: usize,
+) -> (BTreeMap<i32, Vec<i64>>, u64) {
+    let cfg = KafkaConsumerConfig::new(unique("full-fetches"), vec![topic.into()]);
+    let limit = cfg.partition_limit;
+    let mut source = KafkaConsumer::new(&props(bootstrap), cfg).expect("consumer");
+    let mut seen: BTreeMap<i32, Vec<i64>> = BTreeMap::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut got = 0;
+    while got < want && Instant::now() < deadline {
+        let batch = source.fetch(limit).await.expect("fetch");
+        let mut ends: BTreeMap<i32, &Delivery> = BTreeMap::new();
+        for d in &batch {
+            ends.insert(d.partition, d);
+        }
+        for d in ends.values() {
+            source.commit(d).await.expect("commit");
+        }
+        got += batch.len();
+        for d in &batch {
+            seen.entry(d.partition).or_default().push(d.offset);
+        }
+    }
+    (seen, source.pauses())
+}
+
+/// Every partition's offsets from 0, each once and in order.
+fn assert_contiguous(seen: &BTreeMap<i32, Vec<i64>>, total: usize) {
+    let mut count = 0;
+    for (partition, offsets) in seen {
+        let expected: Vec<i64> = (0..offsets.len() as i64).collect();
+        if let Some(i) = offsets.iter().zip(&expected).position(|(a, b)| a != b) {
+            panic!(
+                "partition {partition}: offset {} came where {} was due (after {:?})",
+                offsets[i],
+                expected[i],
+                &offsets[i.saturating_sub(3)..i]
+            );
+        }
+        count += offsets.len();
+    }
+    assert_eq!(count, total, "every message once");
+}
+
+/// A partition far behind fills its buffer in one fetch and is paused; the
+/// commit that empties the buffer resumes it, and reading goes on from the
+/// next offset: nothing skipped at the pause, nothing twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn mock_consumer_reads_a_long_backlog_in_full_fetches_without_a_gap() {
+    let mock = MockCluster::new(1).expect("mock cluster");
+    mock.create_topic("backlog", 1, 1).expect("topic");
+    let bootstrap = mock.bootstrap_servers();
+    // The relay publishes one event per key and step: many keys, few steps.
+    let names: Vec<String> = (0..50).map(|i| format!("k{i}")).collect();
+    let keys: Vec<&str> = names.iter().map(String::as_str).collect();
+    for _ in 0..7 {
+        produce(&bootstrap, "backlog", &keys, 10).await;
+    }
+    let (seen, pauses) = read_in_full_fetches(&bootstrap, "backlog", 3500).await;
+    assert_contiguous(&seen, 3500);
+    assert!(pauses > 0, "a full fetch of one partition pauses it");
+}
+
+/// The same against the test broker, with partitions that interleave.
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_consumer_reads_a_long_backlog_in_full_fetches_without_a_gap() {
+    let bootstrap = bootstrap();
+    let topic = unique("backlog");
+    create_topic(&bootstrap, &topic, 2).await;
+    let names: Vec<String> = (0..50).map(|i| format!("k{i}")).collect();
+    let keys: Vec<&str> = names.iter().map(String::as_str).collect();
+    for _ in 0..3 {
+        produce(&bootstrap, &topic, &keys, 40).await;
+    }
+    let (seen, pauses) = read_in_full_fetches(&bootstrap, &topic, 6000).await;
+    assert_contiguous(&seen, 6000);
+    assert!(pauses > 0, "a full fetch of one partition pauses it");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn kafka_consumer_hands_revoked_partitions_over_uncommitted() {
     let bootstrap = bootstrap();

@@ -74,6 +74,7 @@ mod relay_failure_reasons;
 mod secrets;
 mod sqlite_leases;
 mod sqlite_wake;
+mod start_retry;
 mod swap_processes;
 mod timing;
 mod traces;

@@ -54,6 +54,24 @@ pub enum DaemonError {
     Handler(String),
 }
 
+impl DaemonError {
+    /// Whether starting again may succeed: the database was briefly
+    /// unavailable, the configuration is not at fault.
+    pub fn is_transient(&self) -> bool {
+        use crate::store::{StoreError, problem::transient};
+        match self {
+            DaemonError::Database(e)
+            | DaemonError::Store(StoreError::Database(e))
+            | DaemonError::Store(StoreError::Migration { source: e, .. }) => transient(e),
+            _ => false,
+        }
+    }
+}
+
+/// How long `outboxd run` keeps trying to start while the database it
+/// reached fails with transient errors.
+pub const START_RETRY_WINDOW: Duration = Duration::from_secs(60);
+
 /// `outboxd run` as a library: the pipeline a [`Config`] describes, with
 /// the native handlers its `builtin:NAME` consumers may name.
 ///
@@ -122,6 +140,13 @@ impl Daemon {
     }
 
     /// Connects, migrates (when allowed) and runs until `shutdown` turns true.
+    ///
+    /// A database that cannot be reached at all fails at once, with the
+    /// connection error. Once it has answered, a transient database error
+    /// while starting (a connection terminated by the server or lost on the
+    /// network, a pool that timed out) does not end the process: what was
+    /// started is stopped and the start is tried again, for up to
+    /// [`START_RETRY_WINDOW`].
     pub async fn run(
         &self,
         config: Config,
@@ -134,16 +159,55 @@ impl Daemon {
             config.database.sqlite_synchronous,
         )
         .await?;
+        let first_try = std::time::Instant::now();
+        let mut delay = Duration::from_millis(250);
+        let set = loop {
+            let mut set = JoinSet::new();
+            let attempt = self
+                .start(&config, &db, &faults, &shutdown, &mut set)
+                .await;
+            let e = match attempt {
+                Ok(()) => break set,
+                Err(e) => e,
+            };
+            set.shutdown().await;
+            let left = START_RETRY_WINDOW.saturating_sub(first_try.elapsed());
+            if !e.is_transient() || left.is_zero() || *shutdown.borrow() {
+                db.close().await;
+                return Err(e);
+            }
+            tracing::warn!(error = %e, retry_in = ?delay, gives_up_in = ?left,
+                "outboxd could not start: the database was briefly unavailable; starting again");
+            let mut stop = shutdown.clone();
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = stop.changed() => {}
+            }
+            delay = (delay * 2).min(Duration::from_secs(5));
+        };
+        let result = join_all_workers(set).await;
+        db.close().await;
+        result
+    }
+
+    /// One attempt at starting: the migrations (when allowed), then every
+    /// worker, spawned into `set`.
+    async fn start(
+        &self,
+        config: &Config,
+        db: &Db,
+        faults: &Faults,
+        shutdown: &watch::Receiver<bool>,
+        set: &mut JoinSet<Result<(), String>>,
+    ) -> Result<(), DaemonError> {
         if config.database.migrate_on_start {
-            let report = migrate(&db).await?;
+            let report = migrate(db).await?;
             if !report.applied.is_empty() {
                 tracing::info!(applied = ?report.applied, "migrations applied");
             }
         }
-        let (set, _handles) = self.spawn_pipeline(&config, &db, faults, shutdown).await?;
-        let result = join_all_workers(set).await;
-        db.close().await;
-        result
+        spawn_pipeline(set, config, db, faults.clone(), self, shutdown.clone()).await?;
+        Ok(())
     }
 
     /// Spawns relay workers and consumers; they stop when `shutdown` turns true.
@@ -154,7 +218,9 @@ impl Daemon {
         faults: Faults,
         shutdown: watch::Receiver<bool>,
     ) -> Result<(JoinSet<Result<(), String>>, PipelineHandles), DaemonError> {
-        spawn_pipeline(config, db, faults, self, shutdown).await
+        let mut set = JoinSet::new();
+        let handles = spawn_pipeline(&mut set, config, db, faults, self, shutdown).await?;
+        Ok((set, handles))
     }
 }
 
@@ -175,20 +241,20 @@ pub async fn join_all_workers(mut set: JoinSet<Result<(), String>>) -> Result<()
 }
 
 async fn spawn_pipeline(
+    set: &mut JoinSet<Result<(), String>>,
     config: &Config,
     db: &Db,
     faults: Faults,
     daemon: &Daemon,
     shutdown: watch::Receiver<bool>,
-) -> Result<(JoinSet<Result<(), String>>, PipelineHandles), DaemonError> {
-    let mut set = JoinSet::new();
+) -> Result<PipelineHandles, DaemonError> {
     let mut handles = PipelineHandles::default();
     let metrics = handles.metrics.clone();
     // Whoever loads a plugin version reports it: the rollout each registry
     // version it loads, the static chains here, the consumers their file
     // plugins.
     let (chains, registry_consumers) =
-        match start_rollout(config, db, &metrics, &mut set, &shutdown).await? {
+        match start_rollout(config, db, &metrics, set, &shutdown).await? {
             Some(started) => started,
             None => {
                 let chains = load_chains(config)?;
@@ -209,7 +275,7 @@ async fn spawn_pipeline(
                 config.transport.partitions,
             ));
             spawn_relays_for(
-                &mut set, config, db, publisher, &faults, &chains, &metrics, &shutdown,
+                set, config, db, publisher, &faults, &chains, &metrics, &shutdown,
             )
             .await?;
         }
@@ -232,12 +298,12 @@ async fn spawn_pipeline(
                 })
             }));
             spawn_relays_for(
-                &mut set, config, db, publisher, &faults, &chains, &metrics, &shutdown,
+                set, config, db, publisher, &faults, &chains, &metrics, &shutdown,
             )
             .await?;
         }
     }
-    spawn_jobs(&mut set, config, db, metrics.clone(), shutdown.clone());
+    spawn_jobs(set, config, db, metrics.clone(), shutdown.clone());
     if config.admin.enabled {
         let history = Arc::new(crate::admin::History::default());
         let state = crate::admin::AdminState {
@@ -281,7 +347,7 @@ async fn spawn_pipeline(
         });
     }
     consumers::spawn_consumers(
-        &mut set,
+        set,
         config,
         db,
         &faults,
@@ -293,7 +359,7 @@ async fn spawn_pipeline(
         &shutdown,
     )
     .await?;
-    Ok((set, handles))
+    Ok(handles)
 }
 
 /// Builds every route's transformer chain; no engine when no route has one.
@@ -368,10 +434,12 @@ async fn start_rollout(
     .map_err(DaemonError::Plugin)?
     .with_consumers(consumer_plugins.iter().cloned())
     .with_metrics(metrics.clone());
-    rollout
-        .refresh()
-        .await
-        .map_err(|e| DaemonError::Plugin(e.to_string()))?;
+    rollout.refresh().await.map_err(|e| match e {
+        // Kept as a database error, so that start-up can tell a lost
+        // connection from a refused plugin.
+        crate::plugin::RegistryError::Database(e) => DaemonError::Database(e),
+        e => DaemonError::Plugin(e.to_string()),
+    })?;
     let chains = rollout.chains();
     let slots = consumer_plugins
         .iter()

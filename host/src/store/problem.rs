@@ -29,6 +29,31 @@ pub fn hint(e: &sqlx::Error) -> &'static str {
     }
 }
 
+/// Whether `e` says the database was briefly unavailable (a dropped or
+/// terminated connection, a pool that timed out, a server starting up or
+/// out of connections, a busy SQLite file) rather than that the request
+/// is wrong: trying again later may succeed.
+pub fn transient(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::Tls(_) => true,
+        sqlx::Error::Database(db) => {
+            let Some(code) = db.code() else {
+                return false;
+            };
+            if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+                // SQLITE_BUSY and SQLITE_LOCKED.
+                return matches!(code.parse::<i32>().map(|c| c & 0xff), Ok(5 | 6));
+            }
+            // Connection exceptions (08), operator intervention (57P01
+            // admin shutdown, 57P02 crash shutdown, 57P03 cannot connect
+            // now), too many connections, serialization and deadlock.
+            code.starts_with("08")
+                || matches!(code.as_ref(), "57P01" | "57P02" | "57P03" | "53300" | "40001" | "40P01")
+        }
+        _ => false,
+    }
+}
+
 const READ_ONLY: &str = "; the database is read-only: outboxd writes the outbox, the inbox \
      and their marks, so point database.url at a writable primary (Postgres: \
      default_transaction_read_only off; SQLite: a writable file, not mode=ro). \
@@ -71,5 +96,17 @@ mod tests {
             .await
             .expect_err("read-only");
         assert_eq!(hint(&e), READ_ONLY, "{e}");
+        assert!(!transient(&e), "read-only is not transient: {e}");
+    }
+
+    /// What start-up retries: a lost connection and a pool timeout, not a
+    /// wrong query.
+    #[test]
+    fn lost_connections_are_transient_and_bad_requests_are_not() {
+        let io = sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert!(transient(&io));
+        assert!(transient(&sqlx::Error::PoolTimedOut));
+        assert!(!transient(&sqlx::Error::RowNotFound));
+        assert!(!transient(&sqlx::Error::ColumnNotFound("x".into())));
     }
 }

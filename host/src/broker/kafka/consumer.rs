@@ -159,6 +159,8 @@ pub struct KafkaConsumer {
     buffer: BTreeMap<PartitionKey, VecDeque<Delivery>>,
     /// Partitions paused because their buffer reached the limit.
     paused: HashSet<PartitionKey>,
+    /// How many times a partition was paused.
+    pauses: u64,
     /// Rotates which partition is served first, so one stuck partition with
     /// a full buffer cannot starve the others.
     rotation: usize,
@@ -272,6 +274,7 @@ impl KafkaConsumer {
             metrics: None,
             buffer: BTreeMap::new(),
             paused: HashSet::new(),
+            pauses: 0,
             rotation: 0,
             offsets_db,
         }
@@ -372,6 +375,11 @@ impl KafkaConsumer {
         Ok(())
     }
 
+    /// How many times a partition was paused because its buffer was full.
+    pub fn pauses(&self) -> u64 {
+        self.pauses
+    }
+
     /// How many messages are handed out and not yet committed.
     pub fn buffered(&self) -> usize {
         self.buffer.values().map(VecDeque::len).sum()
@@ -428,6 +436,7 @@ impl KafkaConsumer {
         queue.push_back(d);
         let full = queue.len() >= self.cfg.partition_limit;
         if full && self.paused.insert(key.clone()) {
+            self.pauses += 1;
             self.set_paused(&key, true);
         }
     }
