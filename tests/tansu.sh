@@ -8,9 +8,20 @@
 #   tests/tansu.sh restart      stop it and start it again on the same port
 #   tests/tansu.sh install      only install it (needs the crate registry)
 #
-# Storage is ${TANSU_STORAGE:-memory://tansu/}. The chaos soak sets
-# TANSU_STORAGE=sqlite://tansu.db (a file in the state dir) so that a killed broker keeps what it
-# acknowledged, as a real Kafka cluster would.
+# Storage is ${TANSU_STORAGE:-sqlite://tansu.db}, a file in the state dir, so
+# that a killed broker keeps what it acknowledged, as a real Kafka cluster
+# would (the chaos soak kills it).
+#
+# Not memory:// by default: tansu 0.6.0's memory engine answers a fetch whose
+# offset falls inside a stored batch by skipping that whole batch. librdkafka
+# fetches from mid-batch offsets whenever a consumer resumes a paused
+# partition, so a consumer 1,000 messages behind (outboxd pauses a partition
+# whose buffer is full) saw offsets jump, e.g. 1,008 arriving where 1,001 was
+# due, and librdkafka's debug log showed it asking for the right offset. The
+# sqlite engine answers the same fetches in full
+# (tests/integration/kafka_consumers.rs: *_reads_a_long_backlog_in_full_fetches_*).
+# memory:// remains available (TANSU_STORAGE=memory://tansu/) for benchmarks
+# that never pause a partition.
 #
 # tansu is installed once per machine into ${TANSU_ROOT} with the
 # `dynostore` (memory://) and `libsql` (sqlite://) storage engines.
@@ -29,7 +40,7 @@ TANSU_VERSION=0.6.0
 STATE_DIR=${TANSU_STATE_DIR:-/tmp/outboxd-tansu}
 TANSU_ROOT=${TANSU_ROOT:-$HOME/.cache/outboxd/tansu-$TANSU_VERSION}
 TANSU_FEATURES=dynostore,libsql
-STORAGE=${TANSU_STORAGE:-memory://tansu/}
+STORAGE=${TANSU_STORAGE:-sqlite://tansu.db}
 INSTALL_LOG=/tmp/tansu-install.log
 HOST=${TANSU_HOST:-127.0.0.1}
 NETNS=${TANSU_NETNS:-}

@@ -241,7 +241,9 @@ async fn read_back(bench: &Bench, topic: &str, events: i64) -> Result<(), BenchE
     let group = format!("walbench-verify-{}", uuid::Uuid::new_v4());
     let mut cfg = KafkaConsumerConfig::new(group, vec![topic.to_string()]);
     // The read-back's per-partition buffer; above the backlog, it never
-    // pauses a partition (see BENCHMARKS.md on the consumer defect).
+    // pauses a partition, so it never fetches from the middle of a stored
+    // batch, which tansu's memory storage answers by skipping the batch
+    // (see BENCHMARKS.md).
     if let Ok(v) = std::env::var("OUTBOXD_BENCH_PARTITION_LIMIT") {
         cfg.partition_limit = v.parse().map_err(|_| {
             BenchError::Refused(format!(
