@@ -163,9 +163,7 @@ impl Daemon {
         let mut delay = Duration::from_millis(250);
         let set = loop {
             let mut set = JoinSet::new();
-            let attempt = self
-                .start(&config, &db, &faults, &shutdown, &mut set)
-                .await;
+            let attempt = self.start(&config, &db, &faults, &shutdown, &mut set).await;
             let e = match attempt {
                 Ok(()) => break set,
                 Err(e) => e,

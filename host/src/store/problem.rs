@@ -48,7 +48,10 @@ pub fn transient(e: &sqlx::Error) -> bool {
             // admin shutdown, 57P02 crash shutdown, 57P03 cannot connect
             // now), too many connections, serialization and deadlock.
             code.starts_with("08")
-                || matches!(code.as_ref(), "57P01" | "57P02" | "57P03" | "53300" | "40001" | "40P01")
+                || matches!(
+                    code.as_ref(),
+                    "57P01" | "57P02" | "57P03" | "53300" | "40001" | "40P01"
+                )
         }
         _ => false,
     }
