@@ -135,7 +135,8 @@ async fn an_unsafe_role_is_refused_with_the_key_and_the_sql() {
     c.db_role = Some(role.clone());
     let err = outboxd::store::plugin_roles::check(pool, 3, &c)
         .await
-        .expect_err("TEMP is granted to PUBLIC, and inbox to the role");
+        .expect_err("TEMP is granted to PUBLIC, and inbox to the role")
+        .to_string();
     for part in [
         "consumers[3].db_role",
         "temporary tables",
@@ -156,7 +157,8 @@ async fn an_unsafe_role_is_refused_with_the_key_and_the_sql() {
         },
     )
     .await
-    .expect_err("no such role");
+    .expect_err("no such role")
+    .to_string();
     assert!(missing.contains("does not exist"), "{missing}");
     // The same refusal stops `outboxd run` before any consumer starts.
     let out = crate::process::outboxd(&t)

@@ -887,6 +887,91 @@ async fn wal_an_idle_reader_releases_wal_written_outside_the_outbox() {
     pipeline.stop().await;
 }
 
+/// An idle reader makes no query: when other writes move the server's WAL
+/// (here a table outside the publication; on a real server, every other
+/// database's too), the reader confirms past them from the stream's
+/// keepalives alone. It used to ask the server for its WAL end each time
+/// the position moved, one query per `status_interval` on a busy server.
+/// Everything the test itself runs in the window goes over a connection of
+/// its own, so the backends of the pool show only the relay's statements.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wal_an_idle_reader_makes_no_query_while_other_writes_move_the_wal() {
+    use sqlx::Connection;
+    let t = TestDb::postgres_wal().await;
+    create_counters(&t).await;
+    let pipeline = start(&t, "", Faults::none()).await;
+    pipeline.wait_streaming(&t).await;
+    let first = write_counted(pool(&t), "a", json!({})).await;
+    wait_all_published(&t).await;
+    wait_confirmed_past(&t, &first).await;
+    // Past `status_interval` (250 ms): a read of the WAL end would be due.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+
+    let mut own = sqlx::PgConnection::connect(&t.url)
+        .await
+        .expect("a connection of the test's own");
+    let since: String = sqlx::query_scalar("SELECT clock_timestamp()::text")
+        .fetch_one(&mut own)
+        .await
+        .expect("now");
+    let confirmed_past = |lsn: String| {
+        format!(
+            "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{}' AND confirmed_flush_lsn >= '{lsn}'::pg_lsn",
+            t.slot
+        )
+    };
+    for round in 0..5 {
+        for i in 0..40 {
+            sqlx::query("INSERT INTO public.counters (id, n) VALUES ($1, 0)")
+                .bind(format!("other-{round}-{i}"))
+                .execute(&mut own)
+                .await
+                .expect("a write outside the outbox");
+        }
+        let end: String = sqlx::query_scalar("SELECT pg_current_wal_insert_lsn()::text")
+            .fetch_one(&mut own)
+            .await
+            .expect("lsn");
+        sqlx::query("INSERT INTO public.counters (id, n) VALUES ($1, 0)")
+            .bind(format!("other-{round}-last"))
+            .execute(&mut own)
+            .await
+            .expect("more WAL");
+        let started = Instant::now();
+        loop {
+            let n: i64 = sqlx::query_scalar(&confirmed_past(end.clone()))
+                .fetch_one(&mut own)
+                .await
+                .expect("slot");
+            if n == 1 {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "the idle reader never confirmed past {end}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // Longer than `status_interval`, so a due read would have run.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    let queries: Vec<String> = sqlx::query_scalar(
+        "SELECT query FROM pg_stat_activity
+          WHERE datname = current_database() AND pid <> pg_backend_pid()
+            AND query_start > $1::timestamptz AND backend_type = 'client backend'",
+    )
+    .bind(&since)
+    .fetch_all(&mut own)
+    .await
+    .expect("pg_stat_activity");
+    assert!(
+        queries.is_empty(),
+        "an idle WAL reader made queries while other writes moved the WAL: {queries:?}"
+    );
+    own.close().await.expect("close");
+    pipeline.stop().await;
+}
+
 // ---- the lag cap -------------------------------------------------------------
 
 /// A slow broker under a flood of large events: the slot falls behind the

@@ -274,7 +274,7 @@ async fn dispatch(cli: Cli, daemon: Daemon) -> anyhow::Result<ExitCode> {
             }
             for (i, c) in config.consumers.iter().enumerate() {
                 if c.plugin_name().is_some() {
-                    roles.check(i, c).await.map_err(anyhow::Error::msg)?;
+                    roles.check(i, c).await?;
                     println!("consumer `{}`: role ok", c.name);
                 }
             }

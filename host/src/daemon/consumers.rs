@@ -21,7 +21,7 @@ use crate::consumer::{
 use crate::fault::Faults;
 use crate::metrics::{Metrics, PluginReport};
 use crate::plugin::{ConsumerPlugin, PluginEngine};
-use crate::store::plugin_roles::PluginRoles;
+use crate::store::plugin_roles::{PluginRoles, RoleCheckError};
 use crate::store::{Channel, Db};
 
 /// How long an idle embedded consumer waits for a publish notification
@@ -58,7 +58,12 @@ pub(super) async fn spawn_consumers(
         // The database's wall around plugin SQL: refuse to start a plugin
         // consumer whose role could reach more than its tables.
         if let (Some(_), Some(roles)) = (c.plugin_name(), PluginRoles::of(db)) {
-            roles.check(i, c).await.map_err(DaemonError::Plugin)?;
+            roles.check(i, c).await.map_err(|e| match e {
+                // Kept as a database error, so that start-up can tell a
+                // lost connection from an unsafe role.
+                RoleCheckError::Database(e) => DaemonError::Database(e),
+                RoleCheckError::Refused(why) => DaemonError::Plugin(why),
+            })?;
         }
         let handler = Arc::new(consumer_handler(
             config,

@@ -68,9 +68,34 @@ impl DaemonError {
     }
 }
 
-/// How long `outboxd run` keeps trying to start while the database it
-/// reached fails with transient errors.
+/// How long `outboxd run` keeps trying to start while the database does
+/// not answer or fails with transient errors.
 pub const START_RETRY_WINDOW: Duration = Duration::from_secs(60);
+
+/// A first connection that failed because the database did not answer in
+/// time or is briefly unable to take it (57P03 starting up, 53300 too many
+/// connections). A refused connection, an unknown host or wrong credentials
+/// is the configuration's fault and is not retried.
+fn unanswered(e: &crate::store::StoreError) -> bool {
+    use crate::store::StoreError;
+    match e {
+        StoreError::Database(sqlx::Error::PoolTimedOut) => true,
+        StoreError::Database(sqlx::Error::Database(db)) => {
+            matches!(db.code().as_deref(), Some("57P03" | "53300"))
+        }
+        _ => false,
+    }
+}
+
+/// Waits `delay` (or until shutdown), then doubles it up to 5 s.
+async fn backoff(shutdown: &watch::Receiver<bool>, delay: &mut Duration) {
+    let mut stop = shutdown.clone();
+    tokio::select! {
+        _ = tokio::time::sleep(*delay) => {}
+        _ = stop.changed() => {}
+    }
+    *delay = (*delay * 2).min(Duration::from_secs(5));
+}
 
 /// `outboxd run` as a library: the pipeline a [`Config`] describes, with
 /// the native handlers its `builtin:NAME` consumers may name.
@@ -141,26 +166,43 @@ impl Daemon {
 
     /// Connects, migrates (when allowed) and runs until `shutdown` turns true.
     ///
-    /// A database that cannot be reached at all fails at once, with the
-    /// connection error. Once it has answered, a transient database error
-    /// while starting (a connection terminated by the server or lost on the
-    /// network, a pool that timed out) does not end the process: what was
-    /// started is stopped and the start is tried again, for up to
-    /// [`START_RETRY_WINDOW`].
+    /// A database that refuses the connection, cannot be resolved or
+    /// rejects the credentials is not waited for: the run fails with that
+    /// error (a refusal once the pool's 10 s acquire timeout has passed).
+    /// One that does not answer in time (a network partition, a server
+    /// still starting or out of connections) is tried again, and once it has
+    /// answered, a transient database error while starting (a connection
+    /// terminated by the server or lost on the network, a pool that timed
+    /// out) does not end the process either: what was started is stopped and
+    /// the start is tried again. Both retry for up to [`START_RETRY_WINDOW`]
+    /// from the first attempt, with backoff from 250 ms to 5 s.
     pub async fn run(
         &self,
         config: Config,
         faults: Faults,
         shutdown: watch::Receiver<bool>,
     ) -> Result<(), DaemonError> {
-        let db = Db::connect_with(
-            &config.database.url,
-            config.database.max_connections,
-            config.database.sqlite_synchronous,
-        )
-        .await?;
         let first_try = std::time::Instant::now();
         let mut delay = Duration::from_millis(250);
+        let db = loop {
+            let connected = Db::connect_with(
+                &config.database.url,
+                config.database.max_connections,
+                config.database.sqlite_synchronous,
+            )
+            .await;
+            let e = match connected {
+                Ok(db) => break db,
+                Err(e) => e,
+            };
+            let left = START_RETRY_WINDOW.saturating_sub(first_try.elapsed());
+            if !unanswered(&e) || left.is_zero() || *shutdown.borrow() {
+                return Err(e.into());
+            }
+            tracing::warn!(error = %e, retry_in = ?delay, gives_up_in = ?left,
+                "outboxd could not connect: the database did not answer (a network partition, or a server starting or out of connections); connecting again");
+            backoff(&shutdown, &mut delay).await;
+        };
         let set = loop {
             let mut set = JoinSet::new();
             let attempt = self.start(&config, &db, &faults, &shutdown, &mut set).await;
@@ -176,12 +218,7 @@ impl Daemon {
             }
             tracing::warn!(error = %e, retry_in = ?delay, gives_up_in = ?left,
                 "outboxd could not start: the database was briefly unavailable; starting again");
-            let mut stop = shutdown.clone();
-            tokio::select! {
-                _ = tokio::time::sleep(delay) => {}
-                _ = stop.changed() => {}
-            }
-            delay = (delay * 2).min(Duration::from_secs(5));
+            backoff(&shutdown, &mut delay).await;
         };
         let result = join_all_workers(set).await;
         db.close().await;

@@ -77,9 +77,13 @@ impl Db {
                     .idle_timeout(None)
                     .max_lifetime(None)
                     .test_before_acquire(true)
-                    .connect_with(opts)
-                    .await?;
-                Ok(Db::Postgres(pool))
+                    .connect_with(opts.clone())
+                    .await;
+                match pool {
+                    Ok(pool) => Ok(Db::Postgres(pool)),
+                    Err(sqlx::Error::PoolTimedOut) => Err(why_no_answer(&opts).await.into()),
+                    Err(e) => Err(e.into()),
+                }
             }
             DbKind::Sqlite => {
                 let opts = quiet_statements(SqliteConnectOptions::from_str(url)?)
@@ -246,3 +250,17 @@ pub async fn execute_in_app_schema(db: &Db, sql: &str) -> Result<(), sqlx::Error
 /// of the transaction.
 pub(super) const APP_SEARCH_PATH: &str = "SELECT set_config('search_path', \
      regexp_replace(current_setting('search_path'), '^outboxd,\\s*', ''), true)";
+
+/// The pool retries a refused connection until its acquire timeout, like
+/// one that gets no answer. One direct attempt tells them apart: a refused
+/// connection, an unknown host or a refusal by the server (wrong
+/// credentials, still starting) comes back as that error, which names the
+/// problem; a database that still does not answer stays
+/// [`sqlx::Error::PoolTimedOut`], which `outboxd run` waits out.
+async fn why_no_answer(opts: &PgConnectOptions) -> sqlx::Error {
+    use sqlx::ConnectOptions;
+    match tokio::time::timeout(Duration::from_secs(5), opts.connect()).await {
+        Ok(Err(e)) => e,
+        Ok(Ok(_)) | Err(_) => sqlx::Error::PoolTimedOut,
+    }
+}

@@ -121,27 +121,25 @@ fn show(sql: &[String]) -> String {
 /// Checks that `c`'s role exists and holds exactly its grants; the error
 /// names the key and shows the SQL to run (`index` is the consumer's place
 /// in the config, for the key).
-pub async fn check(pool: &PgPool, index: usize, c: &ConsumerSection) -> Result<(), String> {
+pub async fn check(pool: &PgPool, index: usize, c: &ConsumerSection) -> Result<(), RoleCheckError> {
     let key = format!("consumers[{index}].db_role");
     let Some(role) = &c.db_role else {
-        return Err(format!(
+        return Err(RoleCheckError::Refused(format!(
             "{key}: a consumer plugin on Postgres needs a role of its own; set it and run `outboxd plugin-roles`"
-        ));
+        )));
     };
-    let site = site(pool).await.map_err(|e| e.to_string())?;
+    let site = site(pool).await?;
     let fix = || {
         format!(
             "run `outboxd plugin-roles` (it needs a login that may create roles), or this SQL as a superuser:\n{}",
             show(&provisioning_sql(&site, c, role))
         )
     };
-    let problems = problems(pool, role, &site.schema, c)
-        .await
-        .map_err(|e| e.to_string())?;
+    let problems = problems(pool, role, &site.schema, c).await?;
     if problems.is_empty() {
         return Ok(());
     }
-    Err(format!(
+    Err(RoleCheckError::Refused(format!(
         "{key}: role `{role}` of consumer `{}` is not safe for plugin SQL:\n{}\n{}",
         c.name,
         problems
@@ -150,7 +148,19 @@ pub async fn check(pool: &PgPool, index: usize, c: &ConsumerSection) -> Result<(
             .collect::<Vec<_>>()
             .join("\n"),
         fix()
-    ))
+    )))
+}
+
+/// Why [`check`] did not pass a consumer's role.
+#[derive(Debug, thiserror::Error)]
+pub enum RoleCheckError {
+    /// The check's own queries failed: the connection, not the role (start-up
+    /// tries again when the error is transient).
+    #[error("database error while checking the plugin role: {0}")]
+    Database(#[from] sqlx::Error),
+    /// The role is missing or unsafe: what is wrong, and the fix.
+    #[error("{0}")]
+    Refused(String),
 }
 
 /// A relation the role holds a privilege on: schema, name, SELECT, a
@@ -405,7 +415,7 @@ impl<'a> PluginRoles<'a> {
     }
 
     /// [`check`].
-    pub async fn check(self, index: usize, c: &ConsumerSection) -> Result<(), String> {
+    pub async fn check(self, index: usize, c: &ConsumerSection) -> Result<(), RoleCheckError> {
         check(self.0, index, c).await
     }
 

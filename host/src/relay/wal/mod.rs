@@ -276,6 +276,10 @@ impl<P: Publisher> WalRelay<P> {
         let mut next_handed = tokio::time::Instant::now();
         let mut last_wal_end_read = std::time::Instant::now();
         loop {
+            // Events to publish: the reader is busy. A position that moves
+            // with nothing queued comes from keepalives (WAL written
+            // elsewhere on the server) and needs no query.
+            let busy = !st.idle();
             // Publish what the stream committed.
             if self.publish_queued(&mut st).await? {
                 handed_pause = self.poll_interval;
@@ -288,8 +292,9 @@ impl<P: Publisher> WalRelay<P> {
                 // The stream only shows the server's WAL end as far as it
                 // has been read, and a reader that is behind reads it late.
                 // While it is busy, ask the server (never when idle: an
-                // idle reader makes no query).
-                if last_wal_end_read.elapsed() >= self.wal.status_interval {
+                // idle reader makes no query, also when other databases'
+                // writes move the server's WAL and with it the position).
+                if busy && last_wal_end_read.elapsed() >= self.wal.status_interval {
                     last_wal_end_read = std::time::Instant::now();
                     st.server_at(wal_store::current_lsn(self.feed.pool()).await?);
                 }
