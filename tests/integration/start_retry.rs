@@ -35,6 +35,21 @@ async fn waiting_backend(admin: &sqlx::PgPool, database: &str) -> i32 {
     }
 }
 
+/// Waits until the one event in the outbox has been published.
+async fn wait_relayed(t: &TestDb, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let published = t
+            .count("SELECT COUNT(*) FROM outboxd.outbox WHERE published_at IS NOT NULL")
+            .await;
+        if published == 1 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the event was never relayed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// The registry is locked, the daemon's first registry query waits on the
 /// lock, and that connection is terminated by the server (as a failover or
 /// `pg_terminate_backend` would). The daemon starts again and relays.
@@ -78,17 +93,7 @@ async fn a_connection_terminated_during_start_up_is_retried_not_fatal() {
         locker.commit().await.expect("unlock");
         t.enqueue(NewEvent::new("o-1", "order.confirmed", json!({ "n": 1 })))
             .await;
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let published = t
-                .count("SELECT COUNT(*) FROM outboxd.outbox WHERE published_at IS NOT NULL")
-                .await;
-            if published == 1 {
-                break;
-            }
-            assert!(Instant::now() < deadline, "the event was never relayed");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_relayed(&t, Duration::from_secs(30)).await;
     };
     tokio::select! {
         ended = &mut run => panic!("the daemon ended while starting: {ended:?}"),
@@ -184,17 +189,7 @@ async fn a_database_that_does_not_answer_at_first_is_waited_for() {
     tokio::pin!(run);
     let started = Instant::now();
     let checks = async {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let published = t
-                .count("SELECT COUNT(*) FROM outboxd.outbox WHERE published_at IS NOT NULL")
-                .await;
-            if published == 1 {
-                break;
-            }
-            assert!(Instant::now() < deadline, "the event was never relayed");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_relayed(&t, Duration::from_secs(60)).await;
     };
     tokio::select! {
         ended = &mut run => panic!(

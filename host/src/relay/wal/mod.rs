@@ -279,7 +279,7 @@ impl<P: Publisher> WalRelay<P> {
             // Events to publish: the reader is busy. A position that moves
             // with nothing queued comes from keepalives (WAL written
             // elsewhere on the server) and needs no query.
-            let busy = !st.idle();
+            let busy = st.queued() > 0;
             // Publish what the stream committed.
             if self.publish_queued(&mut st).await? {
                 handed_pause = self.poll_interval;
