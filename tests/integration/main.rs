@@ -13,6 +13,7 @@ mod bad_input;
 mod bad_kafka_input;
 mod batches;
 mod charge_plugin;
+mod claim_plan;
 mod config;
 mod consumer_dead_ops;
 mod consumer_parking;

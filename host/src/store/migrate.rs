@@ -48,6 +48,7 @@ migrations! {
     12, "consumer_parking", "0012_consumer_parking.sql";
     13, "redrive_with", "0013_redrive_with.sql";
     14, "outbound_calls", "0014_outbound_calls.sql";
+    15, "claim_plan", "0015_claim_plan.sql";
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -83,7 +83,8 @@ SELECT o.seq, o.id, o.aggregate_id, o.event_type, o.payload::text, o.headers::te
      SELECT 1 FROM outbox earlier
       WHERE earlier.aggregate_id = o.aggregate_id
         AND earlier.published_at IS NULL
-        AND earlier.seq < o.seq)
+        AND earlier.seq < o.seq
+     OFFSET 0)
  ORDER BY o.seq
  LIMIT $1
  FOR UPDATE OF o SKIP LOCKED"
@@ -94,7 +95,17 @@ SELECT o.seq, o.id, o.aggregate_id, o.event_type, o.payload::text, o.headers::te
 /// The oldest due, pending event of each aggregate. NOT EXISTS keeps
 /// per-aggregate order (a dead event also holds its successors back), and
 /// SKIP LOCKED lets relays run side by side without double claims.
-const CLAIM: &str = claim_sql!("");
+///
+/// The plan must not depend on fresh statistics: after a burst (a broker
+/// outage, a backlog written while the relay was down) autoanalyze has not
+/// seen the new pending rows yet, and with the plain anti-join the planner
+/// then rescanned every pending row for each claimed one (12 s per claim at
+/// 64,000 pending). `OFFSET 0` keeps the NOT EXISTS a per-row probe (it
+/// stops Postgres from turning it into a join), and since migration 0015
+/// the only partial index the probe can use is `outbox_pending_by_aggregate`
+/// (`outbox_claimable` leaves dead rows out, which the probe must see).
+/// Public for tests that look at its plan (`$1` limit, `$2` now).
+pub const CLAIM: &str = claim_sql!("");
 
 /// [`CLAIM`] over a given set of aggregates.
 const CLAIM_AMONG: &str = claim_sql!("\n   AND o.aggregate_id = ANY($3)");
