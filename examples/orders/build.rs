@@ -59,8 +59,7 @@ fn main() {
             "wasm32-wasip2",
         ])
         .args(PLUGINS.iter().flat_map(|p| ["-p", p]))
-        .current_dir(&plugins)
-        .env("CARGO_TARGET_DIR", &target_dir);
+        .current_dir(&plugins);
     // The outer build's settings (its target, flags, clippy as the
     // compiler, features, profile) are for the host crates, not the guests.
     for (key, _) in std::env::vars_os() {
@@ -74,6 +73,10 @@ fn main() {
             build.env_remove(key.as_ref());
         }
     }
+    // After the loop: an outer CARGO_TARGET_DIR (a developer's own target
+    // directory) would otherwise remove this one too, and the guests would
+    // land in plugins/target instead of here.
+    build.env("CARGO_TARGET_DIR", &target_dir);
     match build.status() {
         Ok(s) if s.success() => {}
         Ok(s) => fail(&format!(
