@@ -96,5 +96,8 @@ async fn the_claim_probes_by_aggregate_after_a_burst_autoanalyze_has_not_seen() 
                 .join(",")
         ))
         .await;
-    assert_eq!(oldest, LIMIT, "every claimed event is its aggregate's oldest pending one");
+    assert_eq!(
+        oldest, LIMIT,
+        "every claimed event is its aggregate's oldest pending one"
+    );
 }
