@@ -85,6 +85,10 @@ pub struct WalBenchArgs {
     /// consumer, as KEY=VALUE (outboxd's defaults otherwise).
     #[arg(long = "kafka", value_parser = parse_kv)]
     pub kafka: Vec<(String, String)>,
+    /// Extra `[relay]` settings for both modes, as TOML (`--relay
+    /// pipeline=true`, `--relay batch_size=500`; a later one wins).
+    #[arg(long = "relay", value_parser = parse_kv)]
+    pub relay: Vec<(String, String)>,
     /// Write the results as JSON here too.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -312,13 +316,22 @@ impl Bench {
         } else {
             s.push_str("[transport]\nkind = \"embedded\"\npartitions = 4\n");
         }
-        s.push_str(&format!(
-            "\n[relay]\nworkers = {}\nbatch_size = 100\n",
-            match mode {
-                Mode::Wal => 1,
-                Mode::Poll => self.args.poll_workers,
-            }
-        ));
+        let mut relay = std::collections::BTreeMap::from([
+            (
+                "workers".to_string(),
+                match mode {
+                    Mode::Wal => 1,
+                    Mode::Poll => self.args.poll_workers,
+                }
+                .to_string(),
+            ),
+            ("batch_size".to_string(), "100".to_string()),
+        ]);
+        relay.extend(self.args.relay.iter().cloned());
+        s.push_str("\n[relay]\n");
+        for (k, v) in &relay {
+            s.push_str(&format!("{k} = {v}\n"));
+        }
         if mode == Mode::Wal {
             // A paused reader (the throughput scenario stops the process
             // while it writes the backlog) must keep its slot.
