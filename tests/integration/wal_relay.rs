@@ -857,6 +857,18 @@ fn wal_fault_point_is_known_by_its_name() {
     assert!(FaultPoint::ALL.contains(&point));
 }
 
+/// A WAL pipeline that streamed, published and confirmed one event and
+/// has nothing left to do: where the idle-reader tests begin.
+async fn idle_after_one_event(t: &WalTestDb) -> Pipeline {
+    create_counters(t).await;
+    let pipeline = start(t, "", Faults::none()).await;
+    pipeline.wait_streaming(t).await;
+    let first = write_counted(pool(t), "a", json!({})).await;
+    wait_all_published(t).await;
+    wait_confirmed_past(t, &first).await;
+    pipeline
+}
+
 /// With no outbox insert to stream, the database's other writes (here to a
 /// table outside the publication; on a real server, every other
 /// database's too) still advance the WAL: the idle reader must confirm past
@@ -865,12 +877,7 @@ fn wal_fault_point_is_known_by_its_name() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wal_an_idle_reader_releases_wal_written_outside_the_outbox() {
     let t = TestDb::postgres_wal().await;
-    create_counters(&t).await;
-    let pipeline = start(&t, "", Faults::none()).await;
-    pipeline.wait_streaming(&t).await;
-    let first = write_counted(pool(&t), "a", json!({})).await;
-    wait_all_published(&t).await;
-    wait_confirmed_past(&t, &first).await;
+    let pipeline = idle_after_one_event(&t).await;
     for i in 0..200 {
         t.exec(&format!(
             "INSERT INTO public.counters (id, n) VALUES ('other-{i}', {i})"
@@ -898,12 +905,7 @@ async fn wal_an_idle_reader_releases_wal_written_outside_the_outbox() {
 async fn wal_an_idle_reader_makes_no_query_while_other_writes_move_the_wal() {
     use sqlx::Connection;
     let t = TestDb::postgres_wal().await;
-    create_counters(&t).await;
-    let pipeline = start(&t, "", Faults::none()).await;
-    pipeline.wait_streaming(&t).await;
-    let first = write_counted(pool(&t), "a", json!({})).await;
-    wait_all_published(&t).await;
-    wait_confirmed_past(&t, &first).await;
+    let pipeline = idle_after_one_event(&t).await;
     // Past `status_interval` (250 ms): a read of the WAL end would be due.
     tokio::time::sleep(Duration::from_millis(600)).await;
 
