@@ -4,6 +4,7 @@
 #
 #   bash fuzz/run.sh                 # every target, 60 s each
 #   FUZZ_SECONDS=30 bash fuzz/run.sh sql_guard config_parse
+#   FUZZ_BUILD_ONLY=1 bash fuzz/run.sh  # install cargo-fuzz and build, no run
 #
 # cargo-fuzz (libFuzzer) is installed when missing. Targets build on the
 # pinned stable toolchain with `-s none` (no sanitizer: AddressSanitizer
@@ -37,6 +38,9 @@ start=$(date +%s)
 # what changed.
 cargo fuzz build --fuzz-dir fuzz -s none
 echo "fuzz/run.sh: build took $(( $(date +%s) - start )) s" >&2
+if [ "${FUZZ_BUILD_ONLY:-0}" = 1 ]; then
+  exit 0
+fi
 
 failed=()
 work=$(mktemp -d)

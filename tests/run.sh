@@ -12,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-log() { printf '==> %s\n' "$*" >&2; }
+log() { printf '==> [%s] %s\n' "$(date +%T)" "$*" >&2; }
 cleanup_cmds=()
 cleanup() { for c in "${cleanup_cmds[@]:-}"; do [ -n "$c" ] && eval "$c" || true; done; }
 trap cleanup EXIT
@@ -144,6 +144,7 @@ bash tests/dashboard/run.sh
 status=0
 log "guest SDK unit tests (host target)"
 (cd guest-sdk/consumer && CARGO_TARGET_DIR="$PWD/../../target/guest-sdk" cargo test -q) || status=$?
+log "the workspace's tests"
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --no-fail-fast "$@" || status=$?
 else
@@ -160,4 +161,5 @@ if [ "$#" -eq 0 ]; then
   log "benchmarks at smoke size (tests/bench-smoke.sh; numbers only, no timing assertions)"
   bash tests/bench-smoke.sh || status=$?
 fi
+log "tests/run.sh: exit $status"
 exit "$status"
