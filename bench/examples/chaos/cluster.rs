@@ -268,11 +268,11 @@ config = {{ mask = "customer_id" }}
 [[plugins]]
 name = "ledger"
 source = "registry"
-limits = {{ timeout_ms = 2000 }}
+limits = {{ timeout = "2s" }}
 
 [plugin_runtime]
 cache_dir = "{cache}"
-registry_poll_ms = 500
+registry_poll = "500ms"
 
 [[routes]]
 event_type = "order.*"
@@ -308,8 +308,8 @@ pub fn write_configs(dir: &Path, setup: &Setup<'_>) -> anyhow::Result<(PathBuf, 
 [relay]
 {source}workers = 2
 batch_size = 100
-poll_interval_ms = 100
-publish_timeout_ms = {publish_timeout}
+poll_interval = \"100ms\"
+publish_timeout = \"{publish_timeout}ms\"
 max_attempts = 40
 [relay.backoff]
 base_seconds = 0.2

@@ -178,7 +178,7 @@ pub async fn advance_cursor(
 }
 
 /// Up to `max` messages after each partition's offset in `after` (keyed
-/// by topic and partition), partition by partition in order.
+/// by topic and partition), each partition's in offset order.
 pub async fn fetch_after(
     db: &Db,
     after: &HashMap<(String, i32), i64>,
@@ -190,39 +190,52 @@ pub async fn fetch_after(
     }
 }
 
-/// Postgres: one indexed query per partition.
+/// Postgres: one round trip per topic, each partition an indexed range
+/// scan of at most its share of `max`. Every partition with messages gets
+/// its share, so a backlog on one never starves the others (the consumer
+/// handles partitions side by side); a partition with less leaves its
+/// share to the next fetch.
 async fn fetch_pg(
     pool: &PgPool,
     after: &HashMap<(String, i32), i64>,
     max: usize,
 ) -> Result<Vec<Delivery>, sqlx::Error> {
+    if after.is_empty() || max == 0 {
+        return Ok(Vec::new());
+    }
+    let share = max.div_ceil(after.len()) as i64;
+    let mut by_topic: BTreeMap<&str, (Vec<i32>, Vec<i64>)> = BTreeMap::new();
+    for ((topic, partition), after) in after {
+        let (partitions, afters) = by_topic.entry(topic.as_str()).or_default();
+        partitions.push(*partition);
+        afters.push(*after);
+    }
     let mut out = Vec::new();
-    let mut parts: Vec<_> = after.iter().map(|(k, v)| (k.clone(), *v)).collect();
-    parts.sort();
-    for ((topic, partition), after) in parts {
-        if out.len() >= max {
-            break;
-        }
+    for (topic, (partitions, afters)) in by_topic {
         let rows = sqlx::query(
-            "SELECT \"offset\", message_key, payload, headers::text FROM transport_messages
-              WHERE topic = $1 AND partition = $2 AND \"offset\" > $3
-              ORDER BY \"offset\" LIMIT $4",
+            "SELECT p.partition, m.\"offset\", m.message_key, m.payload, m.headers::text
+               FROM unnest($2::int4[], $3::int8[]) AS p(partition, after)
+              CROSS JOIN LATERAL (
+                    SELECT \"offset\", message_key, payload, headers FROM transport_messages
+                     WHERE topic = $1 AND partition = p.partition AND \"offset\" > p.after
+                     ORDER BY \"offset\" LIMIT $4) m
+              ORDER BY p.partition, m.\"offset\"",
         )
-        .bind(&topic)
-        .bind(partition)
-        .bind(after)
-        .bind((max - out.len()) as i64)
+        .bind(topic)
+        .bind(&partitions)
+        .bind(&afters)
+        .bind(share)
         .fetch_all(pool)
         .await?;
         for r in rows {
             out.push(Delivery {
                 attempt: 0,
-                topic: topic.clone(),
-                partition,
-                offset: r.get(0),
-                key: r.get(1),
-                payload: r.get(2),
-                headers: parse_headers(r.get::<&str, _>(3)),
+                topic: topic.to_string(),
+                partition: r.get(0),
+                offset: r.get(1),
+                key: r.get(2),
+                payload: r.get(3),
+                headers: parse_headers(r.get::<&str, _>(4)),
             });
         }
     }
