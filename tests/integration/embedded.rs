@@ -168,6 +168,53 @@ async fn a_dead_members_partitions_are_taken_over_from_the_last_commit(t: TestDb
 }
 on_both!(a_dead_members_partitions_are_taken_over_from_the_last_commit);
 
+/// Members of a group share its partitions: each holds at most
+/// ceil(partitions / live members). A member that joins a group whose
+/// first member holds everything gets its share once that member renews
+/// (it gives the rest back), and a member that leaves hands its share back.
+/// (Each member used to take every free partition, so in a soak one
+/// consumer process did all the work while the other waited.)
+async fn members_share_a_groups_partitions(t: TestDb) {
+    let lease = Duration::from_millis(1500);
+    // Leases are renewed every third of the lease.
+    let renewal = Duration::from_millis(600);
+    let mut a = consumer(&t, "g", lease);
+    a.fetch(10).await.expect("a fetch");
+    assert_eq!(
+        a.assignment().len(),
+        4,
+        "alone, a member takes every partition"
+    );
+    let mut b = consumer(&t, "g", lease);
+    b.fetch(10).await.expect("b fetch");
+    assert_eq!(b.assignment().len(), 0, "a's leases are still valid");
+    tokio::time::sleep(renewal).await;
+    a.fetch(10).await.expect("a renews");
+    assert_eq!(a.assignment().len(), 2, "two members: a keeps its share");
+    tokio::time::sleep(renewal).await;
+    b.fetch(10).await.expect("b renews");
+    assert_eq!(
+        b.assignment().len(),
+        2,
+        "b takes the partitions a gave back"
+    );
+    let (mut both, pa) = (a.assignment(), b.assignment());
+    both.extend(pa);
+    both.sort();
+    both.dedup();
+    assert_eq!(both.len(), 4, "no partition is held twice");
+    // b leaves: a takes everything back at its next renewal.
+    b.release().await.expect("release");
+    tokio::time::sleep(renewal).await;
+    a.fetch(10).await.expect("a renews");
+    assert_eq!(
+        a.assignment().len(),
+        4,
+        "a member that left hands its share back"
+    );
+}
+on_both!(members_share_a_groups_partitions);
+
 async fn groups_are_independent(t: TestDb) {
     let p = EmbeddedPublisher::new(t.db.clone(), 4);
     for n in 0..3 {

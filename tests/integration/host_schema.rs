@@ -14,6 +14,7 @@ const HOST_TABLES: &[&str] = &[
     "inbox",
     "transport_messages",
     "transport_cursors",
+    "transport_members",
     "consumer_dead_letters",
     "plugins",
     "plugin_activations",

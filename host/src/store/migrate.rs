@@ -49,6 +49,7 @@ migrations! {
     13, "redrive_with", "0013_redrive_with.sql";
     14, "outbound_calls", "0014_outbound_calls.sql";
     15, "claim_plan", "0015_claim_plan.sql";
+    16, "transport_members", "0016_transport_members.sql";
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -103,16 +103,13 @@ async fn store_pg(pool: &PgPool, rows: &[TransportMessage]) -> Result<(), sqlx::
     tx.commit().await
 }
 
-/// Takes the free or expired partitions of one topic and renews ours. The
-/// partition comes back as a bigint from both databases.
-const TAKE_LEASES: &str = "UPDATE transport_cursors SET lease_owner = $3, lease_until = $4
-     WHERE consumer_group = $1 AND topic = $2
-       AND (lease_owner IS NULL OR lease_owner = $3 OR lease_until < $5)
-     RETURNING CAST(partition AS bigint), last_offset";
-
-/// Gives `owner` every partition of `topic` (numbered below `partitions`)
-/// that is free, expired or already its own, until `until`; returns each
-/// one's committed offset. A group's cursors are created on first use.
+/// Records `owner` as a live member of `group` until `until`, renews the
+/// partitions of `topic` (numbered below `partitions`) it holds and takes
+/// free or expired ones, up to its share: ceil(partitions / live members).
+/// Partitions above the share are given back (lowest numbers are kept);
+/// what the member handled is committed, so the next holder reads on from
+/// there. Returns each held partition's committed offset. A group's
+/// cursors are created on first use.
 pub async fn take_leases(
     db: &Db,
     group: &str,
@@ -127,26 +124,92 @@ pub async fn take_leases(
             sqlx::query("INSERT INTO transport_cursors (consumer_group, topic, partition) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING")
                 .bind(group).bind(topic).bind(p).execute(pool).await?;
         }
-        let rows = sqlx::query(TAKE_LEASES)
+        sqlx::query(
+            "INSERT INTO transport_members (consumer_group, member, seen_until) VALUES ($1, $2, $3)
+             ON CONFLICT (consumer_group, member) DO UPDATE SET seen_until = excluded.seen_until",
+        )
+        .bind(group)
+        .bind(owner)
+        .bind(StoredTime(until))
+        .execute(pool)
+        .await?;
+        sqlx::query("DELETE FROM transport_members WHERE consumer_group = $1 AND seen_until < $2")
+            .bind(group)
+            .bind(StoredTime(now))
+            .execute(pool)
+            .await?;
+        let live: i64 = sqlx::query_scalar(
+            "SELECT CAST(count(*) AS bigint) FROM transport_members WHERE consumer_group = $1",
+        )
+        .bind(group)
+        .fetch_one(pool)
+        .await?;
+        let share = (partitions.max(0) as u64).div_ceil(live.max(1) as u64) as usize;
+        // 1: ours and valid, 0: free or expired, 2: another member's.
+        let rows = sqlx::query(
+            "SELECT CAST(partition AS bigint),
+                    CAST(CASE WHEN lease_owner = $3 AND lease_until >= $4 THEN 1
+                              WHEN lease_owner IS NULL OR lease_until < $4 THEN 0
+                              ELSE 2 END AS bigint)
+               FROM transport_cursors WHERE consumer_group = $1 AND topic = $2 AND partition < $5
+              ORDER BY partition",
+        )
+        .bind(group)
+        .bind(topic)
+        .bind(owner)
+        .bind(StoredTime(now))
+        .bind(partitions)
+        .fetch_all(pool)
+        .await?;
+        let of = |state: i64| -> Vec<i64> {
+            rows.iter()
+                .filter(|r| r.get::<i64, _>(1) == state)
+                .map(|r| r.get::<i64, _>(0))
+                .collect()
+        };
+        let (mine, free) = (of(1), of(0));
+        for p in mine.iter().skip(share) {
+            sqlx::query("UPDATE transport_cursors SET lease_owner = NULL, lease_until = NULL
+                          WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND lease_owner = $4")
+                .bind(group).bind(topic).bind(p).bind(owner).execute(pool).await?;
+        }
+        let kept = mine.len().min(share);
+        let wanted = free.iter().take(share - kept);
+        let mut held = Vec::new();
+        for p in mine.iter().take(kept).chain(wanted) {
+            // Rechecked here: another member may have taken a free one
+            // since the read above.
+            let row = sqlx::query(
+                "UPDATE transport_cursors SET lease_owner = $4, lease_until = $5
+                  WHERE consumer_group = $1 AND topic = $2 AND partition = $3
+                    AND (lease_owner IS NULL OR lease_owner = $4 OR lease_until < $6)
+                 RETURNING last_offset",
+            )
             .bind(group)
             .bind(topic)
+            .bind(p)
             .bind(owner)
             .bind(StoredTime(until))
             .bind(StoredTime(now))
-            .fetch_all(pool)
+            .fetch_optional(pool)
             .await?;
-        Ok(rows
-            .iter()
-            .map(|r| (r.get::<i64, _>(0) as i32, r.get::<i64, _>(1)))
-            .collect())
+            if let Some(row) = row {
+                held.push((*p as i32, row.get::<i64, _>(0)));
+            }
+        }
+        Ok(held)
     })
 }
 
-/// Releases every lease `owner` holds, so another member can take over at
-/// once.
+/// Releases every lease `owner` holds and leaves the group, so another
+/// member can take over at once.
 pub async fn release_leases(db: &Db, owner: &str) -> Result<(), sqlx::Error> {
     on_pool!(db, |pool| {
         sqlx::query("UPDATE transport_cursors SET lease_owner = NULL, lease_until = NULL WHERE lease_owner = $1")
+            .bind(owner)
+            .execute(pool)
+            .await?;
+        sqlx::query("DELETE FROM transport_members WHERE member = $1")
             .bind(owner)
             .execute(pool)
             .await?;
