@@ -352,16 +352,21 @@ impl WalFeed {
         &self.pool
     }
 
-    /// The events the next `claim` returns. (Failures are left for
-    /// [`WalFeed::take_failed`]: with pipelining, the previous batch may be
-    /// marked while this one is offered.)
+    /// The events the next `claim` returns. The reader offers a batch and
+    /// claims it within one poll of its future, so batches published side
+    /// by side each take their own.
     pub fn offer(&self, events: Vec<OutboxEvent>) {
         self.state.lock().expect("feed state").next = events;
     }
 
-    /// The seqs the last batch marked failed (retry or dead).
-    pub fn take_failed(&self) -> Vec<i64> {
-        std::mem::take(&mut self.state.lock().expect("feed state").failed)
+    /// Which of `seqs` (one batch's) its marks recorded as failed (retry
+    /// or dead); failures of batches marked beside it stay for them.
+    pub fn take_failed_among(&self, seqs: &[i64]) -> Vec<i64> {
+        let mut state = self.state.lock().expect("feed state");
+        let (mine, others): (Vec<i64>, Vec<i64>) =
+            state.failed.iter().partition(|seq| seqs.contains(seq));
+        state.failed = others;
+        mine
     }
 }
 

@@ -21,11 +21,13 @@
 pub mod pgoutput;
 pub mod state;
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use futures_util::FutureExt;
+use futures_util::stream::FuturesUnordered;
+use futures_util::{FutureExt, StreamExt};
 use outboxd_core::config::WalSection;
 use pgwire_replication::{Lsn, ReplicationClient, ReplicationConfig, ReplicationEvent, TlsConfig};
 use tokio::sync::watch;
@@ -70,8 +72,9 @@ pub struct WalRelay<P> {
     replication: ReplicationConfig,
     batch_size: usize,
     poll_interval: Duration,
-    /// `relay.pipeline`: send the next batch while one is marked.
-    pipeline: bool,
+    /// Batches published and marked at once: `relay.workers`, twice that
+    /// with `relay.pipeline`.
+    in_flight: usize,
     feed: WalFeed,
     relay: Relay<WalFeed, P>,
     handed_store: HandedStore,
@@ -84,10 +87,14 @@ pub struct WalRelay<P> {
     faults: Faults,
 }
 
-/// A batch sent and not yet marked.
-struct InFlight {
-    sent: super::Sent<crate::store::wal::WalBatch>,
+/// A batch from the stream, published and marked: what its events became.
+struct Flown {
+    /// Found already done in the table: not sent again.
+    already: Vec<Pending>,
+    /// Sent and marked.
     go: Vec<Pending>,
+    /// Seqs of `go` that failed (retry or dead).
+    failed: Vec<i64>,
 }
 
 /// Why a reading session ended.
@@ -159,7 +166,7 @@ impl<P: Publisher> WalRelay<P> {
             replication,
             batch_size: parts.batch_size,
             poll_interval: parts.poll_interval,
-            pipeline: parts.pipeline,
+            in_flight: parts.fallback.len().max(1) * if parts.pipeline { 2 } else { 1 },
             feed: parts.feed,
             relay: parts.relay,
             handed_store: parts.handed_store,
@@ -275,15 +282,25 @@ impl<P: Publisher> WalRelay<P> {
         let mut handed_pause = self.poll_interval;
         let mut next_handed = tokio::time::Instant::now();
         let mut last_wal_end_read = std::time::Instant::now();
+        // Batches being published and marked while the stream is read on:
+        // up to `self.in_flight`, never two holding the same aggregate.
+        let mut flying = FuturesUnordered::new();
+        let mut busy: HashSet<String> = HashSet::new();
+        // Read no further ahead than this while batches are queued: the
+        // stream waits in the slot, not in memory.
+        let queue_cap = READ_AHEAD.max(self.batch_size * self.in_flight * 4);
         loop {
             // Events to publish: the reader is busy. A position that moves
             // with nothing queued comes from keepalives (WAL written
             // elsewhere on the server) and needs no query.
-            let busy = st.queued() > 0;
-            // Publish what the stream committed.
-            if self.publish_queued(&mut st).await? {
-                handed_pause = self.poll_interval;
-                next_handed = tokio::time::Instant::now() + handed_pause;
+            let working = st.queued() > 0 || !flying.is_empty();
+            while flying.len() < self.in_flight {
+                let batch = st.next_batch_excluding(self.batch_size, &busy);
+                if batch.is_empty() {
+                    break;
+                }
+                busy.extend(batch.iter().map(|p| p.ev.aggregate_id.clone()));
+                flying.push(self.fly(batch).boxed());
             }
             let position = st.confirmable();
             if position > confirmed {
@@ -294,7 +311,7 @@ impl<P: Publisher> WalRelay<P> {
                 // While it is busy, ask the server (never when idle: an
                 // idle reader makes no query, also when other databases'
                 // writes move the server's WAL and with it the position).
-                if busy && last_wal_end_read.elapsed() >= self.wal.status_interval {
+                if working && last_wal_end_read.elapsed() >= self.wal.status_interval {
                     last_wal_end_read = std::time::Instant::now();
                     st.server_at(wal_store::current_lsn(self.feed.pool()).await?);
                 }
@@ -314,16 +331,30 @@ impl<P: Publisher> WalRelay<P> {
                      this process now polls the outbox and discards the stream so the slot retains no WAL. \
                      Restart the process to read the WAL again, and find what slowed it (broker, database, plugins)"
                 );
+                // What is in flight was published; unmarked, polling
+                // publishes it again (at least once).
                 return Ok(SessionEnd::Fallback(client));
             }
 
             let handed_due = st.handed_count() > 0;
+            let may_read = st.queued() < queue_cap;
             tokio::select! {
                 biased;
                 changed = shutdown.changed() => {
                     if changed.is_err() || *shutdown.borrow() {
+                        // Let what is in flight be marked: a restart then
+                        // has nothing of it to publish again.
+                        while let Some(flown) = flying.next().await {
+                            self.landed(&mut st, &mut busy, flown?).await?;
+                        }
                         let _ = client.shutdown().await;
                         return Ok(SessionEnd::Shutdown);
+                    }
+                }
+                Some(flown) = flying.next(), if !flying.is_empty() => {
+                    if self.landed(&mut st, &mut busy, flown?).await? {
+                        handed_pause = self.poll_interval;
+                        next_handed = tokio::time::Instant::now() + handed_pause;
                     }
                 }
                 _ = tokio::time::sleep_until(next_handed), if handed_due => {
@@ -334,7 +365,7 @@ impl<P: Publisher> WalRelay<P> {
                     next_handed = tokio::time::Instant::now()
                         + if round.busy { Duration::ZERO } else { handed_pause };
                 }
-                received = client.recv() => {
+                received = client.recv(), if may_read => {
                     let Some(ev) = received? else {
                         return Err(SessionError::Lost("the server ended the replication stream".into()));
                     };
@@ -380,51 +411,11 @@ impl<P: Publisher> WalRelay<P> {
         Ok(())
     }
 
-    /// Publishes and marks every queued event, batch by batch. With
-    /// `relay.pipeline`, batch N+1 is sent while batch N is marked; N+1
-    /// never holds an aggregate of N, so a failure in N cannot be overtaken.
-    /// Returns whether an aggregate was handed to polling.
-    async fn publish_queued(&self, st: &mut StreamState) -> Result<bool, SessionError> {
-        let mut handed = false;
-        let mut in_flight: Option<InFlight> = None;
-        loop {
-            let busy: std::collections::HashSet<String> = in_flight
-                .as_ref()
-                .map(|f| f.go.iter().map(|p| p.ev.aggregate_id.clone()).collect())
-                .unwrap_or_default();
-            let batch = st.next_batch_excluding(self.batch_size, &busy);
-            match (in_flight.take(), batch.is_empty()) {
-                (None, true) => return Ok(handed),
-                (Some(previous), true) => handed |= self.settle_batch(st, previous).await?,
-                (None, false) => {
-                    let (already, sent) = self.send_batch(batch).await?;
-                    st.settle(&already);
-                    in_flight = sent;
-                    if !self.pipeline
-                        && let Some(f) = in_flight.take()
-                    {
-                        handed |= self.settle_batch(st, f).await?;
-                    }
-                }
-                (Some(previous), false) => {
-                    let (settled, sent) =
-                        tokio::join!(self.settle_batch_of(previous), self.send_batch(batch));
-                    let (failed, go) = settled?;
-                    handed |= self.after_settle(st, failed, &go).await?;
-                    let (already, sent) = sent?;
-                    st.settle(&already);
-                    in_flight = sent;
-                }
-            }
-        }
-    }
-
-    /// Drops what the table shows as done, then sends the rest (plugin
-    /// chains, publish, every acknowledgement awaited); marks nothing.
-    async fn send_batch(
-        &self,
-        batch: Vec<Pending>,
-    ) -> Result<(Vec<Pending>, Option<InFlight>), SessionError> {
+    /// Publishes one batch and marks it: drops what the table shows as
+    /// done, sends the rest (plugin chains, publish, every acknowledgement
+    /// awaited), then marks it in a transaction of its own. Several run at
+    /// once; none touches the stream's state.
+    async fn fly(&self, batch: Vec<Pending>) -> Result<Flown, SessionError> {
         let check: Vec<i64> = batch
             .iter()
             .filter(|p| p.verify)
@@ -434,41 +425,48 @@ impl<P: Publisher> WalRelay<P> {
         let (already, go): (Vec<Pending>, Vec<Pending>) =
             batch.into_iter().partition(|p| done.contains(&p.ev.seq));
         if go.is_empty() {
-            return Ok((already, None));
+            return Ok(Flown {
+                already,
+                go,
+                failed: Vec::new(),
+            });
         }
+        let seqs: Vec<i64> = go.iter().map(|p| p.ev.seq).collect();
+        // Offered and claimed within one poll (the feed's claim does not
+        // wait), so a batch started beside this one cannot take it.
         self.feed.offer(go.iter().map(|p| p.ev.clone()).collect());
-        let sent = self.relay.send().await?;
-        Ok((already, sent.map(|sent| InFlight { sent, go })))
+        if let Some(sent) = self.relay.send().await? {
+            self.relay.settle(sent).await?;
+        }
+        Ok(Flown {
+            already,
+            go,
+            failed: self.feed.take_failed_among(&seqs),
+        })
     }
 
-    /// Marks a sent batch; returns the seqs that failed and the batch.
-    async fn settle_batch_of(&self, f: InFlight) -> Result<(Vec<i64>, Vec<Pending>), SessionError> {
-        self.relay.settle(f.sent).await?;
-        Ok((self.feed.take_failed(), f.go))
-    }
-
-    async fn settle_batch(&self, st: &mut StreamState, f: InFlight) -> Result<bool, SessionError> {
-        let (failed, go) = self.settle_batch_of(f).await?;
-        self.after_settle(st, failed, &go).await
-    }
-
-    /// A marked batch: failed events hand their aggregates to polling, and
-    /// every event of it is settled.
-    async fn after_settle(
+    /// A batch came back: failed events hand their aggregates to polling,
+    /// every event of it is settled, and its aggregates may fly again.
+    /// Returns whether an aggregate was handed to polling.
+    async fn landed(
         &self,
         st: &mut StreamState,
-        failed: Vec<i64>,
-        go: &[Pending],
+        busy: &mut HashSet<String>,
+        flown: Flown,
     ) -> Result<bool, SessionError> {
-        for p in go.iter().filter(|p| failed.contains(&p.ev.seq)) {
+        for p in flown.already.iter().chain(&flown.go) {
+            busy.remove(&p.ev.aggregate_id);
+        }
+        st.settle(&flown.already);
+        for p in flown.go.iter().filter(|p| flown.failed.contains(&p.ev.seq)) {
             st.hand(&p.ev.aggregate_id);
         }
-        st.settle(go);
+        st.settle(&flown.go);
         self.faults
             .check(FaultPoint::WalAfterMarkBeforeConfirm)
             .await
             .map_err(SessionError::Fault)?;
-        Ok(!failed.is_empty())
+        Ok(!flown.failed.is_empty())
     }
 
     /// One round of polling over the handed aggregates (a few batches, so
