@@ -59,7 +59,8 @@ pub struct WalBenchArgs {
     /// written.
     #[arg(long, default_value_t = 100)]
     pub insert_batch: i64,
-    /// Relay workers in polling mode (WAL mode reads with one task).
+    /// `relay.workers` in both modes: polling workers, or the batches the
+    /// WAL reader keeps in flight.
     #[arg(long, default_value_t = 2)]
     pub poll_workers: usize,
     /// Throughput: a transformer component (plugins/dist/cloudevents.wasm);
@@ -316,15 +317,10 @@ impl Bench {
         } else {
             s.push_str("[transport]\nkind = \"embedded\"\npartitions = 4\n");
         }
+        // The same relay.workers in both modes: polling workers, or the
+        // WAL reader's batches in flight.
         let mut relay = std::collections::BTreeMap::from([
-            (
-                "workers".to_string(),
-                match mode {
-                    Mode::Wal => 1,
-                    Mode::Poll => self.args.poll_workers,
-                }
-                .to_string(),
-            ),
+            ("workers".to_string(), self.args.poll_workers.to_string()),
             ("batch_size".to_string(), "100".to_string()),
         ]);
         relay.extend(self.args.relay.iter().cloned());

@@ -54,7 +54,7 @@ pub(crate) async fn run(bench: &Bench) -> Result<Vec<ThroughputRun>, BenchError>
         variants.push((name, Some(abs)));
     }
     println!(
-        "relay throughput draining a backlog of {} events over {} aggregates (written in transactions of {} while the relay is frozen), Postgres, Kafka at {}; polling: {} workers, batch 100; wal: one reader{}",
+        "relay throughput draining a backlog of {} events over {} aggregates (written in transactions of {} while the relay is frozen), Postgres, Kafka at {}; polling: {} workers, batch 100; wal: one reader, relay.workers batches in flight{}",
         a.backlog,
         a.aggregates,
         a.insert_batch,
