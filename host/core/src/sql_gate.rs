@@ -205,6 +205,7 @@ pub const HOST_NAMES: &[&str] = &[
     "inbox",
     "transport_messages",
     "transport_cursors",
+    "transport_members",
     "plugins",
     "plugin_activations",
     "plugin_shadow_stats",
