@@ -173,12 +173,30 @@ pub async fn take_leases(
                           WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND lease_owner = $4")
                 .bind(group).bind(topic).bind(p).bind(owner).execute(pool).await?;
         }
-        let kept = mine.len().min(share);
-        let wanted = free.iter().take(share - kept);
-        let mut held = Vec::new();
-        for p in mine.iter().take(kept).chain(wanted) {
-            // Rechecked here: another member may have taken a free one
-            // since the read above.
+        // Renew what we keep in one statement (the steady state)...
+        let mut held: Vec<(i32, i64)> = sqlx::query(
+            "UPDATE transport_cursors SET lease_until = $4
+              WHERE consumer_group = $1 AND topic = $2 AND lease_owner = $3
+                AND lease_until >= $5 AND partition < $6
+             RETURNING CAST(partition AS bigint), last_offset",
+        )
+        .bind(group)
+        .bind(topic)
+        .bind(owner)
+        .bind(StoredTime(until))
+        .bind(StoredTime(now))
+        .bind(partitions)
+        .fetch_all(pool)
+        .await?
+        .iter()
+        .map(|r| (r.get::<i64, _>(0) as i32, r.get::<i64, _>(1)))
+        .collect();
+        // ...then take free ones up to the share, lowest first, each
+        // rechecked: another member may have taken it since the read above.
+        for p in &free {
+            if held.len() >= share {
+                break;
+            }
             let row = sqlx::query(
                 "UPDATE transport_cursors SET lease_owner = $4, lease_until = $5
                   WHERE consumer_group = $1 AND topic = $2 AND partition = $3
