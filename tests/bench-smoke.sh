@@ -59,6 +59,6 @@ if [ -n "${OUTBOXD_TEST_KAFKA:-}" ]; then
 else
   bench wal --url "$url" --scenarios idle --idle-seconds 2 --idle-settle-seconds 1
 fi
-# The criterion micro-benchmarks of one plugin call, in criterion's test
-# mode (each benchmark runs once; `cargo bench` measures them).
+# The micro-benchmarks of one plugin call, each call run once (`cargo
+# bench` measures them).
 cargo test -q -p outboxd-bench --bench plugin_calls

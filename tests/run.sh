@@ -136,6 +136,8 @@ fi
 
 log "alert rules (promtool)"
 bash tests/alerts/check.sh
+log "each dependency compiles once: the same features in every build (tests/tools/feature-sets.sh)"
+bash tests/tools/feature-sets.sh
 log "building the Wasm plugins (plugins/build.sh)"
 bash plugins/build.sh >/dev/null
 log "dashboard in headless Chromium (runs plugins from plugins/dist)"

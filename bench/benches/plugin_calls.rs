@@ -1,21 +1,28 @@
-//! Criterion micro-benchmarks of one plugin call (what a call costs, apart from the database): a `transform`
-//! of the Rust cloudevents plugin and a `handle` of the Rust billing plugin
-//! (one INSERT through the borrowed transaction, SQLite in a temporary
-//! file; the built-in `BillingHandler` doing the same beside it), each at payloads of 256 B, 4 KiB and 64 KiB, on a reused
+//! Micro-benchmarks of one plugin call (what a call costs, apart from the
+//! database): a `transform` of the Rust cloudevents plugin and a `handle` of
+//! the Rust billing plugin (one INSERT through the borrowed transaction,
+//! SQLite in a temporary file; the built-in `BillingHandler` doing the same
+//! beside it), each at payloads of 256 B, 4 KiB and 64 KiB, on a reused
 //! instance.
 //!
 //! ```sh
 //! bash plugins/build.sh
-//! cargo bench -p outboxd --bench plugin_calls
+//! cargo bench -p outboxd-bench --bench plugin_calls
 //! ```
 //!
-//! `cargo test -p outboxd --bench plugin_calls` runs each benchmark once
-//! (criterion's test mode), which is what the smoke test in CI does.
+//! Each benchmark warms up for 1 s, then takes 30 samples of about 100 ms,
+//! each a run of back-to-back calls, and prints the median time per call
+//! with the 10th and 90th percentiles of the samples. `cargo test -p
+//! outboxd-bench --bench plugin_calls` runs each call once instead, which is
+//! what the smoke test in CI does.
+//!
+//! The harness is these few lines rather than a benchmarking crate: a
+//! dev-dependency that turns on features of a crate the binaries also use
+//! makes CI compile that crate, and all that depends on it, twice.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use outboxd::broker::{Delivery, headers};
 use outboxd::consumer::{Handler, InboxTx};
 use outboxd::plugin::bindings::transformer::outbox::plugin::types::Message;
@@ -71,12 +78,58 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("runtime")
 }
 
-fn transform(c: &mut Criterion) {
+/// How a benchmark runs: measured (`cargo bench` passes `--bench`) or once
+/// (`cargo test`).
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    Measure,
+    Once,
+}
+
+const WARM_UP: Duration = Duration::from_secs(1);
+const SAMPLES: usize = 30;
+const SAMPLE_TARGET: Duration = Duration::from_millis(100);
+
+/// Runs `run(iters)` (which returns the time its `iters` calls took) and
+/// prints the time per call: median, 10th and 90th percentile of the
+/// samples, and the payload bytes per second at the median.
+fn bench(mode: Mode, name: &str, bytes: usize, mut run: impl FnMut(u64) -> Duration) {
+    if mode == Mode::Once {
+        let took = run(1);
+        println!("{name:<32} ok (one call, {took:?})");
+        return;
+    }
+    // Warm up, and learn how many calls make a sample of about 100 ms.
+    let started = Instant::now();
+    let (mut calls, mut spent) = (0u64, Duration::ZERO);
+    let mut iters = 1u64;
+    while started.elapsed() < WARM_UP {
+        spent += run(iters);
+        calls += iters;
+        iters = iters.saturating_mul(2).min(1 << 20);
+    }
+    let per_call = spent.as_secs_f64() / calls.max(1) as f64;
+    let iters = ((SAMPLE_TARGET.as_secs_f64() / per_call.max(1e-9)) as u64).max(1);
+    let mut per_call: Vec<f64> = (0..SAMPLES)
+        .map(|_| run(iters).as_secs_f64() / iters as f64)
+        .collect();
+    per_call.sort_by(f64::total_cmp);
+    let at = |q: f64| per_call[((per_call.len() - 1) as f64 * q).round() as usize];
+    let median = at(0.5);
+    println!(
+        "{name:<32} {:>10.2} µs/call  [p10 {:.2}, p90 {:.2}]  {:>8.1} MiB/s  ({SAMPLES} samples of {iters} calls)",
+        median * 1e6,
+        at(0.1) * 1e6,
+        at(0.9) * 1e6,
+        bytes as f64 / median / (1024.0 * 1024.0),
+    );
+}
+
+fn transform(mode: Mode) {
     let rt = runtime();
     let engine = PluginEngine::new(EngineConfig::default()).expect("engine");
     let spec = PluginSpec::new("cloudevents", dist("cloudevents"));
     let plugin = TransformerPlugin::load(&engine, &spec).expect("load cloudevents");
-    let mut group = c.benchmark_group("transform/cloudevents");
     for bytes in SIZES {
         let event = GuestEvent {
             id: uuid::Uuid::new_v4().to_string(),
@@ -91,15 +144,22 @@ fn transform(c: &mut Criterion) {
             key: b"order-1".to_vec(),
             attempt: 0,
         };
-        group.throughput(Throughput::Bytes(bytes as u64));
-        group.bench_with_input(BenchmarkId::from_parameter(bytes), &event, |b, event| {
-            b.iter(|| rt.block_on(plugin.transform(event)).expect("transform"));
-        });
+        bench(
+            mode,
+            &format!("transform/cloudevents/{bytes}"),
+            bytes,
+            |iters| {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    rt.block_on(plugin.transform(&event)).expect("transform");
+                }
+                start.elapsed()
+            },
+        );
     }
-    group.finish();
 }
 
-fn handle(c: &mut Criterion) {
+fn handle(mode: Mode) {
     let rt = runtime();
     let dir = tempfile::tempdir().expect("tempdir");
     let db = rt.block_on(async {
@@ -126,12 +186,15 @@ fn handle(c: &mut Criterion) {
         },
         ..TxnPolicy::default()
     };
-    let mut group = c.benchmark_group("handle/billing");
     for bytes in SIZES {
         // The same effect by the built-in handler, for the plugin's overhead.
-        group.throughput(Throughput::Bytes(bytes as u64));
-        group.bench_function(BenchmarkId::new("native", bytes), |b| {
-            b.iter_custom(|iters| {
+        // One transaction per sample, rolled back so the table does not grow
+        // between samples; only the calls are timed.
+        bench(
+            mode,
+            &format!("handle/billing/native/{bytes}"),
+            bytes,
+            |iters| {
                 rt.block_on(async {
                     let deliveries: Vec<Delivery> =
                         (0..iters).map(|i| delivery(order(bytes, i))).collect();
@@ -146,13 +209,13 @@ fn handle(c: &mut Criterion) {
                     }
                     took
                 })
-            });
-        });
-        group.throughput(Throughput::Bytes(bytes as u64));
-        group.bench_function(BenchmarkId::new("plugin", bytes), |b| {
-            // One transaction per sample, rolled back so the table does not
-            // grow between samples; only the calls are timed.
-            b.iter_custom(|iters| {
+            },
+        );
+        bench(
+            mode,
+            &format!("handle/billing/plugin/{bytes}"),
+            bytes,
+            |iters| {
                 rt.block_on(async {
                     let messages: Vec<Message> = (0..iters)
                         .map(|i| Message {
@@ -175,17 +238,18 @@ fn handle(c: &mut Criterion) {
                     }
                     took
                 })
-            });
-        });
+            },
+        );
     }
-    group.finish();
 }
 
-criterion_group! {
-    name = benches;
-    config = Criterion::default()
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(3));
-    targets = transform, handle
+fn main() {
+    // `cargo bench` runs the target with `--bench`; `cargo test` without.
+    let mode = if std::env::args().any(|a| a == "--bench") {
+        Mode::Measure
+    } else {
+        Mode::Once
+    };
+    transform(mode);
+    handle(mode);
 }
-criterion_main!(benches);

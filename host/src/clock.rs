@@ -1,5 +1,5 @@
 //! Where the relay reads the time. Backoff and leases are computed from this
-//! clock, so tests can drive them with paused tokio time instead of sleeping.
+//! clock, so tests can move it instead of sleeping.
 
 use chrono::{DateTime, Utc};
 
@@ -17,33 +17,12 @@ impl Clock for SystemClock {
     }
 }
 
-/// Wall time anchored at creation and advanced by tokio's clock, so that
-/// `tokio::time::pause()` and `advance()` move it.
-#[derive(Debug, Clone, Copy)]
-pub struct TokioClock {
-    wall: DateTime<Utc>,
-    start: tokio::time::Instant,
-}
-
-impl TokioClock {
-    pub fn starting_now() -> Self {
-        Self {
-            wall: Utc::now(),
-            start: tokio::time::Instant::now(),
-        }
-    }
-}
-
-impl Clock for TokioClock {
-    fn now(&self) -> DateTime<Utc> {
-        let elapsed = tokio::time::Instant::now() - self.start;
-        self.wall + chrono::Duration::from_std(elapsed).unwrap_or(chrono::Duration::MAX)
-    }
-}
-
-/// A clock that moves only when told to. Used where tokio's paused time
-/// cannot be: SQLite's driver runs on its own thread, and while the runtime
-/// waits for it, paused tokio time auto-advances to the next timer.
+/// A clock that moves only when told to, for tests. (Not tokio's paused
+/// time: SQLite's driver runs on its own thread, and while the runtime waits
+/// for it, paused time auto-advances to the next timer; and tokio's
+/// `test-util` feature in the tests' build alone would make every crate
+/// that uses tokio compile twice in CI, once for the binaries and once for
+/// the tests.)
 #[derive(Debug)]
 pub struct ManualClock {
     now: std::sync::Mutex<DateTime<Utc>>,

@@ -1,4 +1,4 @@
-//! Backoff and the dead state, driven by paused tokio time: nothing sleeps.
+//! Backoff and the dead state, driven by a clock the test moves: nothing sleeps.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -46,7 +46,7 @@ async fn backoff_doubles_then_dead_letters_and_blocks_only_its_aggregate(t: Test
     // The clock starts after the inserts, so both are due at t = 0.
     // A manual clock, not paused tokio time: while the runtime waits on the
     // database, paused time auto-advances to the pool's acquire timeout.
-    // The relay loop's own timing is tested with paused time in `timing.rs`.
+    // The relay loop's own timing is tested in `timing.rs`.
     let time = Arc::new(ManualClock::starting_now());
     let clock: Arc<dyn Clock> = time.clone();
     let broker = ScriptedPublisher::failing();

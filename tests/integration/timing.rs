@@ -1,13 +1,17 @@
-//! Relay timing under paused tokio time: backoff and the loop's idle sleep,
-//! wake-up and shutdown. The store is in memory here, so no database I/O
-//! races the paused clock; the SQL side of backoff is in `backoff.rs`.
+//! Relay timing: backoff on a clock the test moves, and the loop's idle
+//! sleep, wake-up and shutdown in real time. The store is in memory here, so
+//! no database I/O is timed; the SQL side of backoff is in `backoff.rs`.
+//!
+//! The real-time checks only assert what the code guarantees whatever the
+//! machine's load (a poll never comes sooner than the interval after the
+//! last; an event published while the next poll is a minute away was woken),
+//! with generous deadlines for what must happen at all.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use outboxd::clock::TokioClock;
+use outboxd::clock::{Clock, ManualClock, SystemClock};
 use outboxd::event::{EventId, OutboxEvent};
 use outboxd::relay::worker::{self, WorkerConfig};
 use outboxd::relay::{Backoff, Relay, RelayConfig, Router, StepOutcome, StepReport};
@@ -26,7 +30,8 @@ struct Row {
 #[derive(Clone, Default)]
 struct MemStore {
     rows: Arc<Mutex<Vec<Row>>>,
-    claims: Arc<AtomicUsize>,
+    /// When each claim ran.
+    claims: Arc<Mutex<Vec<Instant>>>,
 }
 
 impl MemStore {
@@ -80,7 +85,7 @@ impl ClaimedBatch for MemBatch {
 impl OutboxStore for MemStore {
     type Batch = MemBatch;
     async fn claim(&self, limit: usize, now: DateTime<Utc>) -> Result<MemBatch, StoreError> {
-        self.claims.fetch_add(1, Ordering::SeqCst);
+        self.claims.lock().expect("lock").push(Instant::now());
         let rows = self.rows.lock().expect("lock");
         let mut seen = std::collections::HashSet::new();
         let mut events = Vec::new();
@@ -112,11 +117,29 @@ fn retried(n: usize) -> StepOutcome {
     })
 }
 
-#[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn backoff_follows_the_schedule_in_paused_time() {
-    let clock = Arc::new(TokioClock::starting_now());
+impl MemStore {
+    fn claim_times(&self) -> Vec<Instant> {
+        self.claims.lock().expect("lock").clone()
+    }
+}
+
+/// Polls `done` every 5 ms until it holds or `within` has passed.
+async fn wait_until(within: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if done() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    done()
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn backoff_follows_the_schedule() {
+    let clock = Arc::new(ManualClock::starting_now());
     let store = MemStore::default();
-    store.push("a", outboxd::clock::Clock::now(clock.as_ref()));
+    store.push("a", clock.now());
     let broker = ScriptedPublisher::failing();
     let config = RelayConfig {
         max_attempts: 10,
@@ -131,18 +154,18 @@ async fn backoff_follows_the_schedule_in_paused_time() {
         broker.clone(),
         Router::default(),
         config,
-        clock,
+        clock.clone(),
     );
     // Delays after each failure: 1, 2, 4, 8, 16 s.
     for delay in [1u64, 2, 4, 8, 16] {
         assert_eq!(relay.step().await.expect("step"), retried(1));
-        tokio::time::advance(Duration::from_millis(delay * 1000 - 1)).await;
+        clock.advance(Duration::from_millis(delay * 1000 - 1));
         assert_eq!(
             relay.step().await.expect("step"),
             StepOutcome::Idle,
             "not due 1 ms before {delay} s"
         );
-        tokio::time::advance(Duration::from_millis(1)).await;
+        clock.advance(Duration::from_millis(1));
     }
     broker.set_failing(false);
     assert_eq!(
@@ -156,15 +179,53 @@ async fn backoff_follows_the_schedule_in_paused_time() {
     );
 }
 
-async fn settle() {
-    for _ in 0..20 {
-        tokio::task::yield_now().await;
+#[tokio::test(flavor = "current_thread")]
+async fn an_idle_loop_polls_once_per_poll_interval() {
+    let store = MemStore::default();
+    let relay = Relay::new(
+        store.clone(),
+        ScriptedPublisher::new(),
+        Router::default(),
+        RelayConfig::default(),
+        Arc::new(SystemClock),
+    );
+    let (_wake_tx, wake_rx) = tokio::sync::watch::channel(0u64);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let interval = Duration::from_millis(200);
+    let cfg = WorkerConfig {
+        poll_interval: interval,
+        ..WorkerConfig::default()
+    };
+    let handle =
+        tokio::spawn(async move { worker::run(&relay, &cfg, Some(wake_rx), stop_rx).await });
+
+    assert!(
+        wait_until(Duration::from_secs(20), || store.claim_times().len() >= 4).await,
+        "an idle loop keeps polling: {} claims in 20 s",
+        store.claim_times().len()
+    );
+    stop_tx.send(true).expect("stop");
+    tokio::time::timeout(Duration::from_secs(10), handle)
+        .await
+        .expect("the loop returns on shutdown")
+        .expect("join")
+        .expect("clean exit");
+    let times = store.claim_times();
+    for (n, pair) in times.windows(2).enumerate() {
+        // tokio rounds a sleep's deadline up to its next millisecond tick, so
+        // a poll never comes sooner than the interval after the one before.
+        let gap = pair[1] - pair[0];
+        assert!(
+            gap >= interval,
+            "poll {} came {gap:?} after poll {n}, sooner than the {interval:?} poll interval",
+            n + 1
+        );
     }
 }
 
-#[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn idle_loop_sleeps_the_poll_interval_wakes_early_and_drains_on_shutdown() {
-    let clock = Arc::new(TokioClock::starting_now());
+#[tokio::test(flavor = "current_thread")]
+async fn a_notification_wakes_the_idle_loop_and_shutdown_interrupts_its_sleep() {
+    let clock = Arc::new(SystemClock);
     let store = MemStore::default();
     let broker = ScriptedPublisher::new();
     let relay = Relay::new(
@@ -176,42 +237,35 @@ async fn idle_loop_sleeps_the_poll_interval_wakes_early_and_drains_on_shutdown()
     );
     let (wake_tx, wake_rx) = tokio::sync::watch::channel(0u64);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    // The next poll is a minute away: whatever is published before then was
+    // woken, and a shutdown that returns before then interrupted the sleep.
     let cfg = WorkerConfig {
-        poll_interval: Duration::from_millis(500),
+        poll_interval: Duration::from_secs(60),
         ..WorkerConfig::default()
     };
+    let started = Instant::now();
     let handle =
         tokio::spawn(async move { worker::run(&relay, &cfg, Some(wake_rx), stop_rx).await });
 
-    settle().await;
-    assert_eq!(
-        store.claims.load(Ordering::SeqCst),
-        1,
-        "one idle claim, then sleep"
+    assert!(
+        wait_until(Duration::from_secs(10), || store.claim_times().len() == 1).await,
+        "one idle claim at start"
     );
-    tokio::time::advance(Duration::from_millis(499)).await;
-    settle().await;
-    assert_eq!(
-        store.claims.load(Ordering::SeqCst),
-        1,
-        "still asleep at 499 ms"
-    );
-    tokio::time::advance(Duration::from_millis(1)).await;
-    settle().await;
-    assert_eq!(
-        store.claims.load(Ordering::SeqCst),
-        2,
-        "polls again at 500 ms"
-    );
-
-    // A notification wakes it at once, with no time passing.
-    store.push("a", outboxd::clock::Clock::now(clock.as_ref()));
+    store.push("a", clock.now());
     wake_tx.send_modify(|v| *v += 1);
-    settle().await;
-    assert_eq!(broker.sent().len(), 1, "published right after the wake-up");
+    assert!(
+        wait_until(Duration::from_secs(20), || broker.sent().len() == 1).await,
+        "published after the wake-up, with the next poll a minute away"
+    );
 
     stop_tx.send(true).expect("stop");
-    settle().await;
-    assert!(handle.is_finished(), "the loop returns on shutdown");
-    handle.await.expect("join").expect("clean exit");
+    tokio::time::timeout(Duration::from_secs(20), handle)
+        .await
+        .expect("the loop returns on shutdown, without waiting out its 60 s sleep")
+        .expect("join")
+        .expect("clean exit");
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "all of it before the first poll interval ended"
+    );
 }
