@@ -99,17 +99,23 @@ fn bench(mode: Mode, name: &str, bytes: usize, mut run: impl FnMut(u64) -> Durat
         println!("{name:<32} ok (one call, {took:?})");
         return;
     }
-    // Warm up, and learn how many calls make a sample of about 100 ms.
+    // Warm up, and learn how many calls make a sample of about 100 ms. Runs
+    // double in length but never pass one sample's worth: a run builds its
+    // inputs up front (64 KiB each for the largest payloads), so an
+    // unbounded doubling would hold hundreds of megabytes.
     let started = Instant::now();
     let (mut calls, mut spent) = (0u64, Duration::ZERO);
     let mut iters = 1u64;
+    let sample_calls = |calls: u64, spent: Duration| {
+        let per_call = spent.as_secs_f64() / calls.max(1) as f64;
+        ((SAMPLE_TARGET.as_secs_f64() / per_call.max(1e-9)) as u64).max(1)
+    };
     while started.elapsed() < WARM_UP {
         spent += run(iters);
         calls += iters;
-        iters = iters.saturating_mul(2).min(1 << 20);
+        iters = iters.saturating_mul(2).min(sample_calls(calls, spent));
     }
-    let per_call = spent.as_secs_f64() / calls.max(1) as f64;
-    let iters = ((SAMPLE_TARGET.as_secs_f64() / per_call.max(1e-9)) as u64).max(1);
+    let iters = sample_calls(calls, spent);
     let mut per_call: Vec<f64> = (0..SAMPLES)
         .map(|_| run(iters).as_secs_f64() / iters as f64)
         .collect();
