@@ -410,6 +410,42 @@ fn every_toml_block_in_the_readme_parses_and_validates() {
     );
 }
 
+/// Every TOML block in docs/ and SECURITY.md is a config the code accepts
+/// (unknown keys are refused), so the reference pages cannot drift from the
+/// parser.
+#[test]
+fn every_toml_block_in_the_docs_parses_and_validates() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut pages: Vec<std::path::PathBuf> = std::fs::read_dir(root.join("docs"))
+        .expect("docs/")
+        .map(|e| e.expect("docs/ entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    pages.push(root.join("SECURITY.md"));
+    pages.sort();
+    let mut blocks = 0;
+    for page in &pages {
+        let text = std::fs::read_to_string(page).expect("a docs page");
+        let name = page.file_name().expect("a name").to_string_lossy();
+        let mut rest = text.as_str();
+        while let Some(start) = rest.find("```toml\n") {
+            let body = &rest[start + "```toml\n".len()..];
+            let end = body.find("\n```").expect("a closed ```toml block");
+            let block = &body[..end];
+            let line = text[..text.len() - rest.len() + start].lines().count() + 1;
+            if let Err(e) = Config::from_toml(&name, block, env(&[])) {
+                panic!("{name}, the TOML block at line {line}: {e}\n{block}");
+            }
+            blocks += 1;
+            rest = &body[end..];
+        }
+    }
+    assert!(
+        blocks >= 2,
+        "docs/ shows {blocks} TOML blocks; expected at least the TLS examples"
+    );
+}
+
 /// Durations are humantime strings; the older `*_ms` keys (milliseconds)
 /// are read for one release, each with a warning that names the key to
 /// write instead, from the file and from the environment alike.

@@ -69,6 +69,7 @@ mod plugin_test_http;
 mod plugin_version_metrics;
 mod plugin_worlds;
 mod plugins;
+mod postgres_tls;
 mod process;
 mod process_consumers;
 mod relay_failure_reasons;

@@ -344,9 +344,16 @@ async fn dispatch(cli: Cli, daemon: Daemon) -> anyhow::Result<ExitCode> {
                 }
                 crate::config::RelaySource::Poll => None,
             };
+            let connections = match &db {
+                Db::Postgres(pool) => crate::store::pg_tls::connection_tls(pool).await?,
+                Db::Sqlite(_) => Vec::new(),
+            };
             if json {
                 let mut v = serde_json::to_value(&stats)?;
                 v["consumers"] = serde_json::to_value(&consumers)?;
+                if let Db::Postgres(_) = &db {
+                    v["connections"] = serde_json::to_value(&connections)?;
+                }
                 if let Some(slot) = &wal {
                     v["wal_slot"] = serde_json::to_value(slot)?;
                 }
@@ -366,6 +373,18 @@ async fn dispatch(cli: Cli, daemon: Daemon) -> anyhow::Result<ExitCode> {
                 println!("published             {}", stats.published);
                 if let Some(slot) = &wal {
                     print_wal_slot(&config.relay.wal.slot, slot.as_ref());
+                }
+                for c in &connections {
+                    println!(
+                        "connections           {} {} ({})",
+                        c.connections,
+                        c.application_name,
+                        match (&c.encrypted, &c.version) {
+                            (true, Some(v)) => format!("encrypted, {v}"),
+                            (true, None) => "encrypted".to_string(),
+                            (false, _) => "NOT encrypted".to_string(),
+                        }
+                    );
                 }
                 for c in &consumers {
                     let since = c

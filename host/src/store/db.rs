@@ -79,11 +79,18 @@ impl Db {
                     .test_before_acquire(true)
                     .connect_with(opts.clone())
                     .await;
-                match pool {
-                    Ok(pool) => Ok(Db::Postgres(pool)),
-                    Err(sqlx::Error::PoolTimedOut) => Err(why_no_answer(&opts).await.into()),
-                    Err(e) => Err(e.into()),
-                }
+                let e = match pool {
+                    Ok(pool) => return Ok(Db::Postgres(pool)),
+                    Err(sqlx::Error::PoolTimedOut) => why_no_answer(&opts).await,
+                    Err(e) => e,
+                };
+                // A certificate that fails verification or a server that
+                // refuses TLS will not change by retrying: it is named
+                // with its fix, and start-up does not wait it out.
+                Err(match super::pg_tls::explain(url, &e) {
+                    Some(problem) => problem.into(),
+                    None => e.into(),
+                })
             }
             DbKind::Sqlite => {
                 let opts = quiet_statements(SqliteConnectOptions::from_str(url)?)
@@ -216,11 +223,20 @@ fn host_search_path(opts: PgConnectOptions) -> PgConnectOptions {
 }
 
 /// The connect options of the host's Postgres connections for `url`, for
-/// a pool made outside [`Db::connect`].
+/// a pool made outside [`Db::connect`]. The URL's TLS files are checked
+/// here, before any connection uses them (store/pg_tls.rs), and `require`
+/// with an `sslrootcert` verifies the chain, as libpq does.
 pub fn host_pg_options(url: &str) -> Result<PgConnectOptions, StoreError> {
-    Ok(host_search_path(quiet_statements(
-        PgConnectOptions::from_str(url)?,
-    )))
+    let tls = super::pg_tls::PgTls::from_url(url)?;
+    tls.check_files(url)?;
+    let mut opts = PgConnectOptions::from_str(url)?;
+    if opts.get_application_name().is_none() {
+        opts = opts.application_name(super::pg_tls::APPLICATION_NAME);
+    }
+    if tls.mode == super::pg_tls::SslMode::VerifyCa {
+        opts = opts.ssl_mode(sqlx::postgres::PgSslMode::VerifyCa);
+    }
+    Ok(host_search_path(quiet_statements(opts)))
 }
 
 /// Runs `sql` (DDL of the application's own tables: the examples', the

@@ -17,6 +17,7 @@ mod migrate;
 mod notify;
 pub mod offsets;
 pub mod outbound;
+pub mod pg_tls;
 pub mod plugin_roles;
 pub mod plugin_sql;
 pub mod postgres;
@@ -67,6 +68,9 @@ pub enum StoreError {
         name: String,
         source: sqlx::Error,
     },
+    /// TLS to Postgres cannot work as configured (store/pg_tls.rs).
+    #[error(transparent)]
+    Tls(#[from] pg_tls::TlsProblem),
     #[error(
         "the database has migration {found} applied, but this outboxd only knows up to {known}; upgrade outboxd instead of running an older binary against a newer schema"
     )]

@@ -29,7 +29,7 @@ use std::time::Duration;
 use futures_util::stream::FuturesUnordered;
 use futures_util::{FutureExt, StreamExt};
 use outboxd_core::config::WalSection;
-use pgwire_replication::{Lsn, ReplicationClient, ReplicationConfig, ReplicationEvent, TlsConfig};
+use pgwire_replication::{Lsn, ReplicationClient, ReplicationConfig, ReplicationEvent};
 use tokio::sync::watch;
 
 use super::worker::{self, WorkerConfig};
@@ -70,6 +70,8 @@ const READ_AHEAD: usize = 512;
 pub struct WalRelay<P> {
     wal: WalSection,
     replication: ReplicationConfig,
+    /// database.url with its password hidden, for errors.
+    shown_url: String,
     batch_size: usize,
     poll_interval: Duration,
     /// Batches published and marked at once: `relay.workers`, twice that
@@ -162,6 +164,7 @@ impl<P: Publisher> WalRelay<P> {
     pub fn new(parts: WalParts<P>) -> Result<Self, String> {
         let replication = replication_config(&parts.database_url, &parts.wal)?;
         Ok(Self {
+            shown_url: crate::store::redact_url(&parts.database_url),
             wal: parts.wal,
             replication,
             batch_size: parts.batch_size,
@@ -243,7 +246,14 @@ impl<P: Publisher> WalRelay<P> {
     async fn take_slot(&self) -> Result<ReplicationClient, String> {
         let mut client = ReplicationClient::connect(self.replication.clone())
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| match e {
+                // Named with its fix, as the pools' TLS failures are.
+                pgwire_replication::PgWireError::Tls(text) => format!(
+                    "replication connection: {}",
+                    crate::store::pg_tls::explain_text(&self.shown_url, &text)
+                ),
+                e => e.to_string(),
+            })?;
         client.wait_started().await.map_err(|e| e.to_string())?;
         Ok(client)
     }
@@ -622,26 +632,11 @@ pub fn replication_config(url: &str, wal: &WalSection) -> Result<ReplicationConf
     } else {
         database
     };
-    // The replication client is built without its TLS stack (it would
-    // bring a second crypto library into the build): the stream is
-    // plaintext, so a URL that asks for TLS is refused rather than
-    // silently downgraded.
-    match query("sslmode").as_deref() {
-        None | Some("disable") | Some("allow") | Some("prefer") => {}
-        Some(mode @ ("require" | "verify-ca" | "verify-full")) => {
-            return Err(bad(&format!(
-                "sslmode={mode} asks for TLS, which the WAL relay's replication connection does not do; \
-                 run the relay next to the database (a private network or a Unix socket) with sslmode=disable or prefer, \
-                 or use relay.source = \"poll\", which connects with TLS"
-            )));
-        }
-        Some(other) => {
-            return Err(bad(&format!(
-                "sslmode `{other}` is unknown (use disable, prefer, require, verify-ca or verify-full)"
-            )));
-        }
-    }
-    let tls = TlsConfig::disabled();
+    // The same TLS settings as the pools' (store/pg_tls.rs): the mode, the
+    // root certificate and the client certificate, checked the same way.
+    let tls = crate::store::pg_tls::PgTls::from_url(url).map_err(|e| e.to_string())?;
+    tls.check_files(url).map_err(|e| e.to_string())?;
+    let tls = tls.replication();
     let options = format!(
         "-c datestyle=ISO -c timezone=UTC -c wal_sender_timeout={}",
         wal.sender_timeout.as_millis()
@@ -685,12 +680,10 @@ mod tests {
             ("db.example", 6543, "relay", "p@ss", "orders")
         );
         assert!(!c.tls.mode.requires_tls());
-        let err =
-            replication_config("postgres://u@h/d?sslmode=verify-full", &wal).expect_err("an error");
-        assert!(
-            err.contains("does not do") && err.contains("relay.source = \"poll\""),
-            "{err}"
-        );
+        // The replication connection does TLS as the pools do.
+        let full = replication_config("postgres://u@h/d?sslmode=verify-full", &wal)
+            .expect("verify-full is accepted");
+        assert!(full.tls.mode.verifies_hostname());
         let opts = c.options.clone().expect("test value");
         assert!(
             opts.contains("timezone=UTC") && opts.contains("wal_sender_timeout=10000"),
