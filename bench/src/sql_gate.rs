@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use outboxd_core::config::TableGrants;
 use outboxd_core::db_url::DbKind;
-use outboxd_core::{sql_gate, sql_guard};
+use outboxd_core::sql_gate;
 
 use super::BenchError;
 
@@ -55,13 +55,13 @@ pub async fn sql_gate(args: &SqlGateBenchArgs) -> Result<(), BenchError> {
             }
             Some(start.elapsed().as_secs_f64() * 1e6 / f64::from(n))
         };
-        let guard = time(&|| sql_guard::check_statement(sql).is_ok());
+        let guard = time(&|| sql_gate::check_statement(sql).is_ok());
         let pg = time(&|| {
-            sql_guard::check_statement(sql).is_ok()
+            sql_gate::check_statement(sql).is_ok()
                 && sql_gate::check(sql, DbKind::Postgres, &grants, "bench").is_ok()
         });
         let lite = time(&|| {
-            sql_guard::check_statement(sql).is_ok()
+            sql_gate::check_statement(sql).is_ok()
                 && sql_gate::check(sql, DbKind::Sqlite, &grants, "bench").is_ok()
         });
         match (guard, pg, lite) {

@@ -1,5 +1,6 @@
-//! The consumer SQL guard: never panics, and every statement it accepts is
-//! one SELECT, INSERT, UPDATE or DELETE as *each* database reads it.
+//! Plugin SQL admission (`sql_gate`): the lexical rules never panic, and
+//! every statement they accept is one SELECT, INSERT, UPDATE or DELETE as
+//! *each* database reads it.
 //!
 //! The oracle is independent of the guard: two small lexers, one following
 //! Postgres's rules (nested block comments, `--` ending at CR or LF,
@@ -9,7 +10,7 @@
 //! SQL must be a single statement whose first word is allowed and which
 //! names no transaction control, DDL or session-changing function.
 //!
-//! Behind the guard, the capability gate (`sql_gate`, a parser's view) runs
+//! Behind the lexical rules, the capability gate (a parser's view) runs
 //! on both dialects with `customers` readable and `invoices` writable. It
 //! never panics, and a statement it accepts never names one of outboxd's
 //! tables where either database reads a table name (after FROM, JOIN,
@@ -19,8 +20,7 @@
 use libfuzzer_sys::fuzz_target;
 use outboxd_core::config::TableGrants;
 use outboxd_core::db_url::DbKind;
-use outboxd_core::sql_gate;
-use outboxd_core::sql_guard::{MAX_STATEMENT_BYTES, check_statement};
+use outboxd_core::sql_gate::{self, MAX_STATEMENT_BYTES, check_statement};
 
 /// Words after which both databases read a table name.
 const TABLE_POSITION: &[&str] = &["from", "join", "into", "update", "table"];

@@ -22,7 +22,7 @@
 //!   commit, off unless an OTLP endpoint is set.
 //! - [`fault`], [`clock`]: seams that let tests crash and time-travel it.
 //!
-//! [`config`], [`event`], `consumer::sql_guard`, the message and header
+//! [`config`], [`event`], plugin SQL admission (`outboxd_core::sql_gate`), the message and header
 //! rules (`broker::headers`, `relay::message_for_event`) and the plugin SQL
 //! values come from `outboxd-core`, which links neither wasmtime nor
 //! rdkafka; the host re-exports them where its modules expect them.

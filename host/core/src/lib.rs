@@ -1,7 +1,7 @@
 //! outboxd-core: the parts of outboxd that are plain code over plain data,
 //! with no Wasm engine and no Kafka client, so the fuzz workspace can build
 //! them alone. The `outboxd` host re-exports each module where its own code
-//! expects it (`outboxd::config`, `outboxd::consumer::sql_guard`, …).
+//! expects it (`outboxd::config`, …).
 //!
 //! # Layout
 //!
@@ -15,9 +15,9 @@
 //!   the headers only the host sets, and the message id a consumer
 //!   deduplicates on.
 //! - [`embedded_headers`]: headers as the embedded transport stores them.
-//! - [`sql_guard`]: the single-DML gate for plugin SQL, over its own lexer.
-//! - [`sql_gate`]: the capability gate: a parsed statement checked against
-//!   the tables and functions a consumer plugin may use.
+//! - [`sql_gate`]: admission of plugin SQL, one [`sql_gate::admit`] call:
+//!   the lexical rules, then a parsed statement checked against the tables
+//!   and functions a consumer plugin may use.
 //! - [`sql_values`]: plugin SQL values bound as parameters and read back
 //!   from rows, for Postgres and SQLite.
 //! - [`db_url`]: which database a URL names, and the URL with its password
@@ -31,6 +31,4 @@ pub mod event;
 pub mod message;
 pub mod route;
 pub mod sql_gate;
-pub mod sql_guard;
-mod sql_lexer;
 pub mod sql_values;

@@ -12,7 +12,7 @@ pub mod dead_letter;
 pub mod inbox;
 pub mod plugin_handler;
 pub mod runner;
-pub use outboxd_core::{sql_guard, sql_values};
+pub use outboxd_core::sql_values;
 
 pub use crate::plugin::slot::{ActiveConsumer, ConsumerVersions};
 pub use configured::{ConsumerHandler, NativeHandler, NativeHandlers};

@@ -16,7 +16,7 @@ use std::time::Duration;
 use futures_util::TryStreamExt;
 use outboxd_core::config::TxnPolicy;
 use outboxd_core::db_url::DbKind;
-use outboxd_core::sql_gate::Checked;
+use outboxd_core::sql_gate::Admitted;
 use outboxd_core::sql_values::{self as values, SqlValue, SqlValueError};
 use sqlx::{Column, Row};
 
@@ -149,14 +149,14 @@ impl InboxTx {
     pub async fn plugin_execute(
         &mut self,
         sql: &str,
-        checked: Checked,
+        admitted: &Admitted,
         params: Vec<SqlValue>,
         policy: &TxnPolicy,
         budget: Budget,
     ) -> Result<u64, PluginSqlError> {
         match self {
             InboxTx::Postgres(t) => {
-                let text = pg_text(sql, checked, policy.max_result_bytes, budget.rows_left);
+                let text = pg_text(sql, admitted, policy.max_result_bytes, budget.rows_left);
                 let q = values::bind_pg(sqlx::query(&text), params)?;
                 Ok(q.execute(&mut **t).await?.rows_affected())
             }
@@ -176,7 +176,7 @@ impl InboxTx {
     pub async fn plugin_query(
         &mut self,
         sql: &str,
-        checked: Checked,
+        admitted: &Admitted,
         params: Vec<SqlValue>,
         policy: &TxnPolicy,
         budget: Budget,
@@ -184,7 +184,7 @@ impl InboxTx {
         let mut out = PluginRows::default();
         match self {
             InboxTx::Postgres(t) => {
-                let text = pg_text(sql, checked, policy.max_result_bytes, budget.rows_left);
+                let text = pg_text(sql, admitted, policy.max_result_bytes, budget.rows_left);
                 let q = values::bind_pg(sqlx::query(&text), params)?;
                 let mut stream = q.fetch(&mut **t);
                 while let Some(row) = stream.try_next().await? {
@@ -274,8 +274,8 @@ impl PluginRows {
 /// raises with a clear message (migration 0009). The LIMIT bounds the rows
 /// the server sends to one more than the budget left. A statement that
 /// returns no rows is sent as it is.
-fn pg_text(sql: &str, checked: Checked, max_bytes: u64, rows_left: u64) -> Cow<'_, str> {
-    if !checked.returns_rows {
+fn pg_text<'a>(sql: &'a str, admitted: &Admitted, max_bytes: u64, rows_left: u64) -> Cow<'a, str> {
+    if !admitted.returns_rows {
         return sql.into();
     }
     let sql = sql.trim_end().trim_end_matches(';');

@@ -12,15 +12,14 @@ use crate::store::InboxTx;
 use crate::store::plugin_sql::{Budget, PluginSqlError};
 use outboxd_core::config::TxnPolicy;
 use outboxd_core::db_url::DbKind;
-use outboxd_core::sql_gate::{self, Checked};
-use outboxd_core::sql_guard::check_statement;
+use outboxd_core::sql_gate::{self, Admitted};
 
 /// Runs one message's plugin statements against the host's transaction.
 ///
-/// Each statement passes three layers before it runs: the lexical guard
-/// (one statement, text both databases read alike), the capability gate
-/// (a parse checked against `consumers[].tables` and the function
-/// allowlist), then the database's own wall: on Postgres the consumer's
+/// Each statement is admitted by [`sql_gate::admit`] before it runs (the
+/// lexical rules: one statement, text both databases read alike; then the
+/// capability gate: a parse checked against `consumers[].tables` and the
+/// function allowlist), then meets the database's own wall: on Postgres the consumer's
 /// role (`SET LOCAL ROLE`, grants only on its tables, no TEMP), on SQLite
 /// the authorizer (store/sqlite_plugin_guard.rs). `emit` runs as the host.
 pub(crate) struct TxnServer<'a> {
@@ -64,7 +63,7 @@ impl<'a> TxnServer<'a> {
     pub(crate) async fn serve(&mut self, link: &TxnLink, op: Op) {
         let span = statement_span(&op, self.tx.kind());
         let seen = self.recorded.as_ref().map(|(mode, _)| op.statement(*mode));
-        let result = self.run(op).await;
+        let result = self.run(op, &span).await;
         if let Err(e) = &result {
             span.fail(|| describe(e));
         }
@@ -84,7 +83,7 @@ impl<'a> TxnServer<'a> {
         link.put_reply(result);
     }
 
-    async fn run(&mut self, op: Op) -> Result<Reply, DbError> {
+    async fn run(&mut self, op: Op, span: &crate::telemetry::Span) -> Result<Reply, DbError> {
         self.statements += 1;
         if self.statements > self.policy.max_statements {
             return Err(DbError::BudgetExceeded(format!(
@@ -94,39 +93,41 @@ impl<'a> TxnServer<'a> {
         }
         match op {
             Op::Execute(sql, params) => {
-                let checked = self.admit(&sql)?;
+                let admitted = self.admit(&sql)?;
+                describe_statement(span, &admitted);
                 self.run_as_plugin().await?;
-                self.execute(&sql, checked, params)
+                self.execute(&sql, &admitted, params)
                     .await
                     .map(Reply::Affected)
             }
             Op::Query(sql, params) => {
-                let checked = self.admit(&sql)?;
+                let admitted = self.admit(&sql)?;
+                describe_statement(span, &admitted);
                 self.run_as_plugin().await?;
-                self.query(&sql, checked, params).await.map(Reply::Rows)
+                self.query(&sql, &admitted, params).await.map(Reply::Rows)
             }
             Op::Emit(event) => self.emit(event).await.map(Reply::Emitted),
         }
     }
 
-    /// The lexical guard, then the capability gate; a statement text this
-    /// policy already accepted on this database is not parsed again.
-    fn admit(&self, sql: &str) -> Result<Checked, DbError> {
+    /// [`sql_gate::admit`]; a statement text this policy already admitted
+    /// on this database is not admitted again.
+    fn admit(&self, sql: &str) -> Result<std::sync::Arc<Admitted>, DbError> {
         let kind = self.tx.kind();
         let key = admitted_key(kind, self.policy, sql);
-        if let Some(checked) = ADMITTED.lock().ok().and_then(|m| m.get(&key).copied()) {
-            return Ok(checked);
+        if let Some(admitted) = ADMITTED.lock().ok().and_then(|m| m.get(&key).cloned()) {
+            return Ok(admitted);
         }
-        check_statement(sql).map_err(|e| DbError::Refused(e.to_string()))?;
-        let checked = sql_gate::check(sql, kind, &self.policy.tables, &self.policy.consumer)
+        let admitted = sql_gate::admit(sql, kind, &self.policy.tables, &self.policy.consumer)
+            .map(std::sync::Arc::new)
             .map_err(|e| DbError::Refused(e.to_string()))?;
         if let Ok(mut m) = ADMITTED.lock() {
             if m.len() >= ADMITTED_MAX {
                 m.clear();
             }
-            m.insert(key, checked);
+            m.insert(key, admitted.clone());
         }
-        Ok(checked)
+        Ok(admitted)
     }
 
     /// On Postgres, the plugin's statements run under its role, set once
@@ -151,13 +152,13 @@ impl<'a> TxnServer<'a> {
     async fn execute(
         &mut self,
         sql: &str,
-        checked: Checked,
+        admitted: &Admitted,
         params: Vec<Value>,
     ) -> Result<u64, DbError> {
         let budget = self.budget();
         let params = params.into_iter().map(to_core).collect();
         self.tx
-            .plugin_execute(sql, checked, params, self.policy, budget)
+            .plugin_execute(sql, admitted, params, self.policy, budget)
             .await
             .map_err(|e| self.refusal(e))
     }
@@ -165,14 +166,14 @@ impl<'a> TxnServer<'a> {
     async fn query(
         &mut self,
         sql: &str,
-        checked: Checked,
+        admitted: &Admitted,
         params: Vec<Value>,
     ) -> Result<Rows, DbError> {
         let budget = self.budget();
         let params = params.into_iter().map(to_core).collect();
         let out = self
             .tx
-            .plugin_query(sql, checked, params, self.policy, budget)
+            .plugin_query(sql, admitted, params, self.policy, budget)
             .await
             .map_err(|e| self.refusal(e))?;
         self.rows += out.rows.len() as u64;
@@ -218,7 +219,7 @@ impl<'a> TxnServer<'a> {
     }
 }
 
-/// Statements the guard and the gate accepted, by (database, policy, text):
+/// Statements [`sql_gate::admit`] accepted, by (database, policy, text):
 /// plugins send the same few texts with different parameters, and parsing
 /// one costs tens of microseconds. Only acceptances are kept (a refusal is
 /// checked again each time), the policy's consumer and grants are part of
@@ -226,33 +227,34 @@ impl<'a> TxnServer<'a> {
 /// endless distinct texts only makes itself slower.
 type AdmittedKey = (DbKind, String, String);
 static ADMITTED: std::sync::LazyLock<
-    std::sync::Mutex<std::collections::HashMap<AdmittedKey, Checked>>,
+    std::sync::Mutex<std::collections::HashMap<AdmittedKey, std::sync::Arc<Admitted>>>,
 > = std::sync::LazyLock::new(Default::default);
 const ADMITTED_MAX: usize = 4096;
 
-/// A `plugin.statement` span under the plugin's `handle` span: the
-/// statement's kind and first table, never its text's values or its
-/// parameters. Nothing while telemetry is off, or for `emit`.
+/// A `plugin.statement` span under the plugin's `handle` span; the
+/// statement's kind and first table are added once it is admitted
+/// ([`describe_statement`]), never its text's values or its parameters.
+/// Nothing while telemetry is off, or for `emit`.
 fn statement_span(op: &Op, db: DbKind) -> crate::telemetry::Span {
-    let sql = match op {
-        Op::Execute(sql, _) | Op::Query(sql, _) => sql,
-        Op::Emit(_) => return crate::telemetry::Span::default(),
-    };
+    if let Op::Emit(_) = op {
+        return crate::telemetry::Span::default();
+    }
     let span = crate::telemetry::Span::in_current(
         "plugin.statement",
         opentelemetry::trace::SpanKind::Client,
     );
+    span.attr("db.system.name", || db.system_name());
+    span
+}
+
+/// The admitted statement's kind and first table, on its span.
+fn describe_statement(span: &crate::telemetry::Span, admitted: &Admitted) {
     if span.is_recording() {
-        let target = outboxd_core::sql_guard::statement_target(sql);
-        span.attr("db.system.name", || db.system_name());
-        if let Some((kind, table)) = target {
-            span.attr("db.operation.name", || kind);
-            if let Some(table) = table {
-                span.attr("db.collection.name", || table);
-            }
+        span.attr("db.operation.name", || admitted.kind);
+        if let Some(table) = &admitted.table {
+            span.attr("db.collection.name", || table.clone());
         }
     }
-    span
 }
 
 fn admitted_key(kind: DbKind, policy: &TxnPolicy, sql: &str) -> AdmittedKey {

@@ -1,9 +1,30 @@
-//! The lexer under [`check_statement`](crate::sql_guard::check_statement):
+//! The lexer under [`check_statement`](super::lexical::check_statement):
 //! SQL text as words, quoted identifiers, semicolons and the rest, with
 //! string literals, comments and dollar-quoted bodies skipped. Text that
 //! Postgres and SQLite would split differently is refused here.
 
-use crate::sql_guard::GuardError;
+/// Why a statement was refused; the text goes back to the plugin.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GuardError {
+    #[error("empty statement")]
+    Empty,
+    #[error("statement is {len} bytes; the limit is {max}")]
+    TooLong { len: usize, max: usize },
+    #[error("only one statement per call; found `;` followed by more SQL")]
+    MultipleStatements,
+    #[error("`{0}` statements are not allowed; send a single SELECT, INSERT, UPDATE or DELETE")]
+    NotDml(String),
+    #[error("`{0}` is not allowed in plugin SQL: the host owns the transaction and the session")]
+    Forbidden(String),
+    #[error("a statement must start with SELECT, INSERT, UPDATE, DELETE or WITH")]
+    NoLeadingKeyword,
+    #[error("unterminated {0}")]
+    Unterminated(&'static str),
+    #[error(
+        "{0} is not accepted (Postgres and SQLite read it differently); bind the value as a parameter"
+    )]
+    Ambiguous(&'static str),
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Token {

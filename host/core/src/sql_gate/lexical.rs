@@ -1,5 +1,5 @@
-//! The statement guard for SQL that consumer plugins send through their
-//! borrowed transaction. Only one SELECT, INSERT, UPDATE or DELETE with bound
+//! The lexical rules for SQL that consumer plugins send through their
+//! borrowed transaction, the first part of [`admit`](super::admit). Only one SELECT, INSERT, UPDATE or DELETE with bound
 //! parameters gets through; everything that could end, escape or outlive the
 //! host's transaction is refused before it reaches the database.
 //!
@@ -13,30 +13,7 @@
 //! under the plugin's configured role and a statement timeout, so the
 //! database limits what an accepted statement can touch.
 
-use crate::sql_lexer::{Token, tokenize};
-
-/// Why a statement was refused; the text goes back to the plugin.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum GuardError {
-    #[error("empty statement")]
-    Empty,
-    #[error("statement is {len} bytes; the limit is {max}")]
-    TooLong { len: usize, max: usize },
-    #[error("only one statement per call; found `;` followed by more SQL")]
-    MultipleStatements,
-    #[error("`{0}` statements are not allowed; send a single SELECT, INSERT, UPDATE or DELETE")]
-    NotDml(String),
-    #[error("`{0}` is not allowed in plugin SQL: the host owns the transaction and the session")]
-    Forbidden(String),
-    #[error("a statement must start with SELECT, INSERT, UPDATE, DELETE or WITH")]
-    NoLeadingKeyword,
-    #[error("unterminated {0}")]
-    Unterminated(&'static str),
-    #[error(
-        "{0} is not accepted (Postgres and SQLite read it differently); bind the value as a parameter"
-    )]
-    Ambiguous(&'static str),
-}
+use super::lexer::{GuardError, Token, tokenize};
 
 /// Longest statement a plugin may send.
 pub const MAX_STATEMENT_BYTES: usize = 64 * 1024;
@@ -172,62 +149,9 @@ pub fn check_statement(sql: &str) -> Result<&'static str, GuardError> {
     Ok(kind)
 }
 
-/// What a trace may say about an admitted statement: its kind and the
-/// table it names first (the target of an INSERT, UPDATE or DELETE, the
-/// first table after FROM for a query), in lower case as the lexer reads
-/// it, never its values. `None` for text the guard would refuse.
-pub fn statement_target(sql: &str) -> Option<(&'static str, Option<String>)> {
-    let kind = check_statement(sql).ok()?;
-    let tokens = tokenize(sql).ok()?;
-    let after = match kind {
-        "insert" => "into",
-        "update" => "update",
-        _ => "from",
-    };
-    let table = tokens
-        .iter()
-        .skip_while(|t| !matches!(t, Token::Word(w) if w == after))
-        .nth(1)
-        .and_then(|t| match t {
-            Token::Word(w) | Token::Quoted(w) => Some(w.clone()),
-            _ => None,
-        });
-    Some((kind, table))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_statements_target_is_its_kind_and_table_never_its_values() {
-        for (sql, kind, table) in [
-            (
-                "INSERT INTO invoices (order_id) VALUES ($1)",
-                "insert",
-                Some("invoices"),
-            ),
-            (
-                "update accounts set n = 'from secret' where id = ?",
-                "update",
-                Some("accounts"),
-            ),
-            ("DELETE FROM carts WHERE id = $1", "delete", Some("carts")),
-            (
-                "SELECT 'into x' FROM \"Ledger\" WHERE k = $1",
-                "select",
-                Some("ledger"),
-            ),
-            ("SELECT 1", "select", None),
-        ] {
-            assert_eq!(
-                statement_target(sql),
-                Some((kind, table.map(str::to_string))),
-                "{sql}"
-            );
-        }
-        assert_eq!(statement_target("DROP TABLE x"), None);
-    }
 
     #[test]
     fn plain_dml_with_parameters_passes() {
