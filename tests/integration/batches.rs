@@ -5,7 +5,7 @@
 use std::sync::Mutex;
 
 use outboxd::broker::{Delivery, headers};
-use outboxd::consumer::inbox::process_batch;
+use outboxd::consumer::batch::process_batch;
 use outboxd::consumer::{Handler, HandlerError, InboxTx, Processed};
 
 use crate::on_both;

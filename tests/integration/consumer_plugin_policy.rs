@@ -5,7 +5,7 @@
 use super::consumer_plugins::{counts, handler, order};
 use crate::on_both;
 use crate::support::TestDb;
-use outboxd::consumer::inbox::process_batch;
+use outboxd::consumer::batch::process_batch;
 use outboxd::consumer::{ConsumerHandler, Processed, process};
 use outboxd::plugin::TxnPolicy;
 use outboxd_demo::billing;

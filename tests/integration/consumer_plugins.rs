@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use outboxd::broker::{Delivery, headers};
-use outboxd::consumer::inbox::process_batch;
+use outboxd::consumer::batch::process_batch;
 use outboxd::consumer::{HandlerError, PluginHandler, Processed, process};
 use outboxd::plugin::{ConsumerPlugin, PluginSpec, TxnPolicy};
 use outboxd_demo::billing;

@@ -594,7 +594,7 @@ async fn in_a_batch_the_host_writes_as_itself_between_the_plugins_statements() {
             )
         })
         .collect();
-    let attempts = outboxd::consumer::inbox::attempt_batch(&t.db, "attacked", &all_good, &h)
+    let attempts = outboxd::consumer::batch::attempt_batch(&t.db, "attacked", &all_good, &h)
         .await
         .expect("a batch of four");
     assert!(attempts.iter().all(|a| a.result.is_ok()), "{attempts:?}");
@@ -613,7 +613,7 @@ async fn in_a_batch_the_host_writes_as_itself_between_the_plugins_statements() {
             json!({"sql": "SELECT count(*) FROM customers", "query": true}),
         ),
     ];
-    let attempts = outboxd::consumer::inbox::attempt_batch(&t.db, "attacked", &with_emit, &h)
+    let attempts = outboxd::consumer::batch::attempt_batch(&t.db, "attacked", &with_emit, &h)
         .await
         .expect("a batch that fails at its third message");
     assert_eq!(attempts.len(), 3, "{attempts:?}");

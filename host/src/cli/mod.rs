@@ -4,7 +4,6 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-mod consumer_dead;
 mod dead;
 mod outbound;
 mod plugin;

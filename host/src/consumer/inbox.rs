@@ -1,9 +1,8 @@
 //! One message through the inbox: begin, mark, handle, commit.
 //!
 //! Also the inbox's types ([`Handler`], [`Pinned`], [`Attempt`],
-//! [`Processed`]; the transaction, [`InboxTx`], is the store's); several messages in one transaction are in
-//! `consumer/batch.rs`, re-exported here as [`process_batch`] and
-//! [`attempt_batch`].
+//! [`Processed`]; the transaction, [`InboxTx`], is the store's); several
+//! messages in one transaction are in `consumer/batch.rs`.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -14,8 +13,6 @@ use crate::plugin::slot::ConsumerVersions;
 use crate::store::Db;
 pub use crate::store::{InboxTx, PgInboxTx};
 use crate::telemetry::FutureExt;
-
-pub use super::batch::{attempt_batch, process_batch};
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum HandlerError {

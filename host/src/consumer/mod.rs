@@ -6,7 +6,7 @@
 //! fetches from a [`MessageSource`](crate::broker::MessageSource), handles
 //! partitions in parallel, and commits offsets only after the effect commits.
 
-mod batch;
+pub mod batch;
 pub mod configured;
 pub mod dead_letter;
 pub mod inbox;

@@ -275,7 +275,7 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
                 .find(|&i| self.is_parked(&msgs[i]))
                 .unwrap_or(limit);
             let chunk = &msgs[start..end];
-            let results = match super::inbox::attempt_batch(
+            let results = match super::batch::attempt_batch(
                 &self.db,
                 &self.config.name,
                 chunk,

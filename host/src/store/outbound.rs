@@ -49,7 +49,7 @@ const UPDATE_OUTCOME: &str = "UPDATE outbound_calls
 pub async fn write_intent(db: &Db, i: &Intent<'_>) -> Result<String, sqlx::Error> {
     let id = uuid::Uuid::new_v4().to_string();
     let now = chrono::Utc::now();
-    crate::store::db::on_pool!(db, |pool| {
+    crate::store::on_pool!(db, |pool| {
         sqlx::query(INSERT_INTENT)
             .bind(&id)
             .bind(i.message_id)

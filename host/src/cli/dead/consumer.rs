@@ -6,8 +6,8 @@
 
 use std::process::ExitCode;
 
-use super::connect;
-use super::dead::DeadCommand;
+use super::DeadCommand;
+use crate::cli::connect;
 use crate::config::Config;
 use crate::ops::consumer_dead::{self, Target};
 
@@ -121,7 +121,7 @@ pub(super) async fn command(
                 consumer_dead::check_with(&db, configured.and_then(|c| c.plugin_name()), with)
                     .await?;
             }
-            let faults = super::faults_from_env()?;
+            let faults = crate::cli::faults_from_env()?;
             let n =
                 consumer_dead::redrive(&db, consumer, &target, with.as_deref(), &faults).await?;
             let through = with.map(|w| format!(" through {w}")).unwrap_or_default();

@@ -1,7 +1,9 @@
 //! `outboxd dead list|show|redrive|discard`: the dead events of the outbox,
 //! or with `--consumer NAME` that consumer's dead letters
-//! (`cli/consumer_dead.rs`). A consumer dead letter's id and an outbox row's
+//! (`cli/dead/consumer.rs`). A consumer dead letter's id and an outbox row's
 //! seq are distinct namespaces; `--consumer` selects which one.
+
+mod consumer;
 
 use std::process::ExitCode;
 
@@ -107,7 +109,7 @@ pub(super) async fn dead_command(config: &Config, cmd: DeadCommand) -> anyhow::R
     use crate::ops::fix_forward;
     if let Some(consumer) = cmd.consumer() {
         let consumer = consumer.to_string();
-        return super::consumer_dead::command(config, &consumer, cmd).await;
+        return consumer::command(config, &consumer, cmd).await;
     }
     let db = connect(config).await?;
     match cmd {
