@@ -11,7 +11,8 @@ use std::time::Instant;
 
 use super::BenchError;
 use outboxd::broker::{Delivery, headers};
-use outboxd::consumer::inbox::{Handler, process, process_batch};
+use outboxd::consumer::batch::process_batch;
+use outboxd::consumer::inbox::{Handler, process};
 use outboxd::consumer::{PluginHandler, Processed};
 use outboxd::plugin::{ConsumerPlugin, EngineConfig, PluginEngine, PluginSpec, TxnPolicy};
 use outboxd::store::{Db, migrate};
