@@ -70,6 +70,7 @@ mod plugin_version_metrics;
 mod plugin_worlds;
 mod plugins;
 mod postgres_tls;
+mod probes;
 mod process;
 mod process_consumers;
 mod relay_failure_reasons;

@@ -1,10 +1,10 @@
-//! The routes: probes, metrics, stats, history, dead letters, plugins, and
-//! the dashboard page.
+//! The admin API's routes: the probes and `/metrics` (from `probes.rs`),
+//! stats, history, dead letters, plugins, consumers, and the dashboard page.
 
 use std::time::Duration;
 
 use axum::extract::{Path, Query, State};
-use axum::http::{StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router, middleware};
@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::AdminState;
-use super::auth::require_token;
+use super::auth::{require_scrape_token, require_token};
 use crate::ops::dead::{self, DeadFilter, DiscardError};
 use crate::ops::fix_forward::{self, FixForwardError};
 use crate::store::{AnyStore, Db, OutboxStore};
@@ -21,7 +21,6 @@ const DASHBOARD: &str = include_str!("dashboard.html");
 
 pub fn router(state: AdminState) -> Router {
     let protected = Router::new()
-        .route("/metrics", get(metrics))
         .route("/api/stats", get(stats))
         .route("/api/history", get(history))
         .route("/api/dead", get(list_dead))
@@ -42,10 +41,15 @@ pub fn router(state: AdminState) -> Router {
         .merge(super::consumer_dead::routes())
         .merge(super::consumers::routes())
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
-    Router::new()
+    let scrape = Router::new()
+        .route("/metrics", get(super::probes::metrics))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            require_scrape_token,
+        ));
+    super::probes::probe_routes()
         .route("/", get(|| async { Html(DASHBOARD) }))
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
+        .merge(scrape)
         .merge(protected)
         .with_state(state)
 }
@@ -62,46 +66,35 @@ pub(super) fn internal(e: impl std::fmt::Display) -> Response {
         .into_response()
 }
 
-async fn readyz(State(s): State<AdminState>) -> Response {
-    let db = tokio::time::timeout(Duration::from_secs(3), s.db.ping()).await;
-    let db = match db {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(format!("database: {e}")),
-        Err(_) => Err("database: no answer within 3 s".to_string()),
-    };
-    let broker = match &s.broker_check {
-        Some(check) => match tokio::time::timeout(Duration::from_secs(3), check()).await {
-            Ok(r) => r.map_err(|e| format!("broker: {e}")),
-            Err(_) => Err("broker: no answer within 3 s".to_string()),
-        },
-        None => Ok(()),
-    };
-    match (db, broker) {
-        (Ok(()), Ok(())) => (StatusCode::OK, "ready\n").into_response(),
-        (d, b) => {
-            let reasons: Vec<String> = [d.err(), b.err()].into_iter().flatten().collect();
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("not ready: {}\n", reasons.join("; ")),
-            )
-                .into_response()
-        }
-    }
-}
-
-async fn metrics(State(s): State<AdminState>) -> Response {
-    let stats = store(&s.db).stats(chrono::Utc::now()).await.ok();
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        s.metrics.render(stats.as_ref()),
-    )
-        .into_response()
-}
-
+/// The outbox's figures and `readiness` (each check, and why it failed);
+/// when the database does not answer, the error and `readiness`.
 async fn stats(State(s): State<AdminState>) -> Response {
-    match store(&s.db).stats(chrono::Utc::now()).await {
-        Ok(st) => Json(st).into_response(),
-        Err(e) => internal(e),
+    let store = store(&s.db);
+    let (stats, readiness) = tokio::join!(store.stats(chrono::Utc::now()), s.probes.readiness());
+    let stats = stats.map_err(|e| e.to_string()).and_then(|st| {
+        serde_json::to_value(st).map_err(|e| format!("cannot write the stats as JSON: {e}"))
+    });
+    match stats {
+        Ok(mut body) => {
+            if let Some(fields) = body.as_object_mut() {
+                fields.insert("readiness".into(), json!(readiness));
+                // Whether each of outboxd's database connections is
+                // encrypted (store/pg_tls.rs); Postgres only.
+                if let Db::Postgres(pool) = &s.db {
+                    let connections = crate::store::pg_tls::connection_tls(pool)
+                        .await
+                        .map(|c| json!(c))
+                        .unwrap_or_else(|e| json!({ "error": e.to_string() }));
+                    fields.insert("connections".into(), connections);
+                }
+            }
+            Json(body).into_response()
+        }
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            Json(json!({ "error": e, "readiness": readiness })),
+        )
+            .into_response(),
     }
 }
 

@@ -29,6 +29,9 @@ pub struct PipelineHandles {
     pub metrics: Arc<Metrics>,
     /// Where the admin API listens, when enabled.
     pub admin_addr: Option<std::net::SocketAddr>,
+    /// Where the metrics listener (the probes and `/metrics`, no token)
+    /// listens, when `metrics.listen` is set.
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -339,14 +342,23 @@ async fn spawn_pipeline(
         }
     }
     spawn_jobs(set, config, db, metrics.clone(), shutdown.clone());
+    let probes = crate::admin::Probes::new(db.clone(), metrics.clone(), broker_check);
+    if let Some(listen) = &config.metrics.listen {
+        let (addr, serve) =
+            crate::admin::bind_metrics(listen, probes.clone(), shutdown.clone()).await?;
+        tracing::info!(%addr, "probes and metrics listening (no token)");
+        handles.metrics_addr = Some(addr);
+        set.spawn(async move { serve.await.map_err(|e| e.to_string()) });
+    }
     if config.admin.enabled {
         let history = Arc::new(crate::admin::History::default());
         let state = crate::admin::AdminState {
             db: db.clone(),
             token: config.admin.token.clone().unwrap_or_default().into(),
+            metrics_token: config.admin.metrics_token.as_deref().map(Arc::from),
             metrics: metrics.clone(),
             history: history.clone(),
-            broker_check,
+            probes,
             consumer_lag: match config.transport.kind {
                 TransportKind::Kafka => consumers::kafka_lag(config),
                 TransportKind::Embedded => None,

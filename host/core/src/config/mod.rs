@@ -59,6 +59,10 @@ pub struct Config {
     pub reconcile: Vec<ReconcileRule>,
     #[serde(default)]
     pub admin: AdminConfig,
+    /// The probes and `/metrics` on a listener of their own, without a
+    /// token: off unless `listen` is set.
+    #[serde(default)]
+    pub metrics: MetricsConfig,
     /// OpenTelemetry traces: off unless an OTLP endpoint is set.
     #[serde(default)]
     pub telemetry: TelemetryConfig,
@@ -80,6 +84,11 @@ pub struct AdminConfig {
     /// Prefer OUTBOXD__ADMIN__TOKEN to writing it in the file.
     #[serde(default)]
     pub token: Option<String>,
+    /// A read-only bearer token for scraping: it reaches `/metrics` on the
+    /// admin listener and nothing else. Prefer
+    /// OUTBOXD__ADMIN__METRICS_TOKEN to writing it in the file.
+    #[serde(default)]
+    pub metrics_token: Option<String>,
     /// How often the dashboard's history samples the outbox, in seconds.
     #[serde(default = "default_sample_seconds")]
     pub sample_seconds: u64,
@@ -94,6 +103,7 @@ impl Default for AdminConfig {
             enabled: false,
             listen: default_admin_listen(),
             token: None,
+            metrics_token: None,
             sample_seconds: default_sample_seconds(),
             reconcile_interval_seconds: 0,
         }
@@ -103,6 +113,19 @@ impl Default for AdminConfig {
 fn default_admin_listen() -> String {
     "127.0.0.1:9464".into()
 }
+
+/// `[metrics]`: `/healthz`, `/readyz` and `/metrics` on a listener of their
+/// own, without a token, for a platform's probes and a Prometheus scrape.
+/// Off unless `listen` is set (127.0.0.1:9465 beside the admin API's
+/// 127.0.0.1:9464, or 0.0.0.0:9465 for probes from outside the host); it
+/// serves nothing else.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    #[serde(default)]
+    pub listen: Option<String>,
+}
+
 fn default_sample_seconds() -> u64 {
     5
 }

@@ -1,6 +1,7 @@
 //! The checks a parsed [`Config`] must pass before anything starts: every
 //! error names the key and the fix.
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::duration;
@@ -92,26 +93,7 @@ impl Config {
                 "set \"bootstrap.servers\" when transport.kind = \"kafka\"".into(),
             );
         }
-        if self.admin.enabled {
-            if self.admin.listen.parse::<std::net::SocketAddr>().is_err() {
-                return bad(
-                    "admin.listen",
-                    format!(
-                        "`{}` is not an address such as 127.0.0.1:9464",
-                        self.admin.listen
-                    ),
-                );
-            }
-            match &self.admin.token {
-                Some(t) if t.len() >= 16 => {}
-                _ => {
-                    return bad(
-                        "admin.token",
-                        "the admin API needs a bearer token of at least 16 characters; set OUTBOXD__ADMIN__TOKEN".into(),
-                    );
-                }
-            }
-        }
+        self.check_listeners()?;
         let r = &self.retention;
         if r.batch_size < 1 || r.published_days <= 0.0 || r.inbox_days <= 0.0 {
             return bad(
@@ -332,6 +314,100 @@ impl Config {
         }
         Ok(())
     }
+}
+
+impl Config {
+    /// The admin API and the metrics listener: valid addresses, not the
+    /// same one, and tokens that can be told apart and not guessed.
+    fn check_listeners(&self) -> Result<(), ConfigError> {
+        let bad = |key: &str, message: String| {
+            Err(ConfigError::Key {
+                key: key.into(),
+                message,
+            })
+        };
+        let parse = |key: &str, addr: &str, example: &str| {
+            addr.parse::<SocketAddr>().map_err(|_| ConfigError::Key {
+                key: key.into(),
+                message: format!("`{addr}` is not an address such as {example}"),
+            })
+        };
+        let admin = &self.admin;
+        let admin_addr = match admin.enabled {
+            true => Some(parse("admin.listen", &admin.listen, "127.0.0.1:9464")?),
+            false => None,
+        };
+        let metrics_addr = match &self.metrics.listen {
+            Some(addr) => Some(parse("metrics.listen", addr, "127.0.0.1:9465")?),
+            None => None,
+        };
+        if let (Some(a), Some(m)) = (admin_addr, metrics_addr)
+            && same_port(a, m)
+        {
+            return bad(
+                "metrics.listen",
+                format!(
+                    "`{m}` is where admin.listen (`{a}`) listens already; give the metrics \
+                     listener a port of its own, such as 127.0.0.1:9465"
+                ),
+            );
+        }
+        if admin.enabled {
+            match &admin.token {
+                Some(t) if t.len() >= MIN_TOKEN => {}
+                _ => {
+                    return bad(
+                        "admin.token",
+                        "the admin API needs a bearer token of at least 16 characters; set OUTBOXD__ADMIN__TOKEN".into(),
+                    );
+                }
+            }
+        }
+        let Some(scrape) = &admin.metrics_token else {
+            return Ok(());
+        };
+        if !admin.enabled {
+            return bad(
+                "admin.metrics_token",
+                "reaches /metrics on the admin API, which is off; set admin.enabled = true, \
+                 or scrape [metrics] listen (no token), or remove admin.metrics_token"
+                    .into(),
+            );
+        }
+        if scrape.is_empty() {
+            return bad(
+                "admin.metrics_token",
+                "is empty; set OUTBOXD__ADMIN__METRICS_TOKEN to a token of at least 16 characters, or unset it".into(),
+            );
+        }
+        if scrape.len() < MIN_TOKEN {
+            return bad(
+                "admin.metrics_token",
+                "is shorter than 16 characters; set OUTBOXD__ADMIN__METRICS_TOKEN to a longer one"
+                    .into(),
+            );
+        }
+        if admin.token.as_deref() == Some(scrape.as_str()) {
+            return bad(
+                "admin.metrics_token",
+                "is the same as admin.token, so a scraper would hold the whole admin API; \
+                 give it a token of its own"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The shortest bearer token the admin API takes.
+const MIN_TOKEN: usize = 16;
+
+/// Whether two listeners would ask for one port: the same port (not 0, the
+/// OS's pick) on the same address, or on the wildcard and any address.
+fn same_port(a: SocketAddr, b: SocketAddr) -> bool {
+    a.port() != 0
+        && a.port() == b.port()
+        && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
 }
 
 /// The shortest `relay.lease` a SQLite relay can keep renewing.
