@@ -1,7 +1,8 @@
 //! OpenTelemetry traces: one event followed from the producer's
 //! `traceparent` through a relay process, the embedded transport and a
 //! consumer process to the inbox commit, as an OTLP/HTTP receiver started
-//! here sees them; and the trace context a transformer may not touch.
+//! here sees them; the trace context a transformer may not touch; and
+//! export to an https receiver, with its certificate verified.
 
 use std::collections::BTreeMap;
 use std::process::Stdio;
@@ -56,8 +57,37 @@ struct Receiver {
 impl Receiver {
     async fn start() -> Receiver {
         let spans: Arc<Mutex<Vec<Received>>> = Arc::default();
-        let sink = spans.clone();
-        let app = axum::Router::new().route(
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the OTLP receiver");
+        let endpoint = format!("http://{}", listener.local_addr().expect("addr"));
+        let app = Self::app(spans.clone());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Receiver { endpoint, spans }
+    }
+
+    /// The receiver over TLS with `tls`'s certificate, at
+    /// `https://localhost:PORT`; `seen` counts what reaches its port.
+    async fn start_tls(tls: tokio_rustls::TlsAcceptor) -> (Receiver, Arc<Seen>) {
+        let spans: Arc<Mutex<Vec<Received>>> = Arc::default();
+        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the OTLP receiver");
+        let port = tcp.local_addr().expect("addr").port();
+        let seen = Arc::new(Seen::default());
+        let listener = TlsListener {
+            tcp,
+            tls,
+            seen: seen.clone(),
+        };
+        let app = Self::app(spans.clone());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let endpoint = format!("https://localhost:{port}");
+        (Receiver { endpoint, spans }, seen)
+    }
+
+    fn app(sink: Arc<Mutex<Vec<Received>>>) -> axum::Router {
+        axum::Router::new().route(
             "/v1/traces",
             axum::routing::post(move |body: axum::body::Bytes| {
                 let sink = sink.clone();
@@ -89,13 +119,7 @@ impl Receiver {
                     (axum::http::StatusCode::OK, Vec::new())
                 }
             }),
-        );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind the OTLP receiver");
-        let endpoint = format!("http://{}", listener.local_addr().expect("addr"));
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        Receiver { endpoint, spans }
+        )
     }
 
     fn spans(&self) -> Vec<Received> {
@@ -532,3 +556,280 @@ async fn a_transformer_cannot_drop_or_forge_the_trace_unless_its_route_allows(t:
     );
 }
 on_both!(a_transformer_cannot_drop_or_forge_the_trace_unless_its_route_allows);
+
+/// What reached the TLS receiver's port: TLS handshakes begun, handshakes
+/// that failed, and connections that began with anything but a TLS record
+/// (a request in the clear).
+#[derive(Debug, Default)]
+struct Seen {
+    hellos: std::sync::atomic::AtomicUsize,
+    failed_handshakes: std::sync::atomic::AtomicUsize,
+    in_the_clear: std::sync::atomic::AtomicUsize,
+}
+
+impl Seen {
+    fn get(counter: &std::sync::atomic::AtomicUsize) -> usize {
+        counter.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Accepts TCP connections, counts them in [`Seen`], and hands axum those
+/// whose TLS handshake succeeded.
+struct TlsListener {
+    tcp: tokio::net::TcpListener,
+    tls: tokio_rustls::TlsAcceptor,
+    seen: Arc<Seen>,
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        use std::sync::atomic::Ordering::SeqCst;
+        loop {
+            let Ok((tcp, addr)) = self.tcp.accept().await else {
+                continue;
+            };
+            // A TLS connection opens with a handshake record (type 22).
+            let mut first = [0u8; 1];
+            match tcp.peek(&mut first).await {
+                Ok(1) if first[0] == 0x16 => self.seen.hellos.fetch_add(1, SeqCst),
+                Ok(0) | Err(_) => continue,
+                Ok(_) => {
+                    self.seen.in_the_clear.fetch_add(1, SeqCst);
+                    continue;
+                }
+            };
+            match self.tls.accept(tcp).await {
+                Ok(stream) => return (stream, addr),
+                Err(_) => self.seen.failed_handshakes.fetch_add(1, SeqCst),
+            };
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.tcp.local_addr()
+    }
+}
+
+/// Runs `openssl` with `args` in `dir`, failing the test with how to get it.
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let out = std::process::Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("cannot run the openssl CLI ({e}); install it (apt-get install openssl) to generate the test's certificates")
+        });
+    assert!(
+        out.status.success(),
+        "openssl {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A private CA (`ca.pem`) and a certificate for `localhost` it signs
+/// (`server.pem`, `server.key`), P-256, valid for two days.
+fn private_ca_and_localhost_cert(dir: &std::path::Path) {
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let mut ca = vec!["req", "-x509"];
+    ca.extend(ec);
+    ca.extend([
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=outboxd test CA",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+    ]);
+    openssl(dir, &ca);
+    let mut csr = vec!["req"];
+    csr.extend(ec);
+    csr.extend([
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=localhost",
+    ]);
+    openssl(dir, &csr);
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=DNS:localhost\nbasicConstraints=critical,CA:FALSE\n\
+         keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n",
+    )
+    .expect("server.ext");
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "server.ext",
+        ],
+    );
+}
+
+fn tls_acceptor(dir: &std::path::Path) -> tokio_rustls::TlsAcceptor {
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let chain = CertificateDer::pem_file_iter(dir.join("server.pem"))
+        .expect("server.pem")
+        .collect::<Result<Vec<_>, _>>()
+        .expect("server.pem certificates");
+    let key = PrivateKeyDer::from_pem_file(dir.join("server.key")).expect("server.key");
+    let config = tokio_rustls::rustls::ServerConfig::builder_with_provider(Arc::new(
+        tokio_rustls::rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("TLS 1.2 and 1.3")
+    .with_no_client_auth()
+    .with_single_cert(chain, key)
+    .expect("the server certificate and key");
+    tokio_rustls::TlsAcceptor::from(Arc::new(config))
+}
+
+/// `outboxd enqueue` of one traced event, sending its span to `endpoint`
+/// with `ca_file` (when given); its exit status and log.
+async fn enqueue_traced(
+    t: &TestDb,
+    endpoint: &str,
+    ca_file: Option<&std::path::Path>,
+) -> std::process::Output {
+    let mut cmd = outboxd(t);
+    cmd.args([
+        "enqueue",
+        "--aggregate",
+        "order-9",
+        "--type",
+        "order.confirmed",
+        "--payload",
+        r#"{"order_id":"order-9"}"#,
+        "--header",
+        &format!("traceparent=00-{TRACE_ID}-{PRODUCER_SPAN}-01"),
+    ])
+    .env("OUTBOXD__TELEMETRY__OTLP_ENDPOINT", endpoint)
+    .env("OTEL_SERVICE_NAME", "shop")
+    .env_remove("OTEL_EXPORTER_OTLP_CERTIFICATE")
+    .env_remove("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE")
+    .env_remove("OUTBOXD_LOG");
+    if let Some(path) = ca_file {
+        cmd.env("OUTBOXD__TELEMETRY__CA_FILE", path);
+    }
+    cmd.output().await.expect("run outboxd enqueue")
+}
+
+/// Waits until `counter` reaches `n` (the receiver counts a failed
+/// handshake when it reads the client's alert, which may come after the
+/// client exits).
+async fn wait_for_count(what: &str, counter: &std::sync::atomic::AtomicUsize, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Seen::get(counter) < n {
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what} to reach {n}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// An https collector whose certificate a private CA signed: with
+/// `telemetry.ca_file` naming that CA the span arrives over TLS; without it
+/// (an unknown CA), or with the endpoint written as an address the
+/// certificate does not name, the export fails, the log says why and what
+/// to set, and nothing reaches the port in the clear. A `ca_file` that does
+/// not exist stops the command at start, naming the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_go_to_an_https_collector_only_over_verified_tls() {
+    let t = TestDb::sqlite().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    private_ca_and_localhost_cert(dir.path());
+    let ca = dir.path().join("ca.pem");
+    let (receiver, seen) = Receiver::start_tls(tls_acceptor(dir.path())).await;
+
+    let sent = enqueue_traced(&t, &receiver.endpoint, Some(&ca)).await;
+    assert!(
+        sent.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sent.stderr)
+    );
+    let spans = receiver
+        .wait_for("the enqueue span over TLS", |s| {
+            s.iter().any(|r| r.span.name == "enqueue")
+        })
+        .await;
+    assert_eq!(hex::encode(&spans[0].span.trace_id), TRACE_ID);
+    assert_eq!(spans[0].service, "shop");
+    assert_eq!(Seen::get(&seen.failed_handshakes), 0);
+
+    let unknown_ca = enqueue_traced(&t, &receiver.endpoint, None).await;
+    let log = String::from_utf8_lossy(&unknown_ca.stderr);
+    assert!(unknown_ca.status.success(), "the event is enqueued: {log}");
+    assert!(
+        log.contains("OTLP export failed") && log.contains("set telemetry.ca_file"),
+        "the failed export is logged with the fix:\n{log}"
+    );
+    wait_for_count("failed handshakes", &seen.failed_handshakes, 1).await;
+
+    let by_address = receiver.endpoint.replace("localhost", "127.0.0.1");
+    let wrong_name = enqueue_traced(&t, &by_address, Some(&ca)).await;
+    let log = String::from_utf8_lossy(&wrong_name.stderr);
+    assert!(
+        log.contains("OTLP export failed") && log.contains("does not name this host"),
+        "a certificate for localhost does not pass for 127.0.0.1:\n{log}"
+    );
+    wait_for_count("failed handshakes", &seen.failed_handshakes, 2).await;
+
+    assert_eq!(
+        receiver.spans().len(),
+        spans.len(),
+        "no span arrived without verified TLS"
+    );
+    assert_eq!(
+        Seen::get(&seen.in_the_clear),
+        0,
+        "nothing was sent in the clear"
+    );
+    assert!(
+        Seen::get(&seen.hellos) >= 3,
+        "each export began with a TLS handshake"
+    );
+
+    let missing = dir.path().join("missing-ca.pem");
+    let refused = enqueue_traced(&t, &receiver.endpoint, Some(&missing)).await;
+    let log = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success(),
+        "a missing ca_file stops the start"
+    );
+    assert!(
+        log.contains("telemetry.ca_file") && log.contains("missing-ca.pem"),
+        "{log}"
+    );
+}

@@ -35,6 +35,7 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
 use outboxd_core::config::{TelemetryConfig, endpoint_problem};
 
+pub use http::CaFileProblem;
 pub use opentelemetry::context::FutureExt;
 
 /// The header that carries the trace context.
@@ -51,6 +52,16 @@ pub fn enabled() -> bool {
 pub enum TelemetryError {
     #[error("{key}: {problem}")]
     Endpoint { key: &'static str, problem: String },
+    #[error(
+        "{key}: `{}`: {problem}; name a PEM file of the CA certificates the collector's \
+         certificate chains to, or remove {key} to trust Mozilla's roots alone",
+        .path.display()
+    )]
+    CaFile {
+        key: &'static str,
+        path: std::path::PathBuf,
+        problem: CaFileProblem,
+    },
     #[error("cannot build the OTLP exporter for {endpoint}: {message}")]
     Exporter { endpoint: String, message: String },
 }
@@ -94,12 +105,33 @@ impl Telemetry {
         if let Some(problem) = endpoint_problem(&endpoint) {
             return Err(TelemetryError::Endpoint { key, problem });
         }
+        let ca_file = if let Some(path) = &config.ca_file {
+            Some(("telemetry.ca_file", path.clone()))
+        } else if let Some(path) = set("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE") {
+            Some(("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", path.into()))
+        } else {
+            set("OTEL_EXPORTER_OTLP_CERTIFICATE")
+                .map(|path| ("OTEL_EXPORTER_OTLP_CERTIFICATE", path.into()))
+        };
+        let tls = if endpoint.starts_with("https://") {
+            Some(tls_connector(&endpoint, ca_file)?)
+        } else if let Some((ca_key, _)) = ca_file {
+            return Err(TelemetryError::Endpoint {
+                key: ca_key,
+                problem: format!(
+                    "names a CA for an https collector, but the endpoint ({key}) is \
+                     `{endpoint}`, in the clear; write https://… or remove {ca_key}"
+                ),
+            });
+        } else {
+            None
+        };
         let service = config
             .service_name
             .clone()
             .or_else(|| set("OTEL_SERVICE_NAME"))
             .unwrap_or_else(|| "outboxd".into());
-        let provider = provider(&endpoint, service)?;
+        let provider = provider(&endpoint, service, tls)?;
         let tracer = provider.tracer("outboxd");
         if TRACER.set(tracer).is_err() {
             tracing::warn!("telemetry was already started in this process; keeping the first");
@@ -134,9 +166,31 @@ fn traces_url(base: &str) -> String {
     format!("{}/v1/traces", base.trim_end_matches('/'))
 }
 
-fn provider(endpoint: &str, service: String) -> Result<SdkTracerProvider, TelemetryError> {
+/// The TLS setup for an https endpoint, with `ca_file`'s certificates
+/// (and the key that named it) added to Mozilla's roots.
+fn tls_connector(
+    endpoint: &str,
+    ca_file: Option<(&'static str, std::path::PathBuf)>,
+) -> Result<tokio_rustls::TlsConnector, TelemetryError> {
+    let path = ca_file.as_ref().map(|(_, p)| p.as_path());
+    http::connector(path).map_err(|e| match (e, ca_file) {
+        (http::TlsSetupError::CaFile(problem), Some((key, path))) => {
+            TelemetryError::CaFile { key, path, problem }
+        }
+        (e, _) => TelemetryError::Exporter {
+            endpoint: endpoint.into(),
+            message: e.to_string(),
+        },
+    })
+}
+
+fn provider(
+    endpoint: &str,
+    service: String,
+    tls: Option<tokio_rustls::TlsConnector>,
+) -> Result<SdkTracerProvider, TelemetryError> {
     use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
-    let client = http::ExportClient::new(Duration::from_secs(10)).map_err(|message| {
+    let client = http::ExportClient::new(Duration::from_secs(10), tls).map_err(|message| {
         TelemetryError::Exporter {
             endpoint: endpoint.into(),
             message,
@@ -362,11 +416,66 @@ mod tests {
     #[test]
     fn a_bad_environment_endpoint_is_named() {
         let env =
-            |name: &str| (name == "OTEL_EXPORTER_OTLP_ENDPOINT").then(|| "https://x".to_string());
-        let e = Telemetry::start_with_env(&TelemetryConfig::default(), env).expect_err("https");
+            |name: &str| (name == "OTEL_EXPORTER_OTLP_ENDPOINT").then(|| "grpc://x".to_string());
+        let e = Telemetry::start_with_env(&TelemetryConfig::default(), env).expect_err("grpc");
         assert!(
             e.to_string().starts_with("OTEL_EXPORTER_OTLP_ENDPOINT: "),
             "{e}"
+        );
+    }
+
+    fn https_with_ca(ca_file: &std::path::Path) -> TelemetryConfig {
+        TelemetryConfig {
+            otlp_endpoint: Some("https://127.0.0.1:1".into()),
+            ca_file: Some(ca_file.into()),
+            ..TelemetryConfig::default()
+        }
+    }
+
+    #[test]
+    fn a_missing_or_non_pem_ca_file_is_refused_at_start_naming_the_key() {
+        let dir = std::env::temp_dir().join(format!("outboxd-ca-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let missing = dir.join("missing.pem");
+        let not_pem = dir.join("not.pem");
+        std::fs::write(&not_pem, "just some text, no certificate\n").expect("write");
+        let broken = dir.join("broken.pem");
+        std::fs::write(
+            &broken,
+            "-----BEGIN CERTIFICATE-----\nnot base64 !!\n-----END CERTIFICATE-----\n",
+        )
+        .expect("write");
+        for (path, why) in [
+            (&missing, "cannot read it"),
+            (&not_pem, "holds no certificate"),
+            (&broken, "not PEM"),
+        ] {
+            let e = Telemetry::start_with_env(&https_with_ca(path), |_| None)
+                .expect_err("a bad ca_file");
+            let text = e.to_string();
+            assert!(
+                text.starts_with("telemetry.ca_file: ")
+                    && text.contains(why)
+                    && text.contains("name a PEM file"),
+                "{text}"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(!enabled(), "no exporter was started");
+    }
+
+    #[test]
+    fn a_ca_file_with_a_plain_http_endpoint_is_refused() {
+        let config = TelemetryConfig {
+            otlp_endpoint: Some("http://127.0.0.1:4318".into()),
+            ca_file: Some("/etc/outboxd/otel-ca.pem".into()),
+            ..TelemetryConfig::default()
+        };
+        let e = Telemetry::start_with_env(&config, |_| None).expect_err("ca_file over http");
+        let text = e.to_string();
+        assert!(
+            text.starts_with("telemetry.ca_file: ") && text.contains("https://"),
+            "{text}"
         );
     }
 
@@ -374,7 +483,7 @@ mod tests {
     fn sdk_disabled_wins_over_an_endpoint() {
         let config = TelemetryConfig {
             otlp_endpoint: Some("http://127.0.0.1:4318".into()),
-            service_name: None,
+            ..TelemetryConfig::default()
         };
         let env = |name: &str| (name == "OTEL_SDK_DISABLED").then(|| "true".to_string());
         let t = Telemetry::start_with_env(&config, env).expect("off");
