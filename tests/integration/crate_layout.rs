@@ -338,3 +338,14 @@ fn no_import_cycle_crosses_a_modules_folder() {
         );
     }
 }
+
+/// No import cycle at all among the second-level modules either: each
+/// folder's files depend on one another one way, so a reader can take
+/// them in an order.
+#[test]
+fn no_import_cycle_among_second_level_modules() {
+    let (header, nested) = import_cycles(2);
+    assert!(header.contains("modules"), "unexpected output: {header}");
+    let cycles: Vec<String> = nested.iter().map(|c| c.join(" <-> ")).collect();
+    assert!(cycles.is_empty(), "import cycles: {cycles:#?}");
+}

@@ -18,7 +18,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::AdminState;
-use super::routes::internal;
+use super::error::internal;
 use crate::fault::Faults;
 use crate::ops::consumer_dead::{self, ConsumerDeadError, Target};
 

@@ -54,11 +54,11 @@ pub struct ConsumerRow {
 async fn list(State(s): State<AdminState>) -> Response {
     let backlog = match embedded_backlog(&s.db).await {
         Ok(b) => b,
-        Err(e) => return super::routes::internal(e),
+        Err(e) => return super::error::internal(e),
     };
     let dead = match consumer_dead_summary(&s.db).await {
         Ok(d) => d,
-        Err(e) => return super::routes::internal(e),
+        Err(e) => return super::error::internal(e),
     };
     let kafka = match &s.consumer_lag {
         Some(read) => tokio::time::timeout(KAFKA_LAG_WAIT, read())

@@ -8,6 +8,7 @@
 mod auth;
 mod consumer_dead;
 mod consumers;
+mod error;
 mod history;
 mod plugins;
 mod probes;

@@ -13,6 +13,7 @@ use serde_json::json;
 
 use super::AdminState;
 use super::auth::{require_scrape_token, require_token};
+use super::error::internal;
 use crate::ops::dead::{self, DeadFilter, DiscardError};
 use crate::ops::fix_forward::{self, FixForwardError};
 use crate::store::{AnyStore, Db, OutboxStore};
@@ -56,14 +57,6 @@ pub fn router(state: AdminState) -> Router {
 
 fn store(db: &Db) -> AnyStore {
     AnyStore::new(db, Duration::from_secs(30))
-}
-
-pub(super) fn internal(e: impl std::fmt::Display) -> Response {
-    (
-        StatusCode::INTERNAL_SERVER_ERROR,
-        Json(json!({ "error": e.to_string() })),
-    )
-        .into_response()
 }
 
 /// The outbox's figures and `readiness` (each check, and why it failed);
