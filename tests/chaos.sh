@@ -41,6 +41,7 @@ for ((i = 0; i < ${#args[@]}; i++)); do
 done
 
 bash tests/netns.sh check
+bash tests/deps.sh
 # Namespace names are short (interface and namespace names have limits)
 # and unique per run, so a long soak can run beside a short one.
 prefix="ox$$"

@@ -17,6 +17,9 @@ cleanup_cmds=()
 cleanup() { for c in "${cleanup_cmds[@]:-}"; do [ -n "$c" ] && eval "$c" || true; done; }
 trap cleanup EXIT
 
+# OpenSSL's headers and pkg-config, which librdkafka builds against.
+bash tests/deps.sh
+
 source tests/pg-throwaway.sh
 
 start_throwaway_postgres() {
