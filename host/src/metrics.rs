@@ -284,7 +284,8 @@ pub struct Metrics {
     pub relay_batches: AtomicU64,
     pub relay_published: AtomicU64,
     pub relay_dead: AtomicU64,
-    /// Publish failures by reason: retryable, permanent, timeout.
+    /// Publish failures by reason: retryable, permanent, timeout,
+    /// topic_missing, plugin.
     pub relay_failures: LabelledCounter,
     /// From the event's commit to the broker's acknowledgement.
     pub relay_lag: Histogram,

@@ -17,6 +17,7 @@ use sqlx::Row;
 use super::kafka::{
     Outbox, attempts_of_all, create_topic, drain, mock_publisher, mock_rig, props, read_all, unique,
 };
+use crate::private_kafka::{Tansu, TansuOptions};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn mock_permanent_produce_error_kills_the_event() {
@@ -125,69 +126,6 @@ async fn publish_all<P: outboxd::broker::Publisher>(
     }
 }
 
-/// A private tansu on a fixed port, killed on drop.
-struct Tansu {
-    child: std::process::Child,
-}
-
-impl Tansu {
-    fn binary() -> String {
-        if let Ok(b) = std::env::var("OUTBOXD_TEST_TANSU") {
-            return b;
-        }
-        let home = std::env::var("HOME").unwrap_or_default();
-        // Where tests/tansu.sh installs it (TANSU_ROOT).
-        let installed = format!("{home}/.cache/outboxd/tansu-0.6.0/bin/tansu");
-        if std::path::Path::new(&installed).exists() {
-            return installed;
-        }
-        panic!(
-            "no tansu binary: run `tests/tansu.sh` once (it installs tansu 0.6.0) or set OUTBOXD_TEST_TANSU"
-        );
-    }
-
-    async fn start(port: u16) -> Self {
-        let url = format!("tcp://127.0.0.1:{port}");
-        let child = std::process::Command::new(Self::binary())
-            .args([
-                "broker",
-                "--listener-url",
-                &url,
-                "--advertised-listener-url",
-                &url,
-                "--storage-engine",
-                "memory://tansu/",
-            ])
-            .stdout(std::process::Stdio::null())
-            .stderr(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(std::env::temp_dir().join(format!("outboxd-tansu-{port}.log")))
-                    .map(std::process::Stdio::from)
-                    .unwrap_or_else(|_| std::process::Stdio::null()),
-            )
-            .spawn()
-            .expect("start tansu");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_err()
-        {
-            assert!(Instant::now() < deadline, "tansu did not listen on {port}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        Self { child }
-    }
-}
-
-impl Drop for Tansu {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn kafka_broker_restart_keeps_rows_until_published() {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -196,7 +134,7 @@ async fn kafka_broker_restart_keeps_rows_until_published() {
         .port();
     let bootstrap = format!("127.0.0.1:{port}");
     let topic = unique("restart");
-    let broker = Tansu::start(port).await;
+    let broker = Tansu::start(TansuOptions::on(port)).await;
     create_topic(&bootstrap, &topic, 3).await;
     let outbox = Outbox::new().await;
     let publisher = Arc::new(
@@ -219,7 +157,7 @@ async fn kafka_broker_restart_keeps_rows_until_published() {
 
     // Memory storage: the restarted broker has no topics and no producer
     // state, so the topic is created again.
-    let _broker = Tansu::start(port).await;
+    let _broker = Tansu::start(TansuOptions::on(port)).await;
     create_topic(&bootstrap, &topic, 3).await;
     publish_all(&outbox, &relay, Duration::from_secs(60)).await;
     let seen = read_all(&bootstrap, &topic, 3).await;

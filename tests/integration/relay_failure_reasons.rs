@@ -60,3 +60,32 @@ async fn reasons(t: TestDb) {
     assert_eq!(metrics.relay_failures.get("plugin"), 0);
 }
 on_both!(reasons);
+
+/// A broker whose topic is gone.
+struct TopicGone;
+
+impl Publisher for TopicGone {
+    async fn publish(&self, msg: OutgoingMessage) -> Result<(), PublishError> {
+        Err(PublishError::TopicMissing { topic: msg.topic })
+    }
+}
+
+/// A missing topic has a label of its own, and its events stay pending.
+async fn a_missing_topic_is_counted_as_such(t: TestDb) {
+    let metrics = Arc::new(Metrics::default());
+    t.enqueue(NewEvent::new("a-1", "order.confirmed", json!({})))
+        .await;
+    let relay = t.relay(TopicGone).with_metrics(metrics.clone());
+    relay.step().await.expect("step");
+    assert_eq!(metrics.relay_failures.get("topic_missing"), 1);
+    assert_eq!(metrics.relay_failures.get("retryable"), 0);
+    assert_eq!(metrics.relay_failures.get("permanent"), 0);
+    let pending_with_reason = t
+        .count(
+            "SELECT count(*) FROM outbox WHERE published_at IS NULL AND dead_at IS NULL \
+             AND last_error LIKE '%does not exist%'",
+        )
+        .await;
+    assert_eq!(pending_with_reason, 1, "pending, with the reason");
+}
+on_both!(a_missing_topic_is_counted_as_such);

@@ -21,9 +21,16 @@ pub enum PublishError {
     #[error("retryable broker error: {0}")]
     Retryable(String),
     /// Another attempt cannot succeed, for example a message that is too
-    /// large or a topic that does not exist; the event goes to the dead state.
+    /// large or an invalid topic name; the event goes to the dead state.
     #[error("permanent broker error: {0}")]
     Permanent(String),
+    /// The topic does not exist on the broker (deleted while outboxd runs):
+    /// retried with backoff like any broker state, and reported as such.
+    #[error(
+        "retryable broker error: topic `{topic}` does not exist on the broker; create it again \
+         (or restart outboxd with [transport.topics] create = true)"
+    )]
+    TopicMissing { topic: String },
 }
 
 impl PublishError {
@@ -64,6 +71,10 @@ impl Publisher for NullPublisher {
 pub enum ConsumeError {
     #[error("transport error: {0}")]
     Transport(String),
+    /// The client cannot consume again (a fenced static member): the
+    /// consumer stops instead of retrying.
+    #[error("fatal transport error: {0}")]
+    Fatal(String),
     #[error("database error in the transport: {0}")]
     Database(#[from] sqlx::Error),
 }

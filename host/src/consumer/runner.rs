@@ -354,6 +354,10 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
                 Ok((_, false)) => self.config.poll_interval,
                 Ok((_, true)) => self.config.retry_delay,
                 Err(ConsumerError::Fault(f)) => return Err(ConsumerError::Fault(f)),
+                Err(ConsumerError::Source(e @ ConsumeError::Fatal(_))) => {
+                    tracing::error!(error = %e, "consumer stopped");
+                    return Err(ConsumerError::Source(e));
+                }
                 Err(ConsumerError::Source(e)) => {
                     tracing::warn!(error = %e, "consumer fetch or commit failed; retrying");
                     self.config.retry_delay

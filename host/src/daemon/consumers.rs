@@ -125,6 +125,7 @@ pub(super) async fn spawn_consumers(
                 // The consumer group is the consumer's name, as in the inbox.
                 let mut kafka_cfg = KafkaConsumerConfig::new(c.name.clone(), c.topics.clone());
                 kafka_cfg.stall_timeout = Some(c.kafka_stall_timeout);
+                kafka_cfg.instance_id = c.instance_id.clone();
                 let source = match &c.kafka_partitions {
                     // Static assignment: no group, offsets in the database.
                     Some(parts) => {

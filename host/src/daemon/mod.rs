@@ -66,6 +66,7 @@ impl DaemonError {
             DaemonError::Database(e)
             | DaemonError::Store(StoreError::Database(e))
             | DaemonError::Store(StoreError::Migration { source: e, .. }) => transient(e),
+            DaemonError::Kafka(e) => e.is_transient(),
             _ => false,
         }
     }
@@ -220,7 +221,7 @@ impl Daemon {
                 return Err(e);
             }
             tracing::warn!(error = %e, retry_in = ?delay, gives_up_in = ?left,
-                "outboxd could not start: the database was briefly unavailable; starting again");
+                "outboxd could not start: the database or the Kafka brokers were briefly unavailable; starting again");
             backoff(&shutdown, &mut delay).await;
         };
         let result = join_all_workers(set).await;
@@ -278,6 +279,31 @@ pub async fn join_all_workers(mut set: JoinSet<Result<(), String>>) -> Result<()
     }
 }
 
+/// How long one start attempt waits for a Kafka broker to answer.
+const KAFKA_START_WAIT: Duration = Duration::from_secs(10);
+
+/// Refuses to start on a Kafka cluster that turns down the login or the
+/// TLS handshake, or lacks a topic this configuration names (every route's
+/// `topic` and `allowed_topics`, every consumer's `topics`), unless
+/// `[transport.topics] create = true` creates it.
+async fn check_kafka(config: &Config) -> Result<(), DaemonError> {
+    let topics: std::collections::BTreeSet<String> = config
+        .routes
+        .iter()
+        .flat_map(|r| std::iter::once(&r.topic).chain(&r.allowed_topics))
+        .chain(config.consumers.iter().flat_map(|c| &c.topics))
+        .cloned()
+        .collect();
+    crate::broker::kafka::check_at_start(
+        &config.transport.kafka,
+        &topics,
+        config.transport.topics.new_topics(),
+        KAFKA_START_WAIT,
+    )
+    .await?;
+    Ok(())
+}
+
 async fn spawn_pipeline(
     set: &mut JoinSet<Result<(), String>>,
     config: &Config,
@@ -286,6 +312,9 @@ async fn spawn_pipeline(
     daemon: &Daemon,
     shutdown: watch::Receiver<bool>,
 ) -> Result<PipelineHandles, DaemonError> {
+    if config.transport.kind == TransportKind::Kafka {
+        check_kafka(config).await?;
+    }
     let mut handles = PipelineHandles::default();
     let metrics = handles.metrics.clone();
     // Whoever loads a plugin version reports it: the rollout each registry

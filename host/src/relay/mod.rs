@@ -120,6 +120,8 @@ enum FailureCause {
     Broker,
     /// The broker did not acknowledge within `relay.publish_timeout`.
     BrokerTimeout,
+    /// The broker has no such topic.
+    TopicMissing,
     /// A plugin of the event's chain failed, or its task stopped.
     Plugin,
 }
@@ -128,6 +130,9 @@ impl EventResult {
     /// The failure of publishing one message.
     fn send_failed(e: SendError, error: String) -> Self {
         let (permanent, cause) = match &e {
+            SendError::Broker(PublishError::TopicMissing { .. }) => {
+                (false, FailureCause::TopicMissing)
+            }
             SendError::Broker(p) => (p.is_permanent(), FailureCause::Broker),
             SendError::Timeout(_) => (false, FailureCause::BrokerTimeout),
         };
@@ -187,6 +192,7 @@ fn failure_label(permanent: bool, cause: FailureCause) -> &'static str {
     match (permanent, cause) {
         (true, _) => "permanent",
         (false, FailureCause::BrokerTimeout) => "timeout",
+        (false, FailureCause::TopicMissing) => "topic_missing",
         (false, FailureCause::Plugin) => "plugin",
         (false, FailureCause::Broker) => "retryable",
     }

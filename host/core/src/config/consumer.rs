@@ -67,6 +67,12 @@ pub struct ConsumerSection {
         deserialize_with = "super::duration::keys::kafka_stall_timeout"
     )]
     pub kafka_stall_timeout: std::time::Duration,
+    /// Kafka group members: the static-membership id (`group.instance.id`),
+    /// stable across restarts and unique per process, so a restarted
+    /// process takes its partitions back without a rebalance. Unset: the
+    /// value of `OUTBOXD_INSTANCE_ID`, else a dynamic member.
+    #[serde(default)]
+    pub instance_id: Option<String>,
     /// What a dead letter does to the later messages of its key.
     #[serde(default)]
     pub on_dead: OnDead,
@@ -114,6 +120,7 @@ impl ConsumerSection {
             kafka_partitions: None,
             on_dead: OnDead::default(),
             kafka_stall_timeout: default_kafka_stall_timeout(),
+            instance_id: None,
         }
     }
 

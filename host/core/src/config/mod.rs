@@ -10,6 +10,7 @@ use serde::Deserialize;
 mod consumer;
 pub mod duration;
 mod env;
+mod kafka;
 mod ops;
 mod outbound;
 mod plugins;
@@ -20,6 +21,7 @@ mod validate;
 pub use consumer::{ConsumerSection, HandlerRef, OnDead, TableGrants, TxnPolicy};
 pub use env::is_secret;
 use env::{apply_env, syntax_message};
+pub use kafka::{INSTANCE_ID_ENV, NewTopics, TopicsSection};
 pub use ops::{ReconcileRule, RetentionConfig};
 pub use outbound::{
     HttpLimits, OUTBOUND_HOST_SHAPE, OutboundHost, OutboundScheme, split_host_port,
@@ -182,7 +184,7 @@ pub enum TransportKind {
     Kafka,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TransportConfig {
     #[serde(default)]
@@ -203,8 +205,32 @@ pub struct TransportConfig {
     /// (`bootstrap.servers`, `security.protocol`, `sasl.*` ...). A number or
     /// a boolean (`session.timeout.ms = 6000`, or the same from the
     /// environment) is taken as its text, as librdkafka reads every value.
+    /// A secret property may instead name where outboxd reads it:
+    /// `"sasl.password_env"` / `"sasl.password_file"` (likewise
+    /// `ssl.key.password`); loading replaces those keys with the property.
     #[serde(default, deserialize_with = "kafka_properties")]
     pub kafka: std::collections::BTreeMap<String, String>,
+    /// Kafka: whether `outboxd run` creates the topics it needs.
+    #[serde(default)]
+    pub topics: TopicsSection,
+}
+
+impl std::fmt::Debug for TransportConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The Kafka properties may hold secrets: their values are masked.
+        let kafka: std::collections::BTreeMap<&str, &str> = self
+            .kafka
+            .iter()
+            .map(|(k, v)| (k.as_str(), if is_secret(k) { "***" } else { v.as_str() }))
+            .collect();
+        f.debug_struct("TransportConfig")
+            .field("kind", &self.kind)
+            .field("partitions", &self.partitions)
+            .field("consumer_lease", &self.consumer_lease)
+            .field("kafka", &kafka)
+            .field("topics", &self.topics)
+            .finish()
+    }
 }
 
 /// librdkafka properties: each value a string, a number or a boolean, kept
@@ -241,6 +267,7 @@ impl Default for TransportConfig {
             partitions: default_partitions(),
             consumer_lease: default_consumer_lease(),
             kafka: Default::default(),
+            topics: TopicsSection::default(),
         }
     }
 }
@@ -605,7 +632,10 @@ impl Config {
                     path: origin.to_string(),
                     message: syntax_message(text, &e),
                 })?;
-        apply_env(&mut table, env)?;
+        // Read twice: for the `OUTBOXD__…` overrides, and for the secrets and
+        // instance ids outboxd reads from named variables.
+        let env: Vec<(String, String)> = env.into_iter().collect();
+        apply_env(&mut table, env.iter().cloned())?;
         duration::take_deprecations();
         let mut config: Config = serde_path_to_error::deserialize(toml::Value::Table(table))
             .map_err(|e| {
@@ -627,6 +657,10 @@ impl Config {
                 }
             })?;
         config.deprecations = duration::take_deprecations();
+        if config.transport.kind == TransportKind::Kafka {
+            kafka::resolve_secrets(&mut config.transport.kafka, &env)?;
+        }
+        kafka::resolve_instance_ids(&mut config, &env)?;
         config.validate()?;
         Ok(config)
     }

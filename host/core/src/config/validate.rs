@@ -93,6 +93,7 @@ impl Config {
                 "set \"bootstrap.servers\" when transport.kind = \"kafka\"".into(),
             );
         }
+        self.transport.topics.validate(self.transport.kind)?;
         self.check_listeners()?;
         let r = &self.retention;
         if r.batch_size < 1 || r.published_days <= 0.0 || r.inbox_days <= 0.0 {

@@ -14,9 +14,11 @@ use super::{KafkaSetupError, base_config, require, setup_error};
 use crate::broker::Delivery;
 
 /// The librdkafka consumer, with automatic commits and offset stores off,
-/// and `group.id` set to the consumer's name. librdkafka needs a group id
-/// even to read assigned partitions; such a reader never joins the group
-/// and never commits to it.
+/// and `group.id` set to the consumer's name; a group member uses the
+/// cooperative-sticky assignor and, with an instance id, static
+/// membership. librdkafka needs a group id even to read assigned
+/// partitions; such a reader never joins the group and never commits to
+/// it.
 pub(super) fn client(
     props: &BTreeMap<String, String>,
     cfg: &KafkaConsumerConfig,
@@ -38,6 +40,18 @@ pub(super) fn client(
     if !props.contains_key("auto.offset.reset") {
         // A new group must see events published before it first joined.
         config.set("auto.offset.reset", "earliest");
+    }
+    if cfg.partitions.is_none() {
+        // A rebalance moves only the partitions that change owner, so the
+        // other members keep consuming through it (user settings win).
+        if !props.contains_key("partition.assignment.strategy") {
+            config.set("partition.assignment.strategy", "cooperative-sticky");
+        }
+        if let Some(id) = &cfg.instance_id
+            && !props.contains_key("group.instance.id")
+        {
+            config.set("group.instance.id", id);
+        }
     }
     config
         .create_with_context(GroupContext::default())

@@ -35,6 +35,7 @@ use rdkafka::client::ClientContext;
 use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
 };
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::KafkaSetupError;
@@ -62,6 +63,11 @@ pub struct KafkaConsumerConfig {
     /// for this long on top of the group's `session.timeout.ms` joins again
     /// with a new client. `None`: never.
     pub stall_timeout: Option<Duration>,
+    /// A group member's static-membership id (`group.instance.id`): a
+    /// member that restarts with it within `session.timeout.ms` gets its
+    /// partitions back without a rebalance. `None`: a dynamic member (a
+    /// `group.instance.id` property still wins).
+    pub instance_id: Option<String>,
 }
 
 impl KafkaConsumerConfig {
@@ -73,6 +79,7 @@ impl KafkaConsumerConfig {
             partition_limit: 1_000,
             partitions: None,
             stall_timeout: Some(DEFAULT_STALL_TIMEOUT),
+            instance_id: None,
         }
     }
 }
@@ -129,6 +136,9 @@ impl Watch {
 #[derive(Default)]
 pub(super) struct GroupContext {
     revoked: Mutex<Vec<PartitionKey>>,
+    /// Partitions revoked from this member so far. A cooperative rebalance
+    /// revokes only those that change owner; an eager one revokes all.
+    revoked_total: std::sync::atomic::AtomicU64,
 }
 
 impl ClientContext for GroupContext {}
@@ -138,6 +148,8 @@ impl ConsumerContext for GroupContext {
         if let Rebalance::Revoke(list) = rebalance
             && let Ok(mut revoked) = self.revoked.lock()
         {
+            self.revoked_total
+                .fetch_add(list.count() as u64, std::sync::atomic::Ordering::Relaxed);
             for e in list.elements() {
                 revoked.push((e.topic().to_string(), e.partition()));
             }
@@ -356,7 +368,16 @@ impl KafkaConsumer {
         if let Some(m) = &self.metrics {
             m.recoveries.inc(v.reason.label());
         }
-        let fresh = subscribed(&self.props, &self.cfg)
+        // A static member that joins again with its instance id gets its
+        // old assignment back without a rebalance, which is what this
+        // recovery needs: the new client joins as a dynamic member.
+        let dynamic = KafkaConsumerConfig {
+            instance_id: None,
+            ..self.cfg.clone()
+        };
+        let mut props = self.props.clone();
+        props.remove("group.instance.id");
+        let fresh = subscribed(&props, &dynamic)
             .map_err(|e| ConsumeError::Transport(format!("group `{}`: {e}", self.cfg.group)))?;
         let old = std::mem::replace(&mut self.consumer, Arc::new(fresh));
         self.buffer.clear();
@@ -373,6 +394,63 @@ impl KafkaConsumer {
         // async threads, and nobody waits for it.
         drop(tokio::task::spawn_blocking(move || drop(old)));
         Ok(())
+    }
+
+    /// The client's fatal error, if it had one: it cannot consume again.
+    /// A static member fenced by another process with the same
+    /// `group.instance.id` is the usual one.
+    fn fatal(&self) -> Option<ConsumeError> {
+        let (code, reason) = self.consumer.client().fatal_error()?;
+        let group = &self.cfg.group;
+        let fenced = matches!(
+            code,
+            RDKafkaErrorCode::FencedInstanceId | RDKafkaErrorCode::Fenced
+        );
+        Some(ConsumeError::Fatal(if fenced {
+            let id = self
+                .props
+                .get("group.instance.id")
+                .or(self.cfg.instance_id.as_ref())
+                .map_or("?", String::as_str);
+            format!(
+                "consumer `{group}`: the broker fenced this member: another process joined group \
+                 `{group}` with the same instance id `{id}` ({reason}); give each process its own \
+                 id (consumers[].instance_id or OUTBOXD_INSTANCE_ID) and restart this one"
+            )
+        } else {
+            format!("consumer `{group}`: fatal Kafka client error {code:?}: {reason}")
+        }))
+    }
+
+    /// How many partitions rebalances have taken from this member (since
+    /// its last recovery, which starts a new client).
+    pub fn partitions_revoked(&self) -> u64 {
+        self.consumer
+            .context()
+            .revoked_total
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The partitions this member holds now.
+    pub fn assignment(&self) -> std::collections::BTreeSet<(String, i32)> {
+        self.consumer
+            .assignment()
+            .map(|list| {
+                list.elements()
+                    .iter()
+                    .map(|e| (e.topic().to_string(), e.partition()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Whether the group rebalances incrementally (the cooperative-sticky
+    /// assignor, outboxd's default) rather than revoking every partition.
+    pub fn rebalances_incrementally(&self) -> bool {
+        matches!(
+            self.consumer.rebalance_protocol(),
+            rdkafka::consumer::RebalanceProtocol::Cooperative
+        )
     }
 
     /// How many times a partition was paused because its buffer was full.
@@ -458,6 +536,9 @@ impl KafkaConsumer {
                 None => break,
                 Some(Ok(m)) => to_delivery(&m),
                 Some(Err(e)) => {
+                    if let Some(fatal) = self.fatal() {
+                        return Err(fatal);
+                    }
                     if pulled > 0 || self.buffered() > 0 {
                         tracing::warn!(error = %e, group = %self.cfg.group, "kafka consumer error");
                         break;
@@ -539,6 +620,9 @@ impl MessageSource for KafkaConsumer {
                 .await
                 .map_err(|e| ConsumeError::Transport(format!("commit task failed: {e}")))?
                 .map_err(|e| {
+                    if let Some(fatal) = self.fatal() {
+                        return fatal;
+                    }
                     ConsumeError::Transport(format!(
                         "group `{}` cannot commit {}/{}@{}: {e}",
                         self.cfg.group,

@@ -24,8 +24,10 @@ mod client;
 mod consumer;
 mod lag;
 mod liveness;
+mod start_check;
 pub use consumer::{DEFAULT_STALL_TIMEOUT, KafkaConsumer, KafkaConsumerConfig};
 pub use lag::GroupLag;
+pub use start_check::{StartReport, check_at_start};
 
 use super::{OutgoingMessage, PublishError, Publisher};
 use broker_error::BrokerErrors;
@@ -34,13 +36,77 @@ use outboxd_core::config::is_secret;
 /// How long a publish waits for room in librdkafka's local queue.
 const QUEUE_FULL_WAIT: Duration = Duration::from_secs(1);
 
-/// Why a Kafka client could not be set up.
+/// How long the answer to "does this topic exist?" is reused: a batch of
+/// failed publishes to one topic asks the cluster once.
+const TOPIC_CHECK_REUSE: Duration = Duration::from_secs(5);
+
+/// Why a Kafka client could not be set up, or `outboxd run` refused to
+/// start on Kafka.
 #[derive(Debug, thiserror::Error)]
 pub enum KafkaSetupError {
     #[error("transport.kafka.\"{key}\": {message}")]
     Property { key: String, message: String },
     #[error("cannot create the Kafka {role}: {message}")]
     Client { role: &'static str, message: String },
+    /// The brokers refused the login.
+    #[error(
+        "transport.kafka: SASL authentication failed ({mechanism}): {reason}; check transport.kafka {check}"
+    )]
+    Authentication {
+        mechanism: String,
+        reason: String,
+        check: &'static str,
+    },
+    /// The TLS handshake with the brokers failed.
+    #[error(
+        "transport.kafka: the TLS handshake with the brokers failed: {reason}; check \"ssl.ca.location\" \
+         (the CA that signed the brokers' certificates) and that \"security.protocol\" (SSL or SASL_SSL) \
+         matches the brokers' listener"
+    )]
+    Tls { reason: String },
+    /// No broker answered yet: worth starting again.
+    #[error(
+        "transport.kafka: no broker at `{brokers}` answered within {waited:?} (last error: {last}); \
+         check \"bootstrap.servers\", \"security.protocol\" and that the brokers are up"
+    )]
+    Unreachable {
+        brokers: String,
+        waited: Duration,
+        last: String,
+    },
+    #[error(
+        "transport.kafka: {} not exist on the cluster at `{brokers}`: create {} (e.g. `kafka-topics.sh \
+         --bootstrap-server {brokers} --create --topic {} --partitions 8 --replication-factor 3`), \
+         or set [transport.topics] create = true with partitions and replication, and outboxd run \
+         creates {} at start",
+        topic_list(topics), if topics.len() == 1 { "it" } else { "them" },
+        topics.first().map_or("", String::as_str), if topics.len() == 1 { "it" } else { "them" }
+    )]
+    TopicsMissing {
+        topics: Vec<String>,
+        brokers: String,
+    },
+    #[error(
+        "transport.topics: cannot create topic `{topic}`: {reason}; create it by hand, or check \
+         that the principal may create topics and that replication is at most the number of brokers"
+    )]
+    CreateTopic { topic: String, reason: String },
+}
+
+fn topic_list(topics: &[String]) -> String {
+    let names: Vec<String> = topics.iter().map(|t| format!("`{t}`")).collect();
+    match names.len() {
+        1 => format!("topic {} does", names[0]),
+        _ => format!("topics {} do", names.join(", ")),
+    }
+}
+
+impl KafkaSetupError {
+    /// Whether starting again may succeed: no broker answered yet, while
+    /// the configuration is not known to be at fault.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, KafkaSetupError::Unreachable { .. })
+    }
 }
 
 /// Whether a failed publish is worth another attempt.
@@ -141,6 +207,9 @@ pub struct KafkaPublisher {
     config: ClientConfig,
     producer: RwLock<Arc<FutureProducer<BrokerErrors>>>,
     broker_errors: BrokerErrors,
+    /// Per topic: when the cluster was last asked whether it exists, and
+    /// whether it did.
+    topic_checks: std::sync::Mutex<std::collections::HashMap<String, (std::time::Instant, bool)>>,
 }
 
 impl std::fmt::Debug for KafkaPublisher {
@@ -179,6 +248,7 @@ impl KafkaPublisher {
             config,
             producer: RwLock::new(Arc::new(producer)),
             broker_errors,
+            topic_checks: Default::default(),
         })
     }
 
@@ -195,6 +265,44 @@ impl KafkaPublisher {
         })
         .await
         .map_err(|e| format!("kafka health check task failed: {e}"))?
+    }
+
+    /// Whether the cluster answered a metadata request without `topic`.
+    /// Asks for every topic, so a broker that auto-creates topics does not
+    /// create it because it was asked; the answer is reused for
+    /// [`TOPIC_CHECK_REUSE`]. `false` when the cluster does not answer.
+    async fn topic_is_missing(
+        &self,
+        producer: &Arc<FutureProducer<BrokerErrors>>,
+        topic: &str,
+    ) -> bool {
+        let now = std::time::Instant::now();
+        if let Ok(checks) = self.topic_checks.lock()
+            && let Some((at, missing)) = checks.get(topic)
+            && now.duration_since(*at) < TOPIC_CHECK_REUSE
+        {
+            return *missing;
+        }
+        let producer = producer.clone();
+        let name = topic.to_string();
+        let missing = tokio::task::spawn_blocking(move || {
+            producer
+                .client()
+                .fetch_metadata(None, Duration::from_secs(1))
+                .is_ok_and(|m| {
+                    !m.topics().iter().any(|t| {
+                        t.name() == name
+                            && t.error()
+                                != Some(rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART)
+                    })
+                })
+        })
+        .await
+        .unwrap_or(false);
+        if let Ok(mut checks) = self.topic_checks.lock() {
+            checks.insert(topic.to_string(), (now, missing));
+        }
+        missing
     }
 
     fn current(&self) -> Result<Arc<FutureProducer<BrokerErrors>>, PublishError> {
@@ -273,7 +381,21 @@ impl Publisher for KafkaPublisher {
                     };
                     self.replace(&producer, &why);
                 }
-                Err(publish_error(&msg.topic, &err, self.broker_errors.recent()))
+                // A deleted topic shows as an unknown topic, or as a timeout
+                // (librdkafka waits for the topic to come back) while the
+                // brokers report nothing wrong.
+                let broker = self.broker_errors.recent();
+                let maybe_missing = match err.rdkafka_error_code() {
+                    Some(
+                        RDKafkaErrorCode::UnknownTopic | RDKafkaErrorCode::UnknownTopicOrPartition,
+                    ) => true,
+                    Some(RDKafkaErrorCode::MessageTimedOut) => broker.is_none(),
+                    _ => false,
+                };
+                if maybe_missing && self.topic_is_missing(&producer, &msg.topic).await {
+                    return Err(PublishError::TopicMissing { topic: msg.topic });
+                }
+                Err(publish_error(&msg.topic, &err, broker))
             }
         }
     }
