@@ -12,6 +12,10 @@
 #   bash tests/chaos.sh --transport embedded --consumers group
 #   bash tests/chaos.sh --relay-source wal
 #   bash tests/chaos.sh --seed N --keep   # replay a run, keep db and logs
+#   bash tests/chaos.sh --consumers group --churn 1-4s --seconds 300
+#       # also restart a consumer process every 1-4 s (with the same
+#       # instance id; --no-static-membership for dynamic members) and
+#       # print handled_during_churn= and arrivals_during_churn=
 #
 # Faults: SIGKILLs of every outboxd process, tansu killed (Kafka),
 # pg_terminate_backend, two plugin hot swaps, and network faults between

@@ -19,6 +19,9 @@ pub struct Proc {
     child: Option<Child>,
     /// The highest resident set (VmHWM) any of its runs reached, in KiB.
     pub peak_rss_kib: u64,
+    /// `OUTBOXD_INSTANCE_ID` for every run: a Kafka group consumer's
+    /// static-membership id, the same after each restart.
+    pub instance_id: Option<String>,
 }
 
 impl Proc {
@@ -31,6 +34,7 @@ impl Proc {
             log: dir.join(format!("{name}.log")),
             child: None,
             peak_rss_kib: 0,
+            instance_id: None,
         }
     }
 
@@ -40,7 +44,11 @@ impl Proc {
             .append(true)
             .open(&self.log)
             .with_context(|| format!("open {}", self.log.display()))?;
-        let child = Command::new("ip")
+        let mut cmd = Command::new("ip");
+        if let Some(id) = &self.instance_id {
+            cmd.env("OUTBOXD_INSTANCE_ID", id);
+        }
+        let child = cmd
             .args(["netns", "exec", &self.netns])
             .arg(&self.outboxd)
             .arg("--config")

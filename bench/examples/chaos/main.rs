@@ -17,6 +17,7 @@
 //! `--help` lists the knobs.
 
 mod checks;
+mod churn;
 mod cluster;
 mod faults;
 mod net;
@@ -36,6 +37,7 @@ use sqlx::postgres::PgPoolOptions;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use churn::{Churn, ChurnEvery};
 use cluster::{Broker, Consumers, Proc, RelaySource, Setup, Transport};
 use faults::{Fault, Kills, broker_hung, net_schedule, schedule, supervise, unhang};
 use net::{Net, Target};
@@ -100,6 +102,15 @@ struct Args {
     /// Also write the figures as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Restarts a consumer process (SIGKILL, then a start with the same
+    /// instance id) every MIN to MAX seconds, e.g. `1-4s`, and prints how
+    /// much of the arriving work was handled meanwhile.
+    #[arg(long)]
+    churn: Option<ChurnEvery>,
+    /// Kafka group consumers join as dynamic members: no
+    /// `OUTBOXD_INSTANCE_ID`, so a restarted process is a new member.
+    #[arg(long)]
+    no_static_membership: bool,
 }
 
 #[tokio::main]
@@ -209,6 +220,12 @@ async fn main() -> anyhow::Result<()> {
     .into_iter()
     .map(|(host, cfg)| Proc::new(host, net.namespace(host), &args.outboxd, cfg, &dir_path))
     .collect();
+    let static_members = kafka && args.consumers == Consumers::Group && !args.no_static_membership;
+    if static_members {
+        for p in procs.iter_mut().filter(|p| p.name.starts_with("consumer")) {
+            p.instance_id = Some(p.name.clone());
+        }
+    }
     for p in &mut procs {
         p.start()?;
     }
@@ -220,11 +237,21 @@ async fn main() -> anyhow::Result<()> {
         read: std::fs::metadata(&tansu_log).map_or(0, |m| m.len()),
         log: tansu_log,
     });
-    let config = format!(
+    let mut config = format!(
         "transport={:?} relay_source={:?} consumers={:?}",
         args.transport, args.relay_source, args.consumers
     )
     .to_lowercase();
+    if kafka && args.consumers == Consumers::Group {
+        config.push_str(&format!(" static_membership={static_members}"));
+    }
+    if let Some(every) = args.churn {
+        config.push_str(&format!(
+            " churn={}-{}s",
+            every.min.as_secs_f64(),
+            every.max.as_secs_f64()
+        ));
+    }
     println!(
         "chaos: seed {seed}, {} s at {} events/s over {} aggregates, {config}; logs in {}",
         args.seconds,
@@ -251,6 +278,8 @@ async fn main() -> anyhow::Result<()> {
         plan.sort_by_key(|(t, _)| *t);
     }
     let start = Instant::now();
+    let churn_from = churn::db_now(&pool).await?;
+    let mut churn = args.churn.map(|every| Churn::new(every, seed, vec![2, 3]));
     let mut kills = Kills::default();
     let mut last_fault = start;
     let mut max_backlog_ms = 0i64;
@@ -266,6 +295,9 @@ async fn main() -> anyhow::Result<()> {
                 next_sample += Duration::from_millis(500);
             }
             watch_procs(&mut procs, &mut kills, true).await?;
+            if let Some(churn) = churn.as_mut() {
+                churn.tick(&mut procs).await?;
+            }
             if let Some(broker) = broker.as_mut() {
                 if broker.crashed() {
                     supervise(broker, &mut kills).await?;
@@ -362,9 +394,14 @@ async fn main() -> anyhow::Result<()> {
         last_fault = Instant::now();
     }
     while start.elapsed() < run {
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        if let Some(churn) = churn.as_mut() {
+            watch_procs(&mut procs, &mut kills, true).await?;
+            churn.tick(&mut procs).await?;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let fault_phase = start.elapsed();
+    let churn_to = churn::db_now(&pool).await?;
     for p in &procs {
         for target in [Target::Pg, Target::Kafka]
             .into_iter()
@@ -410,6 +447,14 @@ async fn main() -> anyhow::Result<()> {
         p.kill().await;
     }
     let verdict = checks::verdict(&pool).await?;
+    // Read before retention deletes the rows it counts.
+    let churned = match &churn {
+        Some(c) => {
+            let (handled, arrivals) = churn::throughput(&pool, churn_from, churn_to).await?;
+            Some((c.restarts, handled, arrivals))
+        }
+        None => None,
+    };
     // Retention, as the daemon's hourly pass would run it a week later.
     let outbox_before = checks::outbox_size(&pool).await?;
     let retention = outboxd::ops::retention::cleanup(
@@ -467,6 +512,13 @@ async fn main() -> anyhow::Result<()> {
     );
     let net_line: Vec<String> = kills.net.iter().map(|(k, n)| format!("{k}={n}")).collect();
     println!("chaos: network faults: {}", net_line.join(" "));
+    if let Some((restarts, handled, arrivals)) = churned {
+        println!(
+            "chaos: churn restarts={restarts} static_membership={static_members} \
+             handled_during_churn={handled} arrivals_during_churn={arrivals} ratio={:.3}",
+            handled as f64 / arrivals.max(1) as f64
+        );
+    }
     println!(
         "chaos: peak RSS MiB: {}; outbox before retention {} rows {} MiB, after {} rows {} MiB ({} deleted)",
         peak_rss.join(" "),
