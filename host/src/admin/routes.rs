@@ -73,12 +73,14 @@ async fn stats(State(s): State<AdminState>) -> Response {
                 fields.insert("readiness".into(), json!(readiness));
                 // Whether each of outboxd's database connections is
                 // encrypted (store/pg_tls.rs); Postgres only.
-                if let Db::Postgres(pool) = &s.db {
-                    let connections = crate::store::pg_tls::connection_tls(pool)
-                        .await
-                        .map(|c| json!(c))
-                        .unwrap_or_else(|e| json!({ "error": e.to_string() }));
-                    fields.insert("connections".into(), connections);
+                match crate::store::pg_tls::connections(&s.db).await {
+                    Ok(Some(c)) => {
+                        fields.insert("connections".into(), json!(c));
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        fields.insert("connections".into(), json!({ "error": e.to_string() }));
+                    }
                 }
             }
             Json(body).into_response()

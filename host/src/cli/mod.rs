@@ -343,15 +343,12 @@ async fn dispatch(cli: Cli, daemon: Daemon) -> anyhow::Result<ExitCode> {
                 }
                 crate::config::RelaySource::Poll => None,
             };
-            let connections = match &db {
-                Db::Postgres(pool) => crate::store::pg_tls::connection_tls(pool).await?,
-                Db::Sqlite(_) => Vec::new(),
-            };
+            let connections = crate::store::pg_tls::connections(&db).await?;
             if json {
                 let mut v = serde_json::to_value(&stats)?;
                 v["consumers"] = serde_json::to_value(&consumers)?;
-                if let Db::Postgres(_) = &db {
-                    v["connections"] = serde_json::to_value(&connections)?;
+                if let Some(connections) = &connections {
+                    v["connections"] = serde_json::to_value(connections)?;
                 }
                 if let Some(slot) = &wal {
                     v["wal_slot"] = serde_json::to_value(slot)?;
@@ -373,7 +370,7 @@ async fn dispatch(cli: Cli, daemon: Daemon) -> anyhow::Result<ExitCode> {
                 if let Some(slot) = &wal {
                     print_wal_slot(&config.relay.wal.slot, slot.as_ref());
                 }
-                for c in &connections {
+                for c in connections.iter().flatten() {
                     println!(
                         "connections           {} {} ({})",
                         c.connections,

@@ -351,6 +351,15 @@ pub struct ConnectionTls {
     pub connections: i64,
 }
 
+/// [`connection_tls`] for either database: `None` on SQLite, which has no
+/// connections to encrypt.
+pub async fn connections(db: &super::Db) -> Result<Option<Vec<ConnectionTls>>, sqlx::Error> {
+    match db {
+        super::Db::Postgres(pool) => connection_tls(pool).await.map(Some),
+        super::Db::Sqlite(_) => Ok(None),
+    }
+}
+
 /// outboxd's connections to the current database, by application name and
 /// TLS state: every `outboxd*` one, and those with the asking connection's
 /// own name when the URL sets one (Postgres only).
