@@ -13,8 +13,9 @@
 #   bash tests/chaos.sh --relay-source wal
 #   bash tests/chaos.sh --seed N --keep   # replay a run, keep db and logs
 #   bash tests/chaos.sh --consumers group --churn 1-4s --seconds 300
-#       # also restart a consumer process every 1-4 s (with the same
-#       # instance id; --no-static-membership for dynamic members) and
+#       # restart a consumer process every 1-4 s (with the same
+#       # instance id; --no-static-membership for dynamic members), the only
+#       # fault unless --with-faults adds the others, and
 #       # print handled_during_churn= and arrivals_during_churn=
 #
 # Faults: SIGKILLs of every outboxd process, tansu killed (Kafka),

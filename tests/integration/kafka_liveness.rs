@@ -364,9 +364,12 @@ async fn mock_member_rejoins_when_a_partition_with_lag_makes_no_progress() {
     let session = "6000";
 
     // The idle owner: polls (so it stays in the group) and never commits.
+    // It speaks the group's assignor, as an outboxd member does: librdkafka
+    // cannot mix an eager assignor with cooperative-sticky in one group.
     let idle: StreamConsumer = ClientConfig::new()
         .set("bootstrap.servers", &bootstrap)
         .set("group.id", "g")
+        .set("partition.assignment.strategy", "cooperative-sticky")
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")
         .set("session.timeout.ms", session)

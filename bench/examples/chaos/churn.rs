@@ -1,6 +1,7 @@
 //! `--churn MIN-MAXs`: a consumer process SIGKILLed and started again (with
 //! the same instance id, so a static member takes its partitions back)
-//! every MIN to MAX seconds, uniformly at random, while the faults run; and
+//! every MIN to MAX seconds, uniformly at random (alone, or with the other
+//! faults under `--with-faults`); and
 //! how much of the work the consumers kept doing meanwhile, read from the
 //! database: messages handled (inbox rows of `ledger`) against events that
 //! arrived (outbox rows), both within the churn's window.

@@ -105,8 +105,14 @@ struct Args {
     /// Restarts a consumer process (SIGKILL, then a start with the same
     /// instance id) every MIN to MAX seconds, e.g. `1-4s`, and prints how
     /// much of the arriving work was handled meanwhile.
+    /// The churn runs alone (the consumers' restarts are the only fault)
+    /// unless `--with-faults` adds the whole fault schedule to it.
     #[arg(long)]
     churn: Option<ChurnEvery>,
+    /// With `--churn`: the process kills, broker kills, backend
+    /// terminations, plugin swaps and network faults run as well.
+    #[arg(long, requires = "churn")]
+    with_faults: bool,
     /// Kafka group consumers join as dynamic members: no
     /// `OUTBOXD_INSTANCE_ID`, so a restarted process is a new member.
     #[arg(long)]
@@ -247,9 +253,10 @@ async fn main() -> anyhow::Result<()> {
     }
     if let Some(every) = args.churn {
         config.push_str(&format!(
-            " churn={}-{}s",
+            " churn={}-{}s faults={}",
             every.min.as_secs_f64(),
-            every.max.as_secs_f64()
+            every.max.as_secs_f64(),
+            if args.with_faults { "all" } else { "none" }
         ));
     }
     println!(
@@ -272,8 +279,15 @@ async fn main() -> anyhow::Result<()> {
     );
 
     let run = Duration::from_secs(args.seconds);
-    let mut plan = schedule(&mut rng, run, broker_kills);
-    if !args.no_net_faults {
+    // The churn alone measures how a group keeps up while its members
+    // restart; the other faults stop every member at once and would hide it.
+    let churn_alone = args.churn.is_some() && !args.with_faults;
+    let mut plan = if churn_alone {
+        Vec::new()
+    } else {
+        schedule(&mut rng, run, broker_kills)
+    };
+    if !args.no_net_faults && !churn_alone {
         plan.extend(net_schedule(&mut rng, run, kafka, publish_timeout));
         plan.sort_by_key(|(t, _)| *t);
     }
@@ -541,8 +555,10 @@ async fn main() -> anyhow::Result<()> {
             "outbox_after_retention": outbox_after });
         std::fs::write(path, serde_json::to_vec_pretty(&doc)?)?;
     }
-    let swapped = verdict.by_writer.len() == 2 && verdict.by_shape.len() == 2;
-    let ok = drained && verdict.ok() && kills.broker >= broker_kills && swapped;
+    // The churn alone swaps no plugin and kills no broker.
+    let swapped = churn_alone || (verdict.by_writer.len() == 2 && verdict.by_shape.len() == 2);
+    let brokers_killed = churn_alone || kills.broker >= broker_kills;
+    let ok = drained && verdict.ok() && brokers_killed && swapped;
     // The database goes with tests/chaos.sh's throwaway cluster (kept
     // with --keep).
     pool.close().await;

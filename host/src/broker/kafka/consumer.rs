@@ -543,9 +543,9 @@ impl KafkaConsumer {
                         tracing::warn!(error = %e, group = %self.cfg.group, "kafka consumer error");
                         break;
                     }
-                    return Err(ConsumeError::Transport(format!(
-                        "group `{}`: {e}",
-                        self.cfg.group
+                    return Err(ConsumeError::Transport(explain_consume_error(
+                        &self.cfg.group,
+                        &e,
                     )));
                 }
             };
@@ -555,6 +555,21 @@ impl KafkaConsumer {
         }
         Ok(())
     }
+}
+
+/// A consume error as the operator reads it: the group and, where one
+/// error has one usual cause, the fix.
+fn explain_consume_error(group: &str, e: &rdkafka::error::KafkaError) -> String {
+    if e.rdkafka_error_code() == Some(RDKafkaErrorCode::InconsistentGroupProtocol) {
+        return format!(
+            "group `{group}`: {e}: the group's other members use an assignor this member does \
+             not (outboxd members use cooperative-sticky; an older outboxd or another client may \
+             use range), and librdkafka cannot mix an eager assignor with a cooperative one; set \
+             \"partition.assignment.strategy\" in [transport.kafka] to the other members' \
+             assignor until every member runs with one setting (docs/kafka.md)"
+        );
+    }
+    format!("group `{group}`: {e}")
 }
 
 impl MessageSource for KafkaConsumer {
@@ -660,4 +675,20 @@ fn subscribed(
             message: format!("group `{}` cannot subscribe to {topics:?}: {e}", cfg.group),
         })?;
     Ok(consumer)
+}
+
+#[cfg(test)]
+mod tests {
+    use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+
+    #[test]
+    fn a_join_refused_for_another_assignor_names_the_property() {
+        let e = KafkaError::MessageConsumption(RDKafkaErrorCode::InconsistentGroupProtocol);
+        let text = super::explain_consume_error("billing", &e);
+        assert!(text.contains("group `billing`"), "{text}");
+        assert!(text.contains("partition.assignment.strategy"), "{text}");
+        let other = KafkaError::MessageConsumption(RDKafkaErrorCode::BrokerTransportFailure);
+        let text = super::explain_consume_error("billing", &other);
+        assert!(!text.contains("partition.assignment.strategy"), "{text}");
+    }
 }
