@@ -23,13 +23,18 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use outboxd::broker::{Delivery, headers};
-use outboxd::consumer::{Handler, InboxTx};
+use outboxd::config::PluginSpec;
+use outboxd::config::TxnPolicy;
+use outboxd::consumer::Handler;
+use outboxd::message::Delivery;
+use outboxd::message::headers;
+use outboxd::plugin::ConsumerPlugin;
+use outboxd::plugin::EngineConfig;
+use outboxd::plugin::GuestEvent;
+use outboxd::plugin::PluginEngine;
+use outboxd::plugin::TransformerPlugin;
 use outboxd::plugin::bindings::transformer::outbox::plugin::types::Message;
-use outboxd::plugin::{
-    ConsumerPlugin, EngineConfig, GuestEvent, PluginEngine, PluginSpec, TransformerPlugin,
-    TxnPolicy,
-};
+use outboxd::store::InboxTx;
 use outboxd::store::{Db, migrate};
 use outboxd_demo::billing::BillingHandler;
 

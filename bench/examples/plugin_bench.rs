@@ -7,11 +7,22 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use outboxd::broker::{OutgoingMessage, PublishError, Publisher};
+use outboxd::broker::PublishError;
+use outboxd::broker::Publisher;
 use outboxd::clock::SystemClock;
+use outboxd::config::PluginSpec;
 use outboxd::event::NewEvent;
-use outboxd::plugin::{EngineConfig, GuestEvent, PluginEngine, PluginSpec, TransformerPlugin};
-use outboxd::relay::{Relay, RelayConfig, Route, Router, StepOutcome, build_chains};
+use outboxd::message::OutgoingMessage;
+use outboxd::plugin::EngineConfig;
+use outboxd::plugin::GuestEvent;
+use outboxd::plugin::PluginEngine;
+use outboxd::plugin::TransformerPlugin;
+use outboxd::plugin::chains::build_chains;
+use outboxd::relay::Relay;
+use outboxd::relay::RelayConfig;
+use outboxd::relay::StepOutcome;
+use outboxd::route::Route;
+use outboxd::route::Router;
 use outboxd::store::{AnyStore, Db, enqueue, migrate};
 
 struct NullBroker;

@@ -10,11 +10,16 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::BenchError;
-use outboxd::broker::{Delivery, headers};
+use outboxd::config::PluginSpec;
+use outboxd::config::TxnPolicy;
 use outboxd::consumer::batch::process_batch;
 use outboxd::consumer::inbox::{Handler, process};
 use outboxd::consumer::{PluginHandler, Processed};
-use outboxd::plugin::{ConsumerPlugin, EngineConfig, PluginEngine, PluginSpec, TxnPolicy};
+use outboxd::message::Delivery;
+use outboxd::message::headers;
+use outboxd::plugin::ConsumerPlugin;
+use outboxd::plugin::EngineConfig;
+use outboxd::plugin::PluginEngine;
 use outboxd::store::{Db, migrate};
 use outboxd_demo::billing::{self, BillingHandler};
 

@@ -31,8 +31,9 @@ use super::BenchError;
 use super::drain_report::{DrainReport, print};
 use super::outage::{OutagePublisher, SAMPLE_EVERY, Samples, TableSample};
 use super::pipeline::{self, AGGREGATES, PARTITIONS, Pipeline, PipelineConfig};
+use outboxd::backoff::Backoff;
 use outboxd::broker::embedded::EmbeddedPublisher;
-use outboxd::relay::{Backoff, RelayConfig};
+use outboxd::relay::RelayConfig;
 use outboxd::store::{Db, migrate};
 
 #[derive(Debug, Clone, clap::Args)]

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use sqlx::PgPool;
 
 use super::BenchError;
-use outboxd::broker::{OutgoingMessage, PublishError, Publisher};
+use outboxd::broker::PublishError;
+use outboxd::broker::Publisher;
+use outboxd::message::OutgoingMessage;
 
 /// Publishes through `inner`, except while the outage is on: then every
 /// publish fails at once with a retryable "broker unavailable" error.

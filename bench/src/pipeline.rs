@@ -12,16 +12,22 @@ use std::time::{Duration, Instant};
 use sqlx::PgPool;
 
 use super::BenchError;
-use outboxd::broker::embedded::{self, EmbeddedConsumer, EmbeddedConsumerConfig};
-use outboxd::broker::{Delivery, Publisher};
+use outboxd::broker::Publisher;
+use outboxd::broker::embedded::{EmbeddedConsumer, EmbeddedConsumerConfig};
 use outboxd::clock::SystemClock;
-use outboxd::consumer::inbox::{Handler, HandlerError, InboxTx};
+use outboxd::consumer::inbox::Handler;
+use outboxd::consumer::inbox::HandlerError;
 use outboxd::consumer::runner::ConsumerStats;
 use outboxd::consumer::{Consumer, ConsumerConfig};
 use outboxd::event::NewEvent;
+use outboxd::message::Delivery;
+use outboxd::relay::Relay;
+use outboxd::relay::RelayConfig;
 use outboxd::relay::worker::{self, WorkerConfig};
-use outboxd::relay::{Relay, RelayConfig, Route, Router};
+use outboxd::route::Route;
+use outboxd::route::Router;
 use outboxd::store::Db;
+use outboxd::store::InboxTx;
 use outboxd::store::postgres::{PgStore, listen, listen_for_events};
 use outboxd_demo::latency::LatencySamples;
 
@@ -136,7 +142,7 @@ impl Pipeline {
         );
         if cfg.notify {
             // As `outboxd run` does on Postgres: publishes wake the consumer.
-            let wake = listen(pool, embedded::NOTIFY_CHANNEL).await?;
+            let wake = listen(pool, outboxd::store::transport::NOTIFY_CHANNEL).await?;
             source = source.with_wake(wake, Duration::from_millis(500));
         }
         let mut consumer = Consumer::new(

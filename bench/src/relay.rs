@@ -18,9 +18,16 @@ use outboxd::broker::Publisher;
 use outboxd::broker::embedded::EmbeddedPublisher;
 use outboxd::broker::kafka::KafkaPublisher;
 use outboxd::clock::SystemClock;
-use outboxd::plugin::{EngineConfig, PluginEngine, PluginSpec};
+use outboxd::config::PluginSpec;
+use outboxd::plugin::EngineConfig;
+use outboxd::plugin::PluginEngine;
+use outboxd::plugin::chains::Chains;
+use outboxd::plugin::chains::build_chains;
+use outboxd::relay::Relay;
+use outboxd::relay::RelayConfig;
 use outboxd::relay::worker::{self, WorkerConfig};
-use outboxd::relay::{Chains, Relay, RelayConfig, Route, Router, build_chains};
+use outboxd::route::Route;
+use outboxd::route::Router;
 use outboxd::store::postgres::PgStore;
 use outboxd::store::{Db, migrate};
 

@@ -7,9 +7,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::BenchError;
+use outboxd::broker::PublishError;
+use outboxd::broker::Publisher;
 use outboxd::broker::embedded::EmbeddedPublisher;
 use outboxd::broker::kafka::KafkaPublisher;
-use outboxd::broker::{OutgoingMessage, PublishError, Publisher};
+use outboxd::message::OutgoingMessage;
 
 /// Where the benchmark's messages go.
 pub(super) enum Sink {

@@ -19,11 +19,13 @@ use serde::Serialize;
 use super::BenchError;
 use super::pipeline::produce;
 use super::wal::{Bench, Mode, PARTITIONS, RelaySetup, median, run_order};
-use outboxd::broker::Delivery;
 use outboxd::config::Config;
-use outboxd::consumer::inbox::{Handler, HandlerError, InboxTx};
+use outboxd::consumer::inbox::Handler;
+use outboxd::consumer::inbox::HandlerError;
 use outboxd::daemon::Daemon;
 use outboxd::fault::Faults;
+use outboxd::message::Delivery;
+use outboxd::store::InboxTx;
 use outboxd_demo::latency::{LatencySamples, percentile};
 
 const EVENT_TYPE: &str = "walbench.event";

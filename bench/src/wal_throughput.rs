@@ -266,7 +266,7 @@ async fn read_back(bench: &Bench, topic: &str, events: i64) -> Result<(), BenchE
             .map_err(|e| BenchError::Refused(format!("reading {topic} back: {e}")))?;
         // A fetch mixes partitions; each one's last message is committed,
         // or the source would serve the rest again.
-        let mut ends: HashMap<i32, &outboxd::broker::Delivery> = HashMap::new();
+        let mut ends: HashMap<i32, &outboxd::message::Delivery> = HashMap::new();
         for d in &batch {
             ends.insert(d.partition, d);
         }

@@ -22,16 +22,18 @@
 //!   commit, off unless an OTLP endpoint is set.
 //! - [`fault`], [`clock`]: seams that let tests crash and time-travel it.
 //!
-//! [`config`], [`event`], plugin SQL admission (`outboxd_core::sql_gate`), the message and header
-//! rules (`broker::headers`, `relay::message_for_event`) and the plugin SQL
-//! values come from `outboxd-core`, which links neither wasmtime nor
-//! rdkafka; the host re-exports them where its modules expect them.
+//! [`config`], [`event`], [`message`] (the message and header rules),
+//! [`backoff`], [`route`], [`db_url`], [`sql_values`] and plugin SQL admission
+//! (`outboxd_core::sql_gate`) come from `outboxd-core`, which links neither
+//! wasmtime nor rdkafka. This file is the crate's one façade: it re-exports
+//! them at the root, and no other module re-exports another's items, so each
+//! item has one path (`crate_layout.rs` checks it); [`settings`] turns the
+//! configuration into the host components' settings.
 
 pub mod admin;
 pub mod broker;
 pub mod cli;
 pub mod clock;
-pub mod config;
 pub mod consumer;
 pub mod daemon;
 pub mod fault;
@@ -39,10 +41,13 @@ pub mod metrics;
 pub mod ops;
 pub mod plugin;
 pub mod relay;
+pub mod settings;
 pub mod store;
 pub mod telemetry;
 
-pub use outboxd_core::event;
+// The façade: the modules and items of `outboxd-core` that the host's API
+// hands out, at the crate root, so one path names each item outside it.
+pub use outboxd_core::{backoff, config, db_url, event, message, route, sql_values};
 
 pub use event::{Enqueued, EventId, NewEvent, OutboxEvent};
 pub use store::{EnqueueError, enqueue};

@@ -5,13 +5,19 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use outboxd::broker::Delivery;
 use outboxd::broker::embedded::EmbeddedPublisher;
-use outboxd::consumer::{Handler, HandlerError, InboxTx};
+use outboxd::consumer::Handler;
+use outboxd::consumer::HandlerError;
 use outboxd::daemon::Daemon;
 use outboxd::event::NewEvent;
 use outboxd::fault::Faults;
-use outboxd::relay::{Relay, RelayConfig, Route, Router, StepOutcome};
+use outboxd::message::Delivery;
+use outboxd::relay::Relay;
+use outboxd::relay::RelayConfig;
+use outboxd::relay::StepOutcome;
+use outboxd::route::Route;
+use outboxd::route::Router;
+use outboxd::store::InboxTx;
 use outboxd::store::backlog::embedded_backlog;
 use serde_json::{Value, json};
 

@@ -34,7 +34,7 @@ async fn scheduled_retention_and_reconciliation_run_inside_the_daemon(t: TestDb)
     let mut config = admin_config(&t.url);
     config.retention.interval_seconds = 1;
     config.admin.reconcile_interval_seconds = 1;
-    config.reconcile = vec![outboxd::ops::reconcile::ReconcileRule {
+    config.reconcile = vec![outboxd::config::ReconcileRule {
         name: "confirmed-orders".into(),
         query: "SELECT o.id, 'order.confirmed', '{}' FROM orders o WHERE o.status = 'confirmed'
                  AND NOT EXISTS (SELECT 1 FROM outbox e WHERE e.aggregate_id = o.id)"
@@ -80,11 +80,11 @@ async fn plugin_metrics_and_list_are_served() {
     let t = TestDb::sqlite().await;
     put(&t.db, "o1").await;
     let mut config = admin_config(&t.url);
-    config.plugins = vec![outboxd::plugin::PluginSpec::new(
+    config.plugins = vec![outboxd::config::PluginSpec::new(
         "cloudevents",
         crate::plugins::plugin_path("cloudevents"),
     )];
-    let mut route = outboxd::relay::Route::new("order.*", "orders");
+    let mut route = outboxd::route::Route::new("order.*", "orders");
     route.transformers = vec!["cloudevents".into()];
     config.routes = vec![route];
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

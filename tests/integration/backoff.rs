@@ -4,9 +4,12 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use outboxd::backoff::Backoff;
 use outboxd::clock::{Clock, ManualClock};
 use outboxd::event::NewEvent;
-use outboxd::relay::{Backoff, RelayConfig, StepOutcome, StepReport};
+use outboxd::relay::RelayConfig;
+use outboxd::relay::StepOutcome;
+use outboxd::relay::StepReport;
 use outboxd::store::{Db, OutboxStore, enqueue};
 use serde_json::json;
 
@@ -161,10 +164,10 @@ async fn permanent_publish_error_goes_straight_to_dead() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn last_error_is_truncated() {
     assert_eq!(
-        outboxd::relay::truncate(&"é".repeat(600), 500)
+        outboxd::store::truncate(&"é".repeat(600), 500)
             .chars()
             .count(),
         500
     );
-    assert_eq!(outboxd::relay::truncate("short", 500), "short");
+    assert_eq!(outboxd::store::truncate("short", 500), "short");
 }

@@ -13,7 +13,10 @@ use std::time::Duration;
 use outboxd::NewEvent;
 use outboxd::broker::kafka::KafkaPublisher;
 use outboxd::clock::SystemClock;
-use outboxd::relay::{Relay, RelayConfig, Router, StepOutcome};
+use outboxd::relay::Relay;
+use outboxd::relay::RelayConfig;
+use outboxd::relay::StepOutcome;
+use outboxd::route::Router;
 use outboxd::store::{AnyStore, Db, EnqueueError, enqueue};
 use serde_json::json;
 

@@ -4,9 +4,13 @@
 
 use std::sync::Mutex;
 
-use outboxd::broker::{Delivery, headers};
+use outboxd::consumer::Handler;
+use outboxd::consumer::HandlerError;
+use outboxd::consumer::Processed;
 use outboxd::consumer::batch::process_batch;
-use outboxd::consumer::{Handler, HandlerError, InboxTx, Processed};
+use outboxd::message::Delivery;
+use outboxd::message::headers;
+use outboxd::store::InboxTx;
 
 use crate::on_both;
 use crate::support::TestDb;

@@ -7,11 +7,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use outboxd::consumer::InboxTx;
+use outboxd::config::PluginSpec;
+use outboxd::plugin::ConsumerPlugin;
+use outboxd::plugin::HttpStub;
+use outboxd::plugin::PluginError;
+use outboxd::plugin::StubResponse;
+use outboxd::plugin::Traced;
+use outboxd::plugin::Transport;
 use outboxd::plugin::bindings::transformer::outbox::plugin::types::Message;
-use outboxd::plugin::{
-    ConsumerPlugin, HttpStub, PluginError, PluginSpec, StubResponse, Traced, Transport,
-};
+use outboxd::store::InboxTx;
 use serde_json::{Value, json};
 
 use crate::on_both;
@@ -55,13 +59,13 @@ async fn run(t: &TestDb, plugin: &ConsumerPlugin, stub: Vec<StubResponse>) -> (S
         headers: vec![],
         attempt: 0,
     };
-    let policy = outboxd::plugin::TxnPolicy {
+    let policy = outboxd::config::TxnPolicy {
         consumer: "charge".into(),
         tables: outboxd::config::TableGrants {
             read: vec![],
             write: vec!["payments".into()],
         },
-        ..outboxd::plugin::TxnPolicy::default()
+        ..outboxd::config::TxnPolicy::default()
     };
     let stub = Transport::Stub(Arc::new(HttpStub::new(stub)));
     let traced = plugin

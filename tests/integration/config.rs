@@ -158,7 +158,7 @@ fn secrets_are_masked() {
         "{shown}"
     );
     assert_eq!(
-        outboxd::cli::redact_url("postgres://u:pw@h/db"),
+        outboxd::db_url::redact_url("postgres://u:pw@h/db"),
         "postgres://u:***@h/db"
     );
 }

@@ -6,13 +6,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use outboxd::broker::{Delivery, headers};
 use outboxd::config::ConsumerSection;
-use outboxd::consumer::sql_values::SqlValue;
-use outboxd::consumer::{Handler, HandlerError, InboxTx};
+use outboxd::consumer::Handler;
+use outboxd::consumer::HandlerError;
 use outboxd::daemon::Daemon;
 use outboxd::event::NewEvent;
 use outboxd::fault::Faults;
+use outboxd::message::Delivery;
+use outboxd::message::headers;
+use outboxd::sql_values::SqlValue;
+use outboxd::store::InboxTx;
 use outboxd::store::consumer_dead::{self, NewRow};
 use serde_json::{Value, json};
 

@@ -9,14 +9,22 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use outboxd::broker::MessageSource;
+use outboxd::broker::Publisher;
 use outboxd::broker::embedded::{EmbeddedConsumer, EmbeddedConsumerConfig, EmbeddedPublisher};
 use outboxd::broker::kafka::{KafkaConsumer, KafkaConsumerConfig, KafkaPublisher};
-use outboxd::broker::{Delivery, MessageSource, OutgoingMessage, Publisher, headers};
-use outboxd::consumer::sql_values::SqlValue;
-use outboxd::consumer::{
-    Consumer, ConsumerConfig, ConsumerStats, Handler, HandlerError, InboxTx, OnDead,
-};
+use outboxd::config::OnDead;
+use outboxd::consumer::Consumer;
+use outboxd::consumer::ConsumerConfig;
+use outboxd::consumer::ConsumerStats;
+use outboxd::consumer::Handler;
+use outboxd::consumer::HandlerError;
+use outboxd::message::Delivery;
+use outboxd::message::OutgoingMessage;
+use outboxd::message::headers;
 use outboxd::ops::consumer_dead::{self, ConsumerDeadError, Target};
+use outboxd::sql_values::SqlValue;
+use outboxd::store::InboxTx;
 
 use super::kafka::{bootstrap, create_topic, props, unique};
 use crate::support::TestDb;

@@ -9,8 +9,15 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use outboxd::broker::{ConsumeError, Delivery, MessageSource, headers};
-use outboxd::consumer::{Consumer, ConsumerConfig, Handler, HandlerError, InboxTx};
+use outboxd::broker::ConsumeError;
+use outboxd::broker::MessageSource;
+use outboxd::consumer::Consumer;
+use outboxd::consumer::ConsumerConfig;
+use outboxd::consumer::Handler;
+use outboxd::consumer::HandlerError;
+use outboxd::message::Delivery;
+use outboxd::message::headers;
+use outboxd::store::InboxTx;
 use tokio::sync::Notify;
 
 use crate::support::TestDb;

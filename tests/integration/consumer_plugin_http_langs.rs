@@ -7,12 +7,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use outboxd::config::PluginSpec;
 use outboxd::config::TableGrants;
-use outboxd::consumer::InboxTx;
+use outboxd::config::TxnPolicy;
+use outboxd::plugin::ConsumerPlugin;
+use outboxd::plugin::HttpStub;
+use outboxd::plugin::PluginError;
+use outboxd::plugin::StubResponse;
+use outboxd::plugin::Traced;
+use outboxd::plugin::Transport;
 use outboxd::plugin::bindings::transformer::outbox::plugin::types::Message;
-use outboxd::plugin::{
-    ConsumerPlugin, HttpStub, PluginError, PluginSpec, StubResponse, Traced, Transport, TxnPolicy,
-};
+use outboxd::store::InboxTx;
 
 use crate::on_both;
 use crate::outbound_server::Server;

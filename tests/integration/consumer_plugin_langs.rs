@@ -9,10 +9,13 @@
 
 use std::sync::Arc;
 
-use outboxd::broker::{Delivery, headers};
+use outboxd::config::PluginSpec;
 use outboxd::config::TableGrants;
+use outboxd::config::TxnPolicy;
 use outboxd::consumer::{HandlerError, PluginHandler, Processed, process};
-use outboxd::plugin::{ConsumerPlugin, PluginSpec, TxnPolicy};
+use outboxd::message::Delivery;
+use outboxd::message::headers;
+use outboxd::plugin::ConsumerPlugin;
 use outboxd::store::Db;
 
 use crate::on_both;

@@ -5,9 +5,9 @@
 use super::consumer_plugins::{counts, handler, order};
 use crate::on_both;
 use crate::support::TestDb;
+use outboxd::config::TxnPolicy;
 use outboxd::consumer::batch::process_batch;
 use outboxd::consumer::{ConsumerHandler, Processed, process};
-use outboxd::plugin::TxnPolicy;
 use outboxd_demo::billing;
 
 /// The host's tables are refused before they reach the database (the

@@ -6,10 +6,13 @@
 
 use std::sync::Arc;
 
-use outboxd::broker::{Delivery, headers};
+use outboxd::config::PluginSpec;
+use outboxd::config::TxnPolicy;
 use outboxd::consumer::batch::process_batch;
 use outboxd::consumer::{HandlerError, PluginHandler, Processed, process};
-use outboxd::plugin::{ConsumerPlugin, PluginSpec, TxnPolicy};
+use outboxd::message::Delivery;
+use outboxd::message::headers;
+use outboxd::plugin::ConsumerPlugin;
 use outboxd_demo::billing;
 
 use crate::on_both;

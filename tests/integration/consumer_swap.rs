@@ -11,11 +11,12 @@
 //! shows which version wrote it, and can be checked against the inbox row's
 //! `handled_by`.
 
+use outboxd::config::PluginSource;
+use outboxd::config::PluginSpec;
 use outboxd::consumer::PluginHandler;
 use outboxd::event::NewEvent;
 use outboxd::plugin::registry::{Deployed, Registry};
-use outboxd::plugin::{PluginSource, PluginSpec};
-use outboxd::relay::Rollout;
+use outboxd::plugin::rollout::Rollout;
 use outboxd::store::{Db, enqueue};
 use serde_json::json;
 use sqlx::Row;

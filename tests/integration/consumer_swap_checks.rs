@@ -6,11 +6,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use outboxd::broker::Delivery;
 use outboxd::broker::embedded::{EmbeddedConsumer, EmbeddedConsumerConfig, EmbeddedPublisher};
-use outboxd::consumer::{Consumer, ConsumerConfig, OnDead};
+use outboxd::config::OnDead;
+use outboxd::consumer::Consumer;
+use outboxd::consumer::ConsumerConfig;
+use outboxd::message::Delivery;
 use outboxd::plugin::registry::{Deployed, Registry};
-use outboxd::relay::Rollout;
+use outboxd::plugin::rollout::Rollout;
 use outboxd_demo::billing;
 use serde_json::json;
 
@@ -103,7 +105,8 @@ async fn a_dead_letter_names_the_registry_version_that_failed(t: TestDb) {
     let send = |payload: serde_json::Value| {
         let publisher = &publisher;
         async move {
-            use outboxd::broker::{OutgoingMessage, Publisher};
+            use outboxd::broker::Publisher;
+            use outboxd::message::OutgoingMessage;
             let id = uuid::Uuid::new_v4();
             publisher
                 .publish(OutgoingMessage {
@@ -111,7 +114,7 @@ async fn a_dead_letter_names_the_registry_version_that_failed(t: TestDb) {
                     key: b"k".to_vec(),
                     payload: payload.to_string().into_bytes(),
                     headers: vec![(
-                        outboxd::broker::headers::MESSAGE_ID.into(),
+                        outboxd::message::headers::MESSAGE_ID.into(),
                         id.to_string().into_bytes(),
                     )],
                     message_id: id,
@@ -222,7 +225,7 @@ async fn a_consumer_shadow_runs_in_a_rolled_back_savepoint_and_counts(t: TestDb)
             key: None,
             payload: payload.to_string().into_bytes(),
             headers: vec![(
-                outboxd::broker::headers::MESSAGE_ID.into(),
+                outboxd::message::headers::MESSAGE_ID.into(),
                 uuid::Uuid::new_v4().to_string().into_bytes(),
             )],
         };

@@ -3,7 +3,7 @@
 
 use super::consumer_swap::{consumer_host, deploy, pairs, wasm};
 use crate::support::TestDb;
-use outboxd::broker::Delivery;
+use outboxd::message::Delivery;
 use outboxd::plugin::registry::Registry;
 use outboxd::store::Db;
 use outboxd_demo::billing;
@@ -39,7 +39,7 @@ async fn a_message_in_flight_finishes_on_the_version_it_started_with_postgres() 
             .to_string()
             .into_bytes(),
         headers: vec![(
-            outboxd::broker::headers::MESSAGE_ID.into(),
+            outboxd::message::headers::MESSAGE_ID.into(),
             uuid::Uuid::new_v4().to_string().into_bytes(),
         )],
     };

@@ -9,13 +9,22 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use outboxd::broker::Delivery;
 use outboxd::broker::embedded::{EmbeddedConsumer, EmbeddedConsumerConfig, EmbeddedPublisher};
-use outboxd::consumer::{
-    Consumer, ConsumerConfig, Handler, HandlerError, InboxTx, Pinned, PluginHandler,
-};
+use outboxd::consumer::Consumer;
+use outboxd::consumer::ConsumerConfig;
+use outboxd::consumer::Handler;
+use outboxd::consumer::HandlerError;
+use outboxd::consumer::Pinned;
+use outboxd::consumer::PluginHandler;
+use outboxd::message::Delivery;
 use outboxd::plugin::registry::Registry;
-use outboxd::relay::{Relay, RelayConfig, Rollout, Route, Router, StepOutcome};
+use outboxd::plugin::rollout::Rollout;
+use outboxd::relay::Relay;
+use outboxd::relay::RelayConfig;
+use outboxd::relay::StepOutcome;
+use outboxd::route::Route;
+use outboxd::route::Router;
+use outboxd::store::InboxTx;
 use outboxd_demo::billing;
 use tokio::sync::watch;
 

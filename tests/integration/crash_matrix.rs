@@ -161,7 +161,7 @@ async fn crash_after_publish_before_mark_republishes_and_the_receiver_deduplicat
     let deliveries: Vec<_> = sent
         .iter()
         .enumerate()
-        .map(|(i, m)| outboxd::broker::Delivery {
+        .map(|(i, m)| outboxd::message::Delivery {
             attempt: 0,
             topic: m.topic.clone(),
             partition: 0,

@@ -349,3 +349,61 @@ fn no_import_cycle_among_second_level_modules() {
     let cycles: Vec<String> = nested.iter().map(|c| c.join(" <-> ")).collect();
     assert!(cycles.is_empty(), "import cycles: {cycles:#?}");
 }
+
+/// The `pub use` lines of `text` that re-export another module's items
+/// (`crate::…`, `super::…`, `outboxd_core::…`), whatever their visibility;
+/// a module re-exporting its own children (`pub use child::Item`) is fine.
+fn foreign_reexports(text: &str) -> Vec<String> {
+    text.lines()
+        .map(str::trim_start)
+        .filter(|l| l.starts_with("pub use ") || l.starts_with("pub("))
+        .filter_map(|l| {
+            let rest = l.strip_prefix("pub")?;
+            let rest = match rest.strip_prefix('(') {
+                Some(r) => r.split_once(')')?.1,
+                None => rest,
+            };
+            let path = rest.trim_start().strip_prefix("use ")?.trim_start();
+            ["crate::", "super::", "outboxd_core::"]
+                .iter()
+                .any(|p| path.starts_with(p))
+                .then(|| l.to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn a_reexport_of_another_modules_item_is_found() {
+    let text = "pub use child::Own;\npub(crate) use crate::store::InboxTx;\n    pub use super::x::Y;\npub use outboxd_core::config::Limits;\nuse crate::a::B;\n";
+    assert_eq!(
+        foreign_reexports(text),
+        [
+            "pub(crate) use crate::store::InboxTx;",
+            "pub use super::x::Y;",
+            "pub use outboxd_core::config::Limits;"
+        ]
+    );
+}
+
+/// Each item has one path: only `lib.rs`, the crate's façade, re-exports
+/// items of other modules or of `outboxd-core`.
+#[test]
+fn only_lib_rs_re_exports_another_modules_items() {
+    let src = workspace_root().join("host/src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut found = Vec::new();
+    for f in files.iter().filter(|f| !f.ends_with("lib.rs")) {
+        let text = std::fs::read_to_string(f).expect("read source");
+        for line in foreign_reexports(&text) {
+            found.push(format!(
+                "{}: {line}",
+                f.strip_prefix(&src).unwrap_or(f).display()
+            ));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "re-exports outside lib.rs (use the item's own path, or add it to lib.rs's façade): {found:#?}"
+    );
+}

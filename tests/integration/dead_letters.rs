@@ -5,9 +5,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use outboxd::broker::Publisher;
 use outboxd::broker::embedded::{EmbeddedConsumer, EmbeddedConsumerConfig, EmbeddedPublisher};
-use outboxd::broker::{Delivery, OutgoingMessage, Publisher, headers};
-use outboxd::consumer::{Consumer, ConsumerConfig, Handler, HandlerError, InboxTx, OnDead};
+use outboxd::config::OnDead;
+use outboxd::consumer::Consumer;
+use outboxd::consumer::ConsumerConfig;
+use outboxd::consumer::Handler;
+use outboxd::consumer::HandlerError;
+use outboxd::message::Delivery;
+use outboxd::message::OutgoingMessage;
+use outboxd::message::headers;
+use outboxd::store::InboxTx;
 
 use crate::on_both;
 use crate::support::TestDb;

@@ -8,8 +8,10 @@ use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
 use outboxd::plugin::dev_dir;
-use outboxd::plugin::registry::{PluginRecord, Registry};
-use outboxd::relay::{Refreshed, StepOutcome};
+use outboxd::plugin::registry::Registry;
+use outboxd::plugin::rollout::Refreshed;
+use outboxd::relay::StepOutcome;
+use outboxd::store::registry::PluginRecord;
 use serde_json::json;
 
 use super::hot_swap::{active_label, json_of, put, registry_spec, relay, rollout, routes, wasm};

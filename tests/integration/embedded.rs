@@ -3,10 +3,12 @@
 
 use std::time::Duration;
 
+use outboxd::broker::MessageSource;
+use outboxd::broker::Publisher;
 use outboxd::broker::embedded::{
     EmbeddedConsumer, EmbeddedConsumerConfig, EmbeddedPublisher, partition_for,
 };
-use outboxd::broker::{MessageSource, OutgoingMessage, Publisher};
+use outboxd::message::OutgoingMessage;
 
 use crate::on_both;
 use crate::support::TestDb;
@@ -282,7 +284,7 @@ async fn an_empty_fetch_wakes_on_a_publish_notification() {
     let outboxd::store::Db::Postgres(pool) = &t.db else {
         unreachable!("a postgres test database")
     };
-    let wake = outboxd::store::postgres::listen(pool, outboxd::broker::embedded::NOTIFY_CHANNEL)
+    let wake = outboxd::store::postgres::listen(pool, outboxd::store::transport::NOTIFY_CHANNEL)
         .await
         .expect("listen");
     let mut c = consumer(&t, "g", Duration::from_secs(15)).with_wake(wake, Duration::from_secs(30));

@@ -13,15 +13,18 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use outboxd::broker::OutgoingMessage;
 use outboxd::config::Config;
+use outboxd::config::PluginSource;
+use outboxd::config::PluginSpec;
 use outboxd::daemon::Daemon;
 use outboxd::fault::Faults;
+use outboxd::message::OutgoingMessage;
 use outboxd::ops::dead::DeadFilter;
 use outboxd::ops::fix_forward::{self, DryRunOutcome, FixForwardError, Pipeline};
 use outboxd::plugin::registry::{Deployed, Registry};
-use outboxd::plugin::{PluginSource, PluginSpec};
-use outboxd::relay::{Relay, Route, StepOutcome};
+use outboxd::relay::Relay;
+use outboxd::relay::StepOutcome;
+use outboxd::route::Route;
 use outboxd::store::AnyStore;
 use serde_json::{Value, json};
 

@@ -11,13 +11,16 @@
 
 use std::sync::Arc;
 
-use outboxd::broker::Delivery;
-use outboxd::consumer::{
-    ConsumerHandler, Handler, HandlerError, InboxTx, PluginHandler, Processed,
-};
+use outboxd::consumer::ConsumerHandler;
+use outboxd::consumer::Handler;
+use outboxd::consumer::HandlerError;
+use outboxd::consumer::PluginHandler;
+use outboxd::consumer::Processed;
+use outboxd::message::Delivery;
 use outboxd::plugin::ConsumerPlugin;
 use outboxd::plugin::host::transaction::StatementKind;
 use outboxd::plugin::registry::Registry;
+use outboxd::store::InboxTx;
 use outboxd_demo::billing;
 use serde_json::json;
 
@@ -38,7 +41,7 @@ fn delivery(order: &str) -> Delivery {
             .to_string()
             .into_bytes(),
         headers: vec![(
-            outboxd::broker::headers::MESSAGE_ID.into(),
+            outboxd::message::headers::MESSAGE_ID.into(),
             uuid::Uuid::new_v4().to_string().into_bytes(),
         )],
     }
@@ -196,7 +199,7 @@ async fn pin_version_refuses_what_cannot_run_naming_the_plugin_the_version_and_t
     let file = Arc::new(
         ConsumerPlugin::load(engine(), &{
             let mut s = registry_spec("c");
-            s.source = outboxd::plugin::PluginSource::File;
+            s.source = outboxd::config::PluginSource::File;
             s.path = plugin_path("billing");
             s.version = Some("1.0".into());
             s
@@ -539,9 +542,10 @@ on_both!(the_command_line_dry_runs_a_consumer_redrive_and_changes_nothing);
 async fn a_consumer_message_dead_on_v1_is_applied_by_a_v2_candidate_while_live_traffic_stays_on_v1(
     t: TestDb,
 ) {
+    use outboxd::broker::Publisher;
     use outboxd::broker::embedded::{EmbeddedConsumer, EmbeddedConsumerConfig, EmbeddedPublisher};
-    use outboxd::broker::{OutgoingMessage, Publisher};
     use outboxd::consumer::{Consumer, ConsumerConfig};
+    use outboxd::message::OutgoingMessage;
     billing::create_schema(&t.db).await.expect("billing schema");
     let reg = Registry::new(t.db.clone());
     // invoicing (v1) cannot read a CloudEvents envelope; billing (v2) can.
@@ -557,7 +561,7 @@ async fn a_consumer_message_dead_on_v1_is_applied_by_a_v2_candidate_while_live_t
             key: key.as_bytes().to_vec(),
             payload: payload.to_string().into_bytes(),
             headers: vec![(
-                outboxd::broker::headers::MESSAGE_ID.into(),
+                outboxd::message::headers::MESSAGE_ID.into(),
                 id.to_string().into_bytes(),
             )],
             message_id: id,

@@ -7,8 +7,16 @@
 
 use std::sync::Arc;
 
-use outboxd::plugin::{ErrorKind, PluginError, PluginSpec, TransformerPlugin};
-use outboxd::relay::{Relay, RelayConfig, Route, Router, StepOutcome, build_chains};
+use outboxd::config::PluginSpec;
+use outboxd::plugin::ErrorKind;
+use outboxd::plugin::PluginError;
+use outboxd::plugin::TransformerPlugin;
+use outboxd::plugin::chains::build_chains;
+use outboxd::relay::Relay;
+use outboxd::relay::RelayConfig;
+use outboxd::relay::StepOutcome;
+use outboxd::route::Route;
+use outboxd::route::Router;
 use serde_json::{Value, json};
 
 use crate::on_both;

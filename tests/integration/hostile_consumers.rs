@@ -7,9 +7,10 @@
 
 use std::sync::Arc;
 
-use outboxd::broker::Delivery;
+use outboxd::config::PluginSpec;
 use outboxd::consumer::{HandlerError, PluginHandler, process};
-use outboxd::plugin::{ConsumerPlugin, PluginSpec};
+use outboxd::message::Delivery;
+use outboxd::plugin::ConsumerPlugin;
 use outboxd_demo::billing;
 use serde_json::{Value, json};
 

@@ -10,10 +10,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use outboxd::config::PluginSource;
+use outboxd::config::PluginSpec;
 use outboxd::event::NewEvent;
 use outboxd::plugin::registry::{Deployed, Registry};
-use outboxd::plugin::{PluginSource, PluginSpec};
-use outboxd::relay::{Relay, RelayConfig, Rollout, Route, Router, StepOutcome};
+use outboxd::plugin::rollout::Rollout;
+use outboxd::relay::Relay;
+use outboxd::relay::RelayConfig;
+use outboxd::relay::StepOutcome;
+use outboxd::route::Route;
+use outboxd::route::Router;
 use outboxd::store::{Db, enqueue};
 use serde_json::{Value, json};
 use sqlx::Row;

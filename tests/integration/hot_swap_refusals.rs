@@ -153,7 +153,7 @@ async fn broken_deploys_are_refused_and_the_active_version_keeps_running(t: Test
     );
     assert_eq!(
         host.refresh().await.expect("refresh"),
-        outboxd::relay::Refreshed::Unchanged
+        outboxd::plugin::rollout::Refreshed::Unchanged
     );
 
     put(&t.db, "o1", json!({"n": 1})).await;

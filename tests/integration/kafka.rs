@@ -14,9 +14,14 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
+use outboxd::backoff::Backoff;
 use outboxd::broker::kafka::KafkaPublisher;
 use outboxd::clock::Clock;
-use outboxd::relay::{Backoff, Relay, RelayConfig, Route, Router, StepOutcome};
+use outboxd::relay::Relay;
+use outboxd::relay::RelayConfig;
+use outboxd::relay::StepOutcome;
+use outboxd::route::Route;
+use outboxd::route::Router;
 use outboxd::store::sqlite::SqliteStore;
 use outboxd::store::{Db, migrate};
 use outboxd::{NewEvent, enqueue};

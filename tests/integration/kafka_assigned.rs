@@ -5,8 +5,9 @@
 
 use std::time::{Duration, Instant};
 
+use outboxd::broker::MessageSource;
 use outboxd::broker::kafka::{KafkaConsumer, KafkaConsumerConfig};
-use outboxd::broker::{Delivery, MessageSource};
+use outboxd::message::Delivery;
 use outboxd::store::offsets;
 use rdkafka::mocking::MockCluster;
 

@@ -7,9 +7,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use outboxd::broker::MessageSource;
 use outboxd::broker::kafka::{KafkaConsumer, KafkaConsumerConfig};
-use outboxd::broker::{Delivery, MessageSource};
-use outboxd::consumer::{Consumer, ConsumerConfig, Handler, HandlerError, InboxTx};
+use outboxd::consumer::Consumer;
+use outboxd::consumer::ConsumerConfig;
+use outboxd::consumer::Handler;
+use outboxd::consumer::HandlerError;
+use outboxd::message::Delivery;
+use outboxd::store::InboxTx;
 use rdkafka::mocking::MockCluster;
 
 use super::kafka::{Outbox, bootstrap, create_topic, produce, props, unique};

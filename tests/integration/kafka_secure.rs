@@ -10,12 +10,14 @@
 
 use std::time::{Duration, Instant};
 
-use outboxd::broker::Delivery;
 use outboxd::config::Config;
-use outboxd::consumer::{Handler, HandlerError, InboxTx};
+use outboxd::consumer::Handler;
+use outboxd::consumer::HandlerError;
 use outboxd::daemon::Daemon;
 use outboxd::event::NewEvent;
 use outboxd::fault::Faults;
+use outboxd::message::Delivery;
+use outboxd::store::InboxTx;
 use serde_json::json;
 
 use crate::kafka::unique;

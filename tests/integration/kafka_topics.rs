@@ -8,11 +8,13 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use outboxd::broker::PublishError;
+use outboxd::broker::Publisher;
 use outboxd::broker::kafka::{KafkaPublisher, KafkaSetupError, check_at_start};
-use outboxd::broker::{OutgoingMessage, PublishError, Publisher};
 use outboxd::config::{Config, NewTopics};
 use outboxd::daemon::{Daemon, DaemonError};
 use outboxd::fault::Faults;
+use outboxd::message::OutgoingMessage;
 use rdkafka::admin::AdminClient;
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;

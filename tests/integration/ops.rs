@@ -4,10 +4,12 @@
 use std::sync::atomic::Ordering;
 
 use chrono::Utc;
+use outboxd::config::ReconcileRule;
+use outboxd::config::RetentionConfig;
 use outboxd::event::NewEvent;
 use outboxd::ops::dead::{self, DeadFilter, DiscardError};
-use outboxd::ops::reconcile::{ReconcileRule, run_rule};
-use outboxd::ops::retention::{RetentionConfig, cleanup};
+use outboxd::ops::reconcile::run_rule;
+use outboxd::ops::retention::cleanup;
 use outboxd::relay::StepOutcome;
 use outboxd::store::{Db, enqueue};
 use serde_json::json;
@@ -250,7 +252,7 @@ async fn transport_retention_never_drops_what_a_group_has_not_consumed(t: TestDb
     use outboxd::broker::embedded::EmbeddedPublisher;
     let p = EmbeddedPublisher::new(t.db.clone(), 1);
     for i in 0..4 {
-        p.publish(outboxd::broker::OutgoingMessage {
+        p.publish(outboxd::message::OutgoingMessage {
             topic: "t".into(),
             key: b"k".to_vec(),
             payload: format!("{i}").into_bytes(),

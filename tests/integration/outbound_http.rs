@@ -8,12 +8,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outboxd::config::HttpLimits;
-use outboxd::consumer::InboxTx;
+use outboxd::config::PluginSpec;
+use outboxd::config::TxnPolicy;
 use outboxd::metrics::PluginReport;
+use outboxd::plugin::ConsumerPlugin;
+use outboxd::plugin::HttpStub;
+use outboxd::plugin::StubResponse;
+use outboxd::plugin::Traced;
+use outboxd::plugin::Transport;
 use outboxd::plugin::bindings::transformer::outbox::plugin::types::Message;
-use outboxd::plugin::{
-    ConsumerPlugin, HttpStub, PluginSpec, StubResponse, Traced, Transport, TxnPolicy,
-};
+use outboxd::store::InboxTx;
 use serde_json::{Value, json};
 
 use crate::on_both;

@@ -5,11 +5,13 @@
 
 use std::sync::Arc;
 
+use outboxd::config::PluginSpec;
 use outboxd::config::{Config, ConfigError, HttpLimits};
 use outboxd::consumer::{PluginHandler, process};
 use outboxd::fault::{FaultAction, FaultPoint, Faults};
+use outboxd::plugin::ConsumerPlugin;
+use outboxd::plugin::TransformerPlugin;
 use outboxd::plugin::validate::{self, Verdict};
-use outboxd::plugin::{ConsumerPlugin, PluginSpec, TransformerPlugin};
 use serde_json::json;
 
 use crate::on_both;

@@ -105,8 +105,9 @@ async fn broker_down_loses_nothing_and_recovery_publishes_once(t: TestDb) {
 on_both!(broker_down_loses_nothing_and_recovery_publishes_once);
 
 async fn duplicate_delivery_is_discarded_by_the_inbox(t: TestDb) {
-    use outboxd::broker::{Delivery, headers};
     use outboxd::consumer::{Processed, process};
+    use outboxd::message::Delivery;
+    use outboxd::message::headers;
     use outboxd_demo::billing::{self, BillingHandler};
     billing::create_schema(&t.db).await.expect("billing schema");
     let d = Delivery {
@@ -186,8 +187,8 @@ async fn postgres_insert_notifies_listening_relays() {
 /// the rows it changed, `query` reads them back, and a value that is not
 /// what it says is refused before it reaches the database.
 async fn a_native_handler_runs_its_own_sql_on_either_database(t: TestDb) {
-    use outboxd::consumer::InboxTx;
-    use outboxd::consumer::sql_values::SqlValue;
+    use outboxd::sql_values::SqlValue;
+    use outboxd::store::InboxTx;
     use outboxd::store::StatementError;
     t.exec_app("CREATE TABLE notes (id TEXT PRIMARY KEY, body TEXT NOT NULL, n BIGINT NOT NULL)")
         .await;

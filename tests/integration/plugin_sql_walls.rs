@@ -7,10 +7,12 @@
 
 use std::time::{Duration, Instant};
 
+use outboxd::config::TxnPolicy;
 use outboxd::config::{ConsumerSection, TableGrants};
-use outboxd::consumer::{Handler, InboxTx, process};
-use outboxd::plugin::TxnPolicy;
+use outboxd::consumer::Handler;
+use outboxd::consumer::process;
 use outboxd::store::Db;
+use outboxd::store::InboxTx;
 use outboxd::store::sqlite_plugin_guard::{self, PluginPolicy};
 use serde_json::json;
 
@@ -321,7 +323,7 @@ async fn giant_values_never_reach_the_hosts_memory(t: TestDb) {
     };
     // Room for Postgres to build 300 MB and measure it (about 4 s here):
     // the test is about where the value stops, not about the deadline.
-    let mut spec = outboxd::plugin::PluginSpec::new(
+    let mut spec = outboxd::config::PluginSpec::new(
         "hostile-consumer-attack",
         crate::plugins::plugin_path("hostile-consumer-attack"),
     );
@@ -416,7 +418,7 @@ async fn the_wall_deadline_cancels_the_statement_on_the_server() {
     let Db::Postgres(pool) = &t.db else {
         unreachable!()
     };
-    let mut spec = outboxd::plugin::PluginSpec::new(
+    let mut spec = outboxd::config::PluginSpec::new(
         "hostile-consumer-attack",
         crate::plugins::plugin_path("hostile-consumer-attack"),
     );

@@ -10,11 +10,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use outboxd::config::ConsumerSection;
+use outboxd::config::PluginSpec;
 use outboxd::daemon::Daemon;
 use outboxd::fault::Faults;
-use outboxd::plugin::PluginSpec;
 use outboxd::plugin::registry::Registry;
-use outboxd::relay::Route;
+use outboxd::route::Route;
 use outboxd_demo::billing;
 
 use crate::admin::{TOKEN, admin_config, http};

@@ -7,7 +7,11 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use outboxd::plugin::{EngineConfig, GuestEvent, PluginEngine, PluginSpec, TransformerPlugin};
+use outboxd::config::PluginSpec;
+use outboxd::plugin::EngineConfig;
+use outboxd::plugin::GuestEvent;
+use outboxd::plugin::PluginEngine;
+use outboxd::plugin::TransformerPlugin;
 use serde_json::{Value, json};
 
 pub fn plugin_path(name: &str) -> PathBuf {

@@ -174,8 +174,10 @@ async fn processes_starting_together_create_the_example_schema_once() {
 /// outbox holds events of the very topic the consumer reads, so a relay in
 /// this process would also show as invoices for them.
 async fn a_consumer_only_process_publishes_nothing(t: TestDb) {
+    use outboxd::broker::Publisher;
     use outboxd::broker::embedded::EmbeddedPublisher;
-    use outboxd::broker::{OutgoingMessage, Publisher, headers};
+    use outboxd::message::OutgoingMessage;
+    use outboxd::message::headers;
 
     outboxd_demo::billing::create_schema(&t.db)
         .await

@@ -5,9 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use outboxd::broker::{OutgoingMessage, PublishError, Publisher};
+use outboxd::broker::PublishError;
+use outboxd::broker::Publisher;
 use outboxd::clock::SystemClock;
 use outboxd::event::NewEvent;
+use outboxd::message::OutgoingMessage;
 use outboxd::metrics::Metrics;
 use outboxd::relay::RelayConfig;
 use serde_json::json;

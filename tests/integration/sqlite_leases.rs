@@ -14,9 +14,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::Utc;
-use outboxd::broker::{OutgoingMessage, PublishError, Publisher};
+use outboxd::broker::PublishError;
+use outboxd::broker::Publisher;
 use outboxd::clock::SystemClock;
-use outboxd::relay::{Relay, RelayConfig, Router, StepOutcome};
+use outboxd::message::OutgoingMessage;
+use outboxd::relay::Relay;
+use outboxd::relay::RelayConfig;
+use outboxd::relay::StepOutcome;
+use outboxd::route::Router;
 use outboxd::store::sqlite::SqliteStore;
 use outboxd::store::{BatchOutcome, ClaimedBatch, Db, FailedEvent, OutboxStore};
 use tokio::sync::{Notify, watch};

@@ -75,7 +75,7 @@ async fn a_connection_terminated_during_start_up_is_retried_not_fatal() {
     config.admin.enabled = false;
     // A watched plugin directory makes start-up load the registry.
     config.plugin_runtime.watch_dir = Some(watched.path().to_path_buf());
-    config.routes = vec![outboxd::relay::Route::new("order.*", "orders")];
+    config.routes = vec![outboxd::route::Route::new("order.*", "orders")];
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     // The daemon runs in this task, next to the checks (its future is not
     // `Send`, as `outboxd run` drives it on the main task).
@@ -180,7 +180,7 @@ async fn a_database_that_does_not_answer_at_first_is_waited_for() {
     );
     let mut config = admin_config(&url);
     config.admin.enabled = false;
-    config.routes = vec![outboxd::relay::Route::new("order.*", "orders")];
+    config.routes = vec![outboxd::route::Route::new("order.*", "orders")];
     t.enqueue(NewEvent::new("o-1", "order.confirmed", json!({ "n": 1 })))
         .await;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

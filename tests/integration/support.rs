@@ -6,9 +6,13 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use outboxd::broker::{OutgoingMessage, PublishError, Publisher};
+use outboxd::broker::PublishError;
+use outboxd::broker::Publisher;
 use outboxd::clock::{Clock, SystemClock};
-use outboxd::relay::{Relay, RelayConfig, Router};
+use outboxd::message::OutgoingMessage;
+use outboxd::relay::Relay;
+use outboxd::relay::RelayConfig;
+use outboxd::route::Router;
 use outboxd::store::{AnyStore, Db, migrate};
 use sqlx::Row;
 
@@ -194,11 +198,11 @@ pub fn plugin_tables() -> outboxd::config::TableGrants {
 }
 
 /// The default policy of a test plugin's consumer: its tables granted.
-pub fn plugin_policy() -> outboxd::plugin::TxnPolicy {
-    outboxd::plugin::TxnPolicy {
+pub fn plugin_policy() -> outboxd::config::TxnPolicy {
+    outboxd::config::TxnPolicy {
         consumer: "test".into(),
         tables: plugin_tables(),
-        ..outboxd::plugin::TxnPolicy::default()
+        ..outboxd::config::TxnPolicy::default()
     }
 }
 

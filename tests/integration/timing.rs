@@ -11,10 +11,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
+use outboxd::backoff::Backoff;
 use outboxd::clock::{Clock, ManualClock, SystemClock};
 use outboxd::event::{EventId, OutboxEvent};
+use outboxd::relay::Relay;
+use outboxd::relay::RelayConfig;
+use outboxd::relay::StepOutcome;
+use outboxd::relay::StepReport;
 use outboxd::relay::worker::{self, WorkerConfig};
-use outboxd::relay::{Backoff, Relay, RelayConfig, Router, StepOutcome, StepReport};
+use outboxd::route::Router;
 use outboxd::store::{BatchOutcome, ClaimedBatch, OutboxStats, OutboxStore, StoreError};
 
 use crate::support::ScriptedPublisher;

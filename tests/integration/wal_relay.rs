@@ -366,7 +366,7 @@ pub(crate) async fn check_delivered(t: &TestDb, counted: bool) -> (usize, usize)
 
 /// Every delivery of the embedded transport's topics, in partition and
 /// offset order, repeats included (a fresh consumer group).
-async fn deliveries(t: &TestDb) -> Vec<outboxd::broker::Delivery> {
+async fn deliveries(t: &TestDb) -> Vec<outboxd::message::Delivery> {
     let topics: Vec<String> = sqlx::query("SELECT DISTINCT topic FROM transport_messages")
         .fetch_all(pool(t))
         .await
@@ -505,7 +505,7 @@ async fn receiver_bills_once(t: &TestDb) -> usize {
     assert!(!all.is_empty(), "nothing was delivered");
     let ids: std::collections::HashSet<_> = all
         .iter()
-        .map(|d| d.header(outboxd::broker::headers::MESSAGE_ID))
+        .map(|d| d.header(outboxd::message::headers::MESSAGE_ID))
         .collect();
     assert_eq!(ids.len(), 1, "one event, one message id: {ids:?}");
     for (i, d) in all.iter().enumerate() {

@@ -473,7 +473,7 @@ async fn main() -> anyhow::Result<()> {
     let outbox_before = checks::outbox_size(&pool).await?;
     let retention = outboxd::ops::retention::cleanup(
         &db,
-        &outboxd::ops::retention::RetentionConfig::default(),
+        &outboxd::config::RetentionConfig::default(),
         chrono::Utc::now() + chrono::Duration::days(8),
     )
     .await?;

@@ -4,10 +4,13 @@
 
 use serde::Deserialize;
 
-use outboxd::broker::Delivery;
-use outboxd::consumer::sql_values::SqlValue;
-use outboxd::consumer::{Handler, HandlerError, InboxTx};
-use outboxd::store::{Db, DbKind};
+use outboxd::consumer::Handler;
+use outboxd::consumer::HandlerError;
+use outboxd::db_url::DbKind;
+use outboxd::message::Delivery;
+use outboxd::sql_values::SqlValue;
+use outboxd::store::Db;
+use outboxd::store::InboxTx;
 
 const PG_SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS invoices (

@@ -23,7 +23,9 @@ use outboxd::broker::embedded::EmbeddedPublisher;
 use outboxd::clock::SystemClock;
 use outboxd::config::{Config, ConsumerSection, SqliteSynchronous};
 use outboxd::daemon::join_all_workers;
-use outboxd::relay::{Relay, RelayConfig, Router};
+use outboxd::relay::Relay;
+use outboxd::relay::RelayConfig;
+use outboxd::route::Router;
 use outboxd::store::sqlite::{SqliteStore, from_micros};
 use outboxd::store::{Db, migrate};
 
@@ -182,7 +184,7 @@ pub async fn run(args: DemoArgs, log: DemoLog) -> anyhow::Result<ExitCode> {
             .transport
             .kafka
             .insert("bootstrap.servers".into(), bootstrap.clone());
-        config.routes = vec![outboxd::relay::Route::new(
+        config.routes = vec![outboxd::route::Route::new(
             orders::ORDER_CONFIRMED,
             topic.clone(),
         )];
@@ -203,9 +205,9 @@ pub async fn run(args: DemoArgs, log: DemoLog) -> anyhow::Result<ExitCode> {
             "  the relay runs the transformer plugin {} on every event",
             wasm.display()
         );
-        config.plugins = vec![outboxd::plugin::PluginSpec::new("cloudevents", wasm)];
+        config.plugins = vec![outboxd::config::PluginSpec::new("cloudevents", wasm)];
         let route_topic = topic.clone();
-        config.routes = vec![outboxd::relay::Route::new(
+        config.routes = vec![outboxd::route::Route::new(
             orders::ORDER_CONFIRMED,
             route_topic,
         )];
@@ -220,7 +222,7 @@ pub async fn run(args: DemoArgs, log: DemoLog) -> anyhow::Result<ExitCode> {
         println!("  billing is the consumer plugin {}", billing.display());
         config
             .plugins
-            .push(outboxd::plugin::PluginSpec::new("billing", billing));
+            .push(outboxd::config::PluginSpec::new("billing", billing));
         "plugin:billing".to_string()
     };
     // Billing handles up to 32 messages in one inbox transaction: one

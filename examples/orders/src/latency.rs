@@ -4,8 +4,8 @@
 
 use std::sync::{Arc, Mutex};
 
-use outboxd::broker::Delivery;
 use outboxd::consumer::runner::{OnHandled, lag_ms};
+use outboxd::message::Delivery;
 
 /// At most this many samples are kept; a long run keeps its first ones.
 pub const MAX_SAMPLES: usize = 200_000;

@@ -6,11 +6,15 @@
 use serde_json::json;
 use sqlx::{Executor, Row, Transaction};
 
+use outboxd::db_url::DbKind;
 use outboxd::event::{EventId, NewEvent};
 use outboxd::fault::{FaultPoint, Faults, InjectedFault};
-use outboxd::store::{
-    Db, DbKind, EnqueueError, OutboxDatabase, enqueue, fingerprint, lookup_operation,
-};
+use outboxd::store::Db;
+use outboxd::store::EnqueueError;
+use outboxd::store::OutboxDatabase;
+use outboxd::store::enqueue;
+use outboxd::store::fingerprint;
+use outboxd::store::lookup_operation;
 
 pub const ORDER_CONFIRMED: &str = "order.confirmed";
 

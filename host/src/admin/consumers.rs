@@ -17,7 +17,8 @@ use super::AdminState;
 use super::history::History;
 use crate::metrics::ConsumerMetrics;
 use crate::store::backlog::{GroupBacklog, embedded_backlog};
-use crate::store::dead_letters::{ConsumerDeadSummary, consumer_dead_summary};
+use crate::store::consumer_dead::ConsumerDeadSummary;
+use crate::store::consumer_dead::consumer_dead_summary;
 
 pub(super) fn routes() -> Router<AdminState> {
     Router::new().route("/api/consumers", get(list))

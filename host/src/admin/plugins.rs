@@ -13,7 +13,9 @@ use serde_json::{Value, json};
 
 use super::AdminState;
 use crate::metrics::PluginReport;
-use crate::plugin::{PluginRecord, Registry, RegistryError};
+use crate::plugin::Registry;
+use crate::plugin::RegistryError;
+use crate::store::registry::PluginRecord;
 
 fn answer<T: serde::Serialize>(result: Result<T, RegistryError>) -> Response {
     match result {

@@ -13,14 +13,16 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use uuid::Uuid;
 
+use super::ConsumeError;
+use super::MessageSource;
+use super::PublishError;
+use super::Publisher;
 use super::group_commit::GroupCommit;
-use super::{ConsumeError, Delivery, MessageSource, OutgoingMessage, PublishError, Publisher};
+use crate::message::Delivery;
+use crate::message::OutgoingMessage;
 use crate::store::Db;
 use crate::store::transport::{self, TransportMessage};
-
-/// Headers as this transport stores them (a JSON array of `[name,
-/// hex(value)]` pairs), kept in `outboxd-core` for the fuzz targets.
-pub use outboxd_core::embedded_headers::{headers_json, parse_headers};
+use outboxd_core::embedded_headers::headers_json;
 
 /// Stable partitioning: FNV-1a, so every process maps a key the same way.
 pub fn partition_for(key: &[u8], partitions: i32) -> i32 {
@@ -74,10 +76,6 @@ pub struct EmbeddedConsumerConfig {
     /// How long a partition stays ours without renewal.
     pub lease: Duration,
 }
-
-/// The channel a Postgres publish notifies at commit, so waiting consumers
-/// fetch at once instead of at their next poll.
-pub use crate::store::transport::NOTIFY_CHANNEL;
 
 /// A consumer group member reading from the embedded transport.
 pub struct EmbeddedConsumer {

@@ -8,11 +8,8 @@ pub mod embedded;
 mod group_commit;
 pub mod kafka;
 
+use crate::message::{Delivery, OutgoingMessage};
 use std::future::Future;
-
-/// The message types and the header names the host sets live in
-/// `outboxd-core`, which the fuzz targets build without a broker client.
-pub use outboxd_core::message::{Delivery, OutgoingMessage, headers};
 
 /// Why a publish failed; the relay branches on it.
 #[derive(Debug, Clone, thiserror::Error)]

@@ -18,6 +18,7 @@ use tokio::sync::watch;
 
 use crate::config::{Config, LogFormat};
 use crate::daemon::Daemon;
+use crate::db_url::redact_url;
 use crate::event::{Enqueued, NewEvent};
 use crate::fault::Faults;
 use crate::store::plugin_roles::PluginRoles;
@@ -25,9 +26,6 @@ use crate::store::{AnyStore, Db, InboxTx, OutboxStore, migrate};
 use dead::DeadCommand;
 use outbound::OutboundCommand;
 use plugin::PluginCommand;
-
-/// Hides the password in a URL before it is printed.
-pub use crate::store::redact_url;
 
 const ABOUT: &str = "outboxd: a transactional outbox, relay and inbox.
 

@@ -8,11 +8,15 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Subcommand;
 
-use crate::config::{Config, ConfigExt};
+use crate::config::Config;
+use crate::config::PluginSpec;
+use crate::plugin::PluginEngine;
 use crate::plugin::harness::SampleEvent;
-use crate::plugin::registry::{Deployed, PluginRecord, Registry};
-use crate::plugin::{PluginEngine, PluginSpec};
+use crate::plugin::registry::Deployed;
+use crate::plugin::registry::Registry;
+use crate::settings::ConfigExt;
 use crate::store::Db;
+use crate::store::registry::PluginRecord;
 
 #[derive(Debug, Clone, Subcommand)]
 pub enum RegistryCommand {

@@ -5,11 +5,16 @@
 //! each. [`process_batch`] and [`attempt_batch`] are re-exported from
 //! [`super::inbox`], where one message at a time lives.
 
-use super::inbox::{
-    Attempt, Handler, HandlerError, InboxTx, Pinned, Processed, handle_traced, mark_and_handle,
-};
-use crate::broker::Delivery;
+use super::inbox::Attempt;
+use super::inbox::Handler;
+use super::inbox::HandlerError;
+use super::inbox::Pinned;
+use super::inbox::Processed;
+use super::inbox::handle_traced;
+use super::inbox::mark_and_handle;
+use crate::message::Delivery;
 use crate::store::Db;
+use crate::store::InboxTx;
 
 /// Handles several messages of one partition in one transaction, so commit
 /// latency is paid once per batch.

@@ -13,10 +13,13 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use super::inbox::{Handler, HandlerError, InboxTx, Pinned};
+use super::inbox::Handler;
+use super::inbox::HandlerError;
+use super::inbox::Pinned;
 use super::plugin_handler::{DryRun, PluginHandler};
-use crate::broker::Delivery;
 use crate::config::HandlerRef;
+use crate::message::Delivery;
+use crate::store::InboxTx;
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 

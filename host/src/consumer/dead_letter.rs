@@ -7,14 +7,13 @@ use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
 
-use crate::broker::{Delivery, OutgoingMessage, PublishError};
+use crate::broker::PublishError;
+use crate::message::Delivery;
+use crate::message::OutgoingMessage;
 
 /// Publishes a dead letter to `<topic>.dlq` (Kafka).
 pub type DeadLetterTopic =
     Arc<dyn Fn(OutgoingMessage) -> BoxFuture<'static, Result<(), PublishError>> + Send + Sync>;
-
-/// Records a dead delivery for a consumer in `consumer_dead_letters`.
-pub use crate::store::dead_letters::record;
 
 /// The `<topic>.dlq` message for a dead delivery: the original key, payload
 /// and headers, plus why it died.

@@ -8,10 +8,10 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::broker::Delivery;
+use crate::message::Delivery;
 use crate::plugin::slot::ConsumerVersions;
 use crate::store::Db;
-pub use crate::store::{InboxTx, PgInboxTx};
+use crate::store::InboxTx;
 use crate::telemetry::FutureExt;
 
 #[derive(Debug, Clone, thiserror::Error)]

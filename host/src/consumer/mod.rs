@@ -12,12 +12,7 @@ pub mod dead_letter;
 pub mod inbox;
 pub mod plugin_handler;
 pub mod runner;
-pub use outboxd_core::sql_values;
-
-pub use crate::plugin::slot::{ActiveConsumer, ConsumerVersions};
 pub use configured::{ConsumerHandler, NativeHandler, NativeHandlers};
-pub use inbox::{
-    Attempt, Handler, HandlerError, InboxTx, PgInboxTx, Pinned, Processed, attempt, process,
-};
+pub use inbox::{Attempt, Handler, HandlerError, Pinned, Processed, attempt, process};
 pub use plugin_handler::{DryRun, PluginHandler};
-pub use runner::{Consumer, ConsumerConfig, ConsumerStats, OnDead};
+pub use runner::{Consumer, ConsumerConfig, ConsumerStats};

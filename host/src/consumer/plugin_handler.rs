@@ -19,14 +19,21 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::inbox::{Handler, HandlerError, InboxTx, Pinned, Processed};
-use crate::broker::Delivery;
+use super::inbox::Handler;
+use super::inbox::HandlerError;
+use super::inbox::Pinned;
+use super::inbox::Processed;
+use crate::config::TxnPolicy;
 use crate::fault::{FaultPoint, Faults};
+use crate::message::Delivery;
+use crate::plugin::ActiveConsumer;
+use crate::plugin::ConsumerPlugin;
+use crate::plugin::PluginError;
 use crate::plugin::bindings::transformer::outbox::plugin::types::Message;
 use crate::plugin::host::transaction::{PluginStatement, Recording};
 use crate::plugin::shadow::Comparison;
 use crate::plugin::versions::{BadLabel, VersionLabel};
-use crate::plugin::{ActiveConsumer, ConsumerPlugin, PluginError, TxnPolicy};
+use crate::store::InboxTx;
 
 #[derive(Debug, Clone)]
 pub struct PluginHandler {

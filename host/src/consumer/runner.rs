@@ -17,14 +17,16 @@ use tokio::sync::watch;
 
 use super::dead_letter::DeadLetterTopic;
 use super::inbox::{Handler, Processed, attempt};
-use crate::broker::{ConsumeError, Delivery, MessageSource, headers};
+use crate::broker::ConsumeError;
+use crate::broker::MessageSource;
+use crate::config::OnDead;
 use crate::fault::{FaultPoint, Faults, InjectedFault};
+use crate::message::Delivery;
+use crate::message::headers;
 use crate::store::Db;
 
 mod failures;
 mod parking;
-
-pub use outboxd_core::config::OnDead;
 
 /// Called with every message whose effect committed (a duplicate is not
 /// one): what a caller measures around a consumer (the example's and the

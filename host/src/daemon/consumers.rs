@@ -14,13 +14,17 @@ use super::{DaemonError, PipelineHandles};
 use crate::broker::Publisher;
 use crate::broker::embedded::{EmbeddedConsumer, EmbeddedConsumerConfig};
 use crate::broker::kafka::{GroupLag, KafkaConsumer, KafkaConsumerConfig, KafkaPublisher};
-use crate::config::{Config, ConfigExt, ConsumerSection, TransportKind};
-use crate::consumer::{
-    ActiveConsumer, Consumer, ConsumerConfig, ConsumerHandler, NativeHandlers, PluginHandler,
-};
+use crate::config::{Config, ConsumerSection, TransportKind};
+use crate::consumer::Consumer;
+use crate::consumer::ConsumerConfig;
+use crate::consumer::ConsumerHandler;
+use crate::consumer::NativeHandlers;
+use crate::consumer::PluginHandler;
 use crate::fault::Faults;
 use crate::metrics::{Metrics, PluginReport};
+use crate::plugin::slot::ActiveConsumer;
 use crate::plugin::{ConsumerPlugin, PluginEngine};
+use crate::settings::ConfigExt;
 use crate::store::plugin_roles::{PluginRoles, RoleCheckError};
 use crate::store::{Channel, Db};
 

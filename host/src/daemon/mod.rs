@@ -14,12 +14,17 @@ use relays::spawn_relays_for;
 
 use crate::broker::embedded::EmbeddedPublisher;
 use crate::broker::kafka::{KafkaPublisher, KafkaSetupError};
-use crate::config::{Config, ConfigExt, TransportKind};
+use crate::config::{Config, TransportKind};
+use crate::consumer::ConsumerStats;
+use crate::consumer::Handler;
+use crate::consumer::NativeHandlers;
 use crate::consumer::runner::OnHandled;
-use crate::consumer::{ActiveConsumer, ConsumerStats, Handler, NativeHandlers};
 use crate::fault::Faults;
 use crate::metrics::Metrics;
-use crate::relay::{Chains, build_chains};
+use crate::plugin::chains::Chains;
+use crate::plugin::chains::build_chains;
+use crate::plugin::slot::ActiveConsumer;
+use crate::settings::ConfigExt;
 use crate::store::{AnyStore, Db, migrate};
 
 /// What a running pipeline exposes to its caller (examples and tests read it).
@@ -459,7 +464,8 @@ async fn start_rollout(
     set: &mut JoinSet<Result<(), String>>,
     shutdown: &watch::Receiver<bool>,
 ) -> Result<Option<(Chains, Vec<ActiveConsumer>)>, DaemonError> {
-    use crate::plugin::{PluginSource, Registry};
+    use crate::config::PluginSource;
+    use crate::plugin::Registry;
     let runtime = &config.plugin_runtime;
     let registry_plugin = |name: &str| {
         config
@@ -501,7 +507,7 @@ async fn start_rollout(
             Ok(())
         });
     }
-    let rollout = crate::relay::Rollout::new(
+    let rollout = crate::plugin::rollout::Rollout::new(
         engine,
         registry,
         config.plugins.clone(),

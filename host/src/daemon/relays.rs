@@ -8,13 +8,16 @@ use tokio::task::JoinSet;
 
 use crate::broker::Publisher;
 use crate::clock::SystemClock;
+use crate::config::Config;
 use crate::config::RelaySource;
-use crate::config::{Config, ConfigExt};
 use crate::fault::Faults;
 use crate::metrics::Metrics;
+use crate::plugin::chains::Chains;
+use crate::relay::Relay;
 use crate::relay::wal::{WalParts, WalRelay};
 use crate::relay::worker::{self, WorkerConfig};
-use crate::relay::{Chains, Relay, Router};
+use crate::route::Router;
+use crate::settings::ConfigExt;
 use crate::store::wal::{self as wal_store, HandedStore, WalFeed};
 use crate::store::{AnyStore, Channel, Db, OutboxStore};
 

@@ -9,8 +9,7 @@ use chrono::{DateTime, Utc};
 use crate::fault::Faults;
 use crate::store::Db;
 use crate::store::consumer_dead::{self, RedriveError, Selection};
-
-pub use crate::store::consumer_dead::{ConsumerDeadLetter, ConsumerDeadSummary};
+use crate::store::consumer_dead::{ConsumerDeadLetter, ConsumerDeadSummary};
 
 /// Which dead letters of a consumer a redrive releases.
 #[derive(Debug, Clone, PartialEq, Eq)]

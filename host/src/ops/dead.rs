@@ -7,9 +7,8 @@ use chrono::{DateTime, Utc};
 
 use super::like_pattern;
 use crate::store::Db;
+use crate::store::dead_letters::DeadEvent;
 use crate::store::dead_letters::{self, DeadSelection};
-
-pub use crate::store::dead_letters::DeadEvent;
 
 /// Which dead events an operation applies to.
 #[derive(Debug, Clone, Default)]

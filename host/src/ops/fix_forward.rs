@@ -18,10 +18,10 @@ use outboxd_core::route::{Route, Router};
 
 use super::dead::DeadFilter;
 use super::like_pattern;
-use crate::broker::OutgoingMessage;
 use crate::consumer::PluginHandler;
 use crate::consumer::inbox::Handler;
 use crate::consumer::plugin_handler::DryRun;
+use crate::message::OutgoingMessage;
 use crate::plugin::registry::{Registry, RegistryError};
 use crate::plugin::versions::{BadLabel, VersionLabel};
 use crate::plugin::{ConsumerPlugin, PluginEngine, Rollout};
@@ -245,7 +245,7 @@ pub async fn dry_run(
             None => match chains.for_event(&router, &ev.event_type) {
                 Some(route) => route,
                 None => {
-                    let msg = crate::relay::message_for_event(&router, &ev);
+                    let msg = crate::message::message_for_event(&router, &ev);
                     out.push(DryRunEvent {
                         seq: ev.seq,
                         event_type: ev.event_type,

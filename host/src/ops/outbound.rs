@@ -15,10 +15,9 @@
 //!
 //! Either way the provider, asked by the key, says what really happened.
 
-use serde::Serialize;
-
-pub use crate::store::outbound::OutboundCall;
+use crate::store::outbound::OutboundCall;
 use crate::store::{Db, outbound};
+use serde::Serialize;
 
 /// The calls made under one idempotency key, oldest first.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]

@@ -5,12 +5,12 @@
 
 use serde::Serialize;
 
+use crate::config::ReconcileRule;
 use crate::event::NewEvent;
 use crate::store::reconcile::missing_events;
 use crate::store::{Db, EnqueueError, InboxTx};
 
 /// A `[[reconcile]]` entry, a config section, in `outboxd-core`.
-pub use outboxd_core::config::ReconcileRule;
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct RuleReport {

@@ -6,11 +6,11 @@
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
+use crate::config::RetentionConfig;
 use crate::store::Db;
 use crate::store::retention::{Sweep, sweep_batch};
 
 /// `[retention]`, a config section, in `outboxd-core`.
-pub use outboxd_core::config::RetentionConfig;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct CleanupReport {

@@ -9,8 +9,9 @@ use super::chain::{Chain, TopicPolicy};
 use super::engine::PluginEngine;
 use super::registry::RegistryError;
 use super::shadow::ShadowStats;
-use super::transformer::{PluginSpec, TransformerPlugin};
+use super::transformer::TransformerPlugin;
 use super::versions::{BadLabel, RegistryVersions, VersionLabel};
+use crate::config::PluginSpec;
 use outboxd_core::route::{Route, Router};
 
 /// What one route runs: its chain and, while a candidate is in shadow, the

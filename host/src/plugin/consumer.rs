@@ -9,10 +9,14 @@ use super::bindings::consumer::{Consumer, ConsumerPre};
 use super::bindings::transformer::outbox::plugin::types::{Message, PluginError as WitError};
 use super::error::{PluginError, classify};
 use super::host::http::{HttpCall, HttpRecord, Transport};
+use super::host::transaction::PluginStatement;
+use super::host::transaction::Recording;
+use super::host::transaction::link;
+use super::host::transaction::next_request;
 use super::host::transaction::server::TxnServer;
-use super::host::transaction::{PluginStatement, Recording, TxnPolicy, link, next_request};
 use super::host::{ConsumerState, StoreState};
 use super::loaded::Loaded;
+use crate::config::TxnPolicy;
 use crate::store::InboxTx;
 use crate::store::outbound;
 

@@ -6,8 +6,9 @@
 use super::consumer::ConsumerPlugin;
 use super::engine::PluginEngine;
 use super::harness::SampleEvent;
-use super::transformer::{PluginSpec, TransformerPlugin};
+use super::transformer::TransformerPlugin;
 use super::validate;
+use crate::config::PluginSpec;
 
 /// Components larger than this are refused.
 pub const MAX_COMPONENT_BYTES: usize = 32 * 1024 * 1024;

@@ -11,7 +11,7 @@ use tokio::sync::watch;
 
 use super::engine::PluginEngine;
 use super::registry::{Deployed, Registry};
-use super::transformer::PluginSpec;
+use crate::config::PluginSpec;
 
 /// Scans `dir` once: deploys and activates every new or changed file.
 /// `seen` remembers modification times between scans.

@@ -1,7 +1,7 @@
 //! [`PluginError`]: every way a plugin call can fail, typed by what the
 //! caller does about it, and [`classify`], which types a wasmtime error.
 
-use super::limits::Limits;
+use crate::config::Limits;
 
 /// A failed plugin call. Anything but `Guest` discards the Store.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

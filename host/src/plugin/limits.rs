@@ -1,9 +1,6 @@
 //! Per-plugin sandbox limits (config data, from `outboxd-core`) and the
 //! memory cap that enforces them.
 
-/// `plugins[].limits`; the limiter below is wasmtime's, so it stays here.
-pub use outboxd_core::config::Limits;
-
 /// Refuses memory and table growth past the caps and remembers that it did,
 /// so the trap that follows is reported as out-of-memory.
 #[derive(Debug)]

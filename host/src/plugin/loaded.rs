@@ -21,8 +21,8 @@ use super::engine::{EPOCH_TICK, PluginEngine};
 use super::error::{PluginError, classify};
 use super::host::StoreState;
 use super::host::log::{LineBudget, drain};
-use super::limits::Limits;
 use super::metrics::PluginMetrics;
+use crate::config::Limits;
 
 /// A WIT world a plugin may export: its Store data and Linker, its
 /// pre-instantiated form and how to instantiate it, and the words of the

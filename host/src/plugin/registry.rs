@@ -11,16 +11,14 @@
 use sha2::{Digest, Sha256};
 
 use super::harness::SampleEvent;
-use super::transformer::PluginSpec;
 use super::{PluginEngine, deploy_check};
+use crate::config::PluginSpec;
 use crate::store::Db;
 use crate::store::registry::{self as stored, StoredVersion};
 
 mod desired;
 mod lifecycle;
-
-pub use super::deploy_check::MAX_COMPONENT_BYTES;
-pub use crate::store::registry::{DesiredRow, PluginRecord, ShadowTotals};
+use crate::store::registry::{PluginRecord, ShadowTotals};
 pub use desired::Desired;
 
 #[derive(Debug, thiserror::Error)]

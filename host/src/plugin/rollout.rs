@@ -13,12 +13,17 @@ use std::time::Duration;
 use outboxd_core::route::Route;
 use tokio::sync::watch;
 
+use super::Chain;
+use super::PluginEngine;
+use super::TopicPolicy;
+use super::TransformerPlugin;
 use super::chains::{ChainTable, Chains, RouteChain, Shadow};
 use super::registry::{Desired, Registry, RegistryError};
 use super::shadow::ShadowStats;
 use super::slot::{ActiveConsumer, ConsumerVersions};
 use super::versions::RegistryVersions;
-use super::{Chain, PluginEngine, PluginSource, PluginSpec, TopicPolicy, TransformerPlugin};
+use crate::config::PluginSource;
+use crate::config::PluginSpec;
 use crate::store::Channel;
 
 /// What a refresh changed.

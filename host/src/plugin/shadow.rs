@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use super::bindings::GuestMessage;
-use super::registry::ShadowTotals;
+use crate::store::registry::ShadowTotals;
 
 /// Mismatching events kept as samples per candidate and host.
 pub const MAX_SAMPLES: usize = 5;

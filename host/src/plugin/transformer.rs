@@ -9,11 +9,8 @@ use super::bindings::transformer::outbox::plugin::types::{
 use super::bindings::transformer::{Transformer, TransformerPre};
 use super::error::{PluginError, classify};
 use super::host::{StoreState, TransformerState};
-use super::limits::Limits;
 use super::loaded::Loaded;
-
-/// A `[[plugins]]` entry and its source are config data, in `outboxd-core`.
-pub use outboxd_core::config::{PluginSource, PluginSpec};
+use crate::config::Limits;
 
 /// A loaded transformer plugin. Share it with `Arc`; calls may overlap.
 #[derive(Debug)]

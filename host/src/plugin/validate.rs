@@ -6,9 +6,9 @@ use wasmtime::component::Component;
 
 use super::engine::PluginEngine;
 use super::error::PluginError;
-use super::transformer::{PluginSpec, TransformerPlugin};
-
-pub use super::loaded::check_is_component;
+use super::loaded::check_is_component;
+use super::transformer::TransformerPlugin;
+use crate::config::PluginSpec;
 
 /// The WIT package the host implements.
 pub const WIT_PACKAGE: &str = "outbox:plugin@0.1.0";

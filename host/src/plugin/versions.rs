@@ -6,8 +6,12 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
+use super::ConsumerPlugin;
+use super::PluginEngine;
+use super::PluginError;
+use super::TransformerPlugin;
 use super::registry::{Registry, RegistryError};
-use super::{ConsumerPlugin, PluginEngine, PluginError, PluginSpec, TransformerPlugin};
+use crate::config::PluginSpec;
 use crate::metrics::{Metrics, PluginReport};
 
 /// `NAME@VERSION`: one registry version of a plugin, as an operator names

@@ -9,8 +9,6 @@ pub mod transform;
 pub mod wal;
 pub mod worker;
 
-pub use outboxd_core::{backoff, route};
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,19 +16,17 @@ use futures_util::future::join_all;
 use opentelemetry::Context;
 use opentelemetry::trace::SpanKind;
 
-use crate::broker::{OutgoingMessage, PublishError, Publisher};
+use crate::backoff::Backoff;
+use crate::broker::{PublishError, Publisher};
 use crate::clock::Clock;
 use crate::event::OutboxEvent;
 use crate::fault::{FaultPoint, Faults, InjectedFault};
-pub use crate::store::truncate;
+use crate::message::{OutgoingMessage, message_for_event};
+use crate::plugin::chains::{Chains, RouteChain};
+use crate::route::Router;
+use crate::store::truncate;
 use crate::store::{BatchOutcome, ClaimedBatch, FailedEvent, OutboxStore, StoreError};
 use crate::telemetry::Span;
-
-pub use crate::plugin::chains::{ChainTable, Chains, PinError, RouteChain, Shadow, build_chains};
-pub use crate::plugin::rollout::{Refreshed, Rollout};
-pub use backoff::Backoff;
-pub use outboxd_core::message::message_for_event;
-pub use route::{Route, Router};
 
 /// `last_error` is cut to this many characters (an error must not bloat the row).
 pub const MAX_ERROR_CHARS: usize = 500;

@@ -8,20 +8,19 @@ use std::time::Instant;
 use futures_util::future::join_all;
 use opentelemetry::Context;
 
-use super::{EventResult, FailureCause, Relay, Router};
-use crate::broker::{OutgoingMessage, Publisher};
+use super::EventResult;
+use super::FailureCause;
+use super::Relay;
+use crate::broker::Publisher;
 use crate::event::OutboxEvent;
+use crate::message::OutgoingMessage;
+use crate::message::{keep_event_trace, plugin_message};
 use crate::plugin::chains::{PinError, RouteChain, Shadow};
 use crate::plugin::shadow;
 use crate::plugin::{Chain, GuestEvent, GuestMessage};
+use crate::route::Router;
 use crate::store::OutboxStore;
 use crate::telemetry::{FutureExt, Span};
-
-/// How an output becomes a broker message (its id, the headers a plugin
-/// cannot set) is pure, and lives in `outboxd-core` for the fuzz targets.
-pub use outboxd_core::message::{
-    SOURCE_ID_HEADER, keep_event_trace, output_message_id, plugin_message,
-};
 
 /// The event as a guest sees it.
 pub fn guest_event(ev: &OutboxEvent) -> GuestEvent {

@@ -10,8 +10,7 @@ use sqlx::sqlite::{
 };
 
 use super::StoreError;
-
-pub use outboxd_core::db_url::{DbKind, redact_url};
+use crate::db_url::DbKind;
 
 /// Runs `$body` once with `$pool` bound to whichever pool `$db` holds: one
 /// query text for both databases, where the Rust types differ.

@@ -220,5 +220,3 @@ pub async fn discard_dead_event(
         .rows_affected());
     Ok(n > 0)
 }
-
-pub use super::consumer_dead::{ConsumerDeadSummary, consumer_dead_summary, record};

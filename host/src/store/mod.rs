@@ -42,7 +42,7 @@ use serde::Serialize;
 
 pub use any::AnyStore;
 pub(crate) use db::on_pool;
-pub use db::{Db, DbKind, HOST_SCHEMA, execute_in_app_schema, host_pg_options, redact_url};
+pub use db::{Db, HOST_SCHEMA, execute_in_app_schema, host_pg_options};
 pub use enqueue::{OutboxDatabase, enqueue, lookup_operation};
 pub use fingerprint::fingerprint;
 pub use migrate::{MigrationReport, migrate, migrate_to};

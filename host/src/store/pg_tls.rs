@@ -83,7 +83,7 @@ pub struct TlsProblem {
 impl TlsProblem {
     fn new(url: &str, reason: impl Into<String>, fix: impl Into<String>) -> Self {
         TlsProblem {
-            url: super::redact_url(url),
+            url: crate::db_url::redact_url(url),
             reason: reason.into(),
             fix: fix.into(),
         }

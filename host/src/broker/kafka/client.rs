@@ -11,7 +11,7 @@ use rdkafka::message::{BorrowedMessage, Headers, Message};
 
 use super::consumer::{GroupContext, KafkaConsumerConfig};
 use super::{KafkaSetupError, base_config, require, setup_error};
-use crate::broker::Delivery;
+use crate::message::Delivery;
 
 /// The librdkafka consumer, with automatic commits and offset stores off,
 /// and `group.id` set to the consumer's name; a group member uses the

@@ -41,7 +41,9 @@ use rdkafka::{Offset, TopicPartitionList};
 use super::KafkaSetupError;
 use super::client::{client, to_delivery};
 use super::liveness::{Liveness, Snapshot, Verdict, probe};
-use crate::broker::{ConsumeError, Delivery, MessageSource};
+use crate::broker::ConsumeError;
+use crate::broker::MessageSource;
+use crate::message::Delivery;
 use crate::metrics::ConsumerMetrics;
 use crate::store::{Db, offsets};
 

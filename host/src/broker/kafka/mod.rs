@@ -29,7 +29,9 @@ pub use consumer::{DEFAULT_STALL_TIMEOUT, KafkaConsumer, KafkaConsumerConfig};
 pub use lag::GroupLag;
 pub use start_check::{StartReport, check_at_start};
 
-use super::{OutgoingMessage, PublishError, Publisher};
+use super::PublishError;
+use super::Publisher;
+use crate::message::OutgoingMessage;
 use broker_error::BrokerErrors;
 use outboxd_core::config::is_secret;
 

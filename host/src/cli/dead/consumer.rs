@@ -155,9 +155,9 @@ async fn dry_run_redrive(
     with: Option<&str>,
     limit: i64,
 ) -> anyhow::Result<ExitCode> {
-    use crate::config::ConfigExt;
     use crate::consumer::Processed;
     use crate::ops::fix_forward;
+    use crate::settings::ConfigExt;
     let name = consumer.name.as_str();
     let ids: Vec<i64> = match target {
         Target::Id(id) => vec![*id],

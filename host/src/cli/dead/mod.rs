@@ -104,9 +104,9 @@ impl DeadCommand {
 }
 
 pub(super) async fn dead_command(config: &Config, cmd: DeadCommand) -> anyhow::Result<ExitCode> {
-    use crate::config::ConfigExt;
     use crate::ops::dead::{self, DeadFilter};
     use crate::ops::fix_forward;
+    use crate::settings::ConfigExt;
     if let Some(consumer) = cmd.consumer() {
         let consumer = consumer.to_string();
         return consumer::command(config, &consumer, cmd).await;

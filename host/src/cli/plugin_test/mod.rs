@@ -12,11 +12,17 @@ mod print;
 
 use print::{print_consumer, print_transformer};
 
+use crate::config::Limits;
+use crate::config::TxnPolicy;
+use crate::plugin::HttpStub;
+use crate::plugin::PluginEngine;
+use crate::plugin::StubResponse;
+use crate::plugin::Transport;
 use crate::plugin::harness::report::{ConsumerReport, TransformerReport};
 use crate::plugin::harness::{
     self, consumer::ConsumerTest, expect, http_stub, message::SampleMessage,
 };
-use crate::plugin::{HttpStub, Limits, PluginEngine, StubResponse, Transport, TxnPolicy, validate};
+use crate::plugin::validate;
 
 #[derive(Debug, clap::Args)]
 pub(super) struct TestArgs {

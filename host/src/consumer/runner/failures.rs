@@ -7,9 +7,10 @@
 use std::sync::atomic::Ordering;
 
 use super::{Consumer, parking};
-use crate::broker::{Delivery, MessageSource};
+use crate::broker::MessageSource;
 use crate::consumer::dead_letter;
 use crate::consumer::inbox::{Handler, HandlerError};
+use crate::message::Delivery;
 
 impl<S: MessageSource, H: Handler> Consumer<S, H> {
     /// Counts a failed attempt; when the failure is permanent or attempts
@@ -64,7 +65,7 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
             return false;
         }
         let holds_key = self.parks_keys() && parking::key_of(d).is_some();
-        if let Err(e) = dead_letter::record(
+        if let Err(e) = crate::store::consumer_dead::record(
             &self.db,
             &self.config.name,
             d,

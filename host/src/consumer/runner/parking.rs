@@ -22,9 +22,14 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use super::{Consumer, ConsumerError};
-use crate::broker::{Delivery, MessageSource};
-use crate::consumer::inbox::{Handler, HandlerError, InboxTx, Processed, mark_and_handle_pinned};
+use crate::broker::MessageSource;
+use crate::consumer::inbox::Handler;
+use crate::consumer::inbox::HandlerError;
+use crate::consumer::inbox::Processed;
+use crate::consumer::inbox::mark_and_handle_pinned;
 use crate::fault::FaultPoint;
+use crate::message::Delivery;
+use crate::store::InboxTx;
 use crate::store::consumer_dead::{self, ConsumerDeadLetter};
 
 /// The runner's view of its parked keys.
@@ -63,7 +68,7 @@ enum Applied {
 
 impl<S: MessageSource, H: Handler> Consumer<S, H> {
     pub(super) fn parks_keys(&self) -> bool {
-        self.config.on_dead == super::OnDead::ParkKey
+        self.config.on_dead == crate::config::OnDead::ParkKey
     }
 
     /// Whether `d` must wait behind a dead letter of its key.

@@ -12,14 +12,18 @@ use std::time::Instant;
 
 use super::message::SampleMessage;
 use super::report::{ConsumerReport, HttpShown, MessageShown, Outcome};
+use crate::config::Limits;
+use crate::config::PluginSpec;
+use crate::config::TxnPolicy;
+use crate::db_url::redact_url;
 use crate::plugin::consumer::ConsumerPlugin;
 use crate::plugin::engine::PluginEngine;
 use crate::plugin::error::PluginError;
 use crate::plugin::host::http::Transport;
-use crate::plugin::host::transaction::{StatementKind, TxnPolicy};
-use crate::plugin::limits::Limits;
-use crate::plugin::transformer::PluginSpec;
-use crate::store::{Db, InboxTx, migrate, redact_url};
+use crate::plugin::host::transaction::StatementKind;
+use crate::store::Db;
+use crate::store::InboxTx;
+use crate::store::migrate;
 
 /// Why a consumer could not be tried at all (as opposed to an outcome of
 /// the plugin, which is in the report).

@@ -25,9 +25,9 @@ use serde::Deserialize;
 use super::bindings::{GuestEvent, GuestMessage};
 use super::engine::PluginEngine;
 use super::error::PluginError;
-use super::limits::Limits;
-use super::transformer::PluginSpec;
 use super::transformer::TransformerPlugin;
+use crate::config::Limits;
+use crate::config::PluginSpec;
 
 /// A sample event file, in either of two forms told apart by their keys:
 /// - the file form, with snake_case keys (`aggregate_id`, `event_type`,

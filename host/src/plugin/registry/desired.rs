@@ -1,8 +1,10 @@
 //! What hosts follow: every version that is not retired ([`Desired`],
 //! cheap enough to poll every second) and the bytes of one version.
 
-use super::{DesiredRow, Registry, RegistryError};
+use super::Registry;
+use super::RegistryError;
 use crate::store::registry as stored;
+use crate::store::registry::DesiredRow;
 
 /// What hosts should run: each plugin's active version and shadow
 /// candidate, plus the other candidates, which hosts compile ahead so that

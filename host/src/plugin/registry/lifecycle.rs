@@ -2,8 +2,10 @@
 //! the previous one, retire one, run a candidate in shadow. Each is one
 //! transaction, announced on [`Channel::Plugins`](crate::store::Channel::Plugins).
 
-use super::{PluginRecord, Registry, RegistryError};
+use super::Registry;
+use super::RegistryError;
 use crate::store::registry as stored;
+use crate::store::registry::PluginRecord;
 
 impl Registry {
     /// Makes `version` the one active version of `name`, atomically, and

@@ -164,7 +164,7 @@ impl<P: Publisher> WalRelay<P> {
     pub fn new(parts: WalParts<P>) -> Result<Self, String> {
         let replication = replication_config(&parts.database_url, &parts.wal)?;
         Ok(Self {
-            shown_url: crate::store::redact_url(&parts.database_url),
+            shown_url: crate::db_url::redact_url(&parts.database_url),
             wal: parts.wal,
             replication,
             batch_size: parts.batch_size,

@@ -27,9 +27,6 @@ use crate::plugin::error::PluginError;
 #[derive(Debug)]
 pub struct ActiveTransaction;
 
-/// Set from `[[consumers]]`, so it is config data, in `outboxd-core`.
-pub use outboxd_core::config::TxnPolicy;
-
 pub(crate) enum Op {
     Execute(String, Vec<Value>),
     Query(String, Vec<Value>),

@@ -1,8 +1,8 @@
 //! The typed configuration lives in `outboxd-core` ([`outboxd_core::config`],
-//! re-exported here whole); this adds what turns it into the settings of the
-//! host's own components, which core does not know.
+//! `outboxd::config` at the crate root); this turns it into the settings of
+//! the host's own components, which core does not know.
 
-pub use outboxd_core::config::*;
+use crate::config::Config;
 
 /// The settings of host components, read from a [`Config`].
 pub trait ConfigExt {
