@@ -8,7 +8,7 @@
 # duplicated or reordered.
 #
 #   bash tests/chaos.sh                   # the short soak .ci/run runs
-#   bash tests/chaos.sh --seconds 1800    # a long soak (RELIABILITY.md)
+#   bash tests/chaos.sh --seconds 1800    # a long soak
 #   bash tests/chaos.sh --transport embedded --consumers group
 #   bash tests/chaos.sh --relay-source wal
 #   bash tests/chaos.sh --seed N --keep   # replay a run, keep db and logs
