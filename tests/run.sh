@@ -155,6 +155,24 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
   cargo test --workspace --no-fail-fast "$@" || status=$?
 fi
+# Every test drops what it made on Postgres when it ends, passed or failed
+# (support.rs: DropDatabase, SlotGuard); whatever is still there now was
+# leaked by a test, and a leak fails the run.
+if command -v psql >/dev/null 2>&1; then
+  log "nothing the tests made is left on Postgres (databases, roles, replication slots named outboxd_t_*)"
+  if ! left=$(psql "$OUTBOXD_TEST_DATABASE_URL" -Atqc "
+      SELECT 'database ' || datname FROM pg_database WHERE datname LIKE 'outboxd\_t\_%'
+      UNION ALL SELECT 'role ' || rolname FROM pg_roles WHERE rolname LIKE 'outboxd\_t\_%'
+      UNION ALL SELECT 'replication slot ' || slot_name FROM pg_replication_slots
+        WHERE slot_name LIKE 'outboxd\_t\_%'" 2>&1); then
+    left="cannot ask Postgres: $left"
+  fi
+  if [ -n "$left" ]; then
+    echo "error: the tests left these on $OUTBOXD_TEST_DATABASE_URL (a test that creates one must drop it when it ends; see DropDatabase in tests/integration/support.rs):" >&2
+    echo "$left" | head -40 >&2
+    status=1
+  fi
+fi
 if [ "$#" -eq 0 ]; then
   if [ "${OUTBOXD_SCAFFOLDS_IN_CI:-0}" = 1 ]; then
     # .ci/run runs them next to the fuzzer, whose run leaves a core idle.

@@ -17,7 +17,8 @@ use outboxd_demo::billing;
 async fn postgres_role_limits_what_a_plugin_can_touch() {
     let t = TestDb::postgres().await;
     billing::create_schema(&t.db).await.expect("billing schema");
-    let role = format!("billing_{}", uuid::Uuid::new_v4().simple());
+    // Named after the database, so the database's guard drops it.
+    let role = format!("{}_billing", t.database_name());
     t.exec(&format!("CREATE ROLE {role} NOLOGIN")).await;
     t.exec(&format!("GRANT SELECT, INSERT ON invoices TO {role}"))
         .await;

@@ -26,6 +26,57 @@ pub struct TestDb {
     pub db: Db,
     pub url: String,
     _dir: Option<tempfile::TempDir>,
+    /// Postgres: drops the database and the roles named after it.
+    _drop: Option<DropDatabase>,
+}
+
+/// Drops a test's Postgres database (`WITH (FORCE)`, so a connection the
+/// test left open does not keep it) and every role named after it
+/// (`<database>_*`: roles belong to the cluster) when the test ends, passed
+/// or panicked. It runs psql synchronously, as [`SlotGuard`] does: a Drop
+/// cannot await, and the test's runtime may be shutting down. `tests/run.sh`
+/// checks at its end that nothing named `outboxd_t_*` is left.
+pub struct DropDatabase {
+    pub name: String,
+}
+
+impl Drop for DropDatabase {
+    fn drop(&mut self) {
+        let name = &self.name;
+        let roles = format!(
+            r#"DO $$
+DECLARE r text;
+BEGIN
+  FOR r IN SELECT rolname FROM pg_roles WHERE starts_with(rolname, '{name}_') LOOP
+    EXECUTE format('DROP ROLE IF EXISTS %I', r);
+  END LOOP;
+END $$"#
+        );
+        // Each -c runs on its own: DROP DATABASE cannot run in a transaction.
+        let out = std::process::Command::new("psql")
+            .args([
+                pg_admin_url().as_str(),
+                "-X",
+                "-q",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-c",
+                &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+                "-c",
+                &roles,
+            ])
+            .output();
+        let failed = match &out {
+            Ok(o) if o.status.success() => None,
+            Ok(o) => Some(String::from_utf8_lossy(&o.stderr).into_owned()),
+            Err(e) => Some(format!("cannot run psql: {e}")),
+        };
+        if let Some(why) = failed {
+            // Panicking in a Drop during a panic would abort and hide the
+            // test's own failure; tests/run.sh reports what is left.
+            eprintln!("could not drop the test database {name} or its roles: {why}");
+        }
+    }
 }
 
 impl TestDb {
@@ -55,6 +106,9 @@ impl TestDb {
             Some(i) => format!("{}/{name}", &admin[..i]),
             None => panic!("OUTBOXD_TEST_DATABASE_URL must end in /DBNAME"),
         };
+        // Armed before the first connection, so a test that fails from
+        // here on still drops its database.
+        let guard = DropDatabase { name: name.clone() };
         let db = Db::connect(&url, 16)
             .await
             .expect("connect to the test database");
@@ -62,6 +116,7 @@ impl TestDb {
             db,
             url,
             _dir: None,
+            _drop: Some(guard),
         }
     }
 
@@ -77,6 +132,7 @@ impl TestDb {
             db,
             url,
             _dir: Some(dir),
+            _drop: None,
         }
     }
 
@@ -273,9 +329,10 @@ macro_rules! on_both {
 /// tests/run.sh can find the leftovers of a killed run. Dropping this drops
 /// the slot (see [`SlotGuard`]).
 pub struct WalTestDb {
+    // Fields drop in order: the slot before the database it belongs to.
+    _slot: SlotGuard,
     pub t: TestDb,
     pub slot: String,
-    _slot: SlotGuard,
 }
 
 impl std::ops::Deref for WalTestDb {
