@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::BenchError;
-use outboxd::store::postgres::PgStore;
+use outboxd::store::outbox::pg_claim::PgStore;
 use outboxd::store::{ClaimedBatch, Db, OutboxStore, migrate};
 
 #[derive(Debug, Clone, clap::Args)]

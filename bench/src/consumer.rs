@@ -136,7 +136,7 @@ async fn plugin_role(
     let Db::Postgres(pool) = db else {
         return Ok(None);
     };
-    if !outboxd::store::plugin_roles::may_create_roles(pool).await? {
+    if !outboxd::store::plugin_sql::roles::may_create_roles(pool).await? {
         println!("  (this login may not create roles: the plugin's SQL runs as the host)");
         return Ok(None);
     }
@@ -148,7 +148,7 @@ async fn plugin_role(
     );
     c.tables = tables.clone();
     c.db_role = Some(role.clone());
-    outboxd::store::plugin_roles::provision(pool, std::slice::from_ref(&c))
+    outboxd::store::plugin_sql::roles::provision(pool, std::slice::from_ref(&c))
         .await
         .map_err(BenchError::Refused)?;
     println!("  plugin SQL runs as role {role}");

@@ -28,7 +28,8 @@ use outboxd::route::Route;
 use outboxd::route::Router;
 use outboxd::store::Db;
 use outboxd::store::InboxTx;
-use outboxd::store::postgres::{PgStore, listen, listen_for_events};
+use outboxd::store::backend::notify::listen;
+use outboxd::store::outbox::pg_claim::{PgStore, listen_for_events};
 use outboxd_demo::latency::LatencySamples;
 
 /// Partitions of the benchmark topic (publisher and consumer agree).

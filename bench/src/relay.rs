@@ -28,7 +28,7 @@ use outboxd::relay::RelayConfig;
 use outboxd::relay::worker::{self, WorkerConfig};
 use outboxd::route::Route;
 use outboxd::route::Router;
-use outboxd::store::postgres::PgStore;
+use outboxd::store::outbox::pg_claim::PgStore;
 use outboxd::store::{Db, migrate};
 
 #[derive(Debug, Clone, clap::Args)]

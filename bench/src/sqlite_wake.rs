@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use sqlx::Connection;
 use sqlx::sqlite::SqliteConnection;
 
-use outboxd::store::{Db, migrate, sqlite_watch};
+use outboxd::store::backend::sqlite_watch;
+use outboxd::store::{Db, migrate};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct SqliteWakeArgs {

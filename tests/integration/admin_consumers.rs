@@ -18,7 +18,7 @@ use outboxd::relay::StepOutcome;
 use outboxd::route::Route;
 use outboxd::route::Router;
 use outboxd::store::InboxTx;
-use outboxd::store::backlog::embedded_backlog;
+use outboxd::store::transport::backlog::embedded_backlog;
 use serde_json::{Value, json};
 
 use crate::admin::{TOKEN, admin_config, http};

@@ -9,7 +9,7 @@
 //! fails with SQLSTATE 55P03 instead of waiting.
 
 use outboxd::store::Db;
-use outboxd::store::locks::PARTITION_LOCK;
+use outboxd::store::backend::locks::PARTITION_LOCK;
 use outboxd::{EnqueueError, NewEvent, enqueue};
 use serde_json::json;
 use sqlx::{PgPool, Postgres, Transaction};

@@ -59,7 +59,7 @@ async fn the_claim_probes_by_aggregate_after_a_burst_autoanalyze_has_not_seen() 
     let mut tx = pool.begin().await.expect("begin");
     let plan: Value = sqlx::query_scalar(&format!(
         "EXPLAIN (ANALYZE, FORMAT JSON) {}",
-        outboxd::store::postgres::CLAIM
+        outboxd::store::outbox::pg_claim::CLAIM
     ))
     .bind(LIMIT)
     .bind(Utc::now())

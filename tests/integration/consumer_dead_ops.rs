@@ -16,7 +16,8 @@ use outboxd::message::Delivery;
 use outboxd::message::headers;
 use outboxd::sql_values::SqlValue;
 use outboxd::store::InboxTx;
-use outboxd::store::consumer_dead::{self, NewRow};
+use outboxd::store::inbox::dead_letters as consumer_dead;
+use outboxd::store::inbox::dead_letters::NewRow;
 use serde_json::{Value, json};
 
 use super::admin::{TOKEN, admin_config, http};

@@ -284,9 +284,10 @@ async fn an_empty_fetch_wakes_on_a_publish_notification() {
     let outboxd::store::Db::Postgres(pool) = &t.db else {
         unreachable!("a postgres test database")
     };
-    let wake = outboxd::store::postgres::listen(pool, outboxd::store::transport::NOTIFY_CHANNEL)
-        .await
-        .expect("listen");
+    let wake =
+        outboxd::store::backend::notify::listen(pool, outboxd::store::transport::NOTIFY_CHANNEL)
+            .await
+            .expect("listen");
     let mut c = consumer(&t, "g", Duration::from_secs(15)).with_wake(wake, Duration::from_secs(30));
     assert!(c.waits_for_messages());
     let publisher = EmbeddedPublisher::new(t.db.clone(), 4);

@@ -354,9 +354,17 @@ async fn a_consumer_dead_letter_dry_runs_on_a_candidate_and_on_the_active_versio
     reg.activate("c", v1, "test").await.expect("activate v1");
     // A dead letter as the consumer writes it: billing (v1) refused it.
     let d = delivery("o-9");
-    outboxd::store::consumer_dead::record(&t.db, "billing", &d, "refused", "plugin c@1", 1, true)
-        .await
-        .expect("record a dead letter");
+    outboxd::store::inbox::dead_letters::record(
+        &t.db,
+        "billing",
+        &d,
+        "refused",
+        "plugin c@1",
+        1,
+        true,
+    )
+    .await
+    .expect("record a dead letter");
     let letters = outboxd::ops::consumer_dead::list(&t.db, "billing", None, 10)
         .await
         .expect("list");
@@ -456,9 +464,17 @@ async fn the_command_line_dry_runs_a_consumer_redrive_and_changes_nothing(t: Tes
     };
     let role = t.provision_plugin_role(&mut consumer).await;
     let d = delivery("o-5");
-    outboxd::store::consumer_dead::record(&t.db, "billing", &d, "refused", "plugin c@1", 1, true)
-        .await
-        .expect("record a dead letter");
+    outboxd::store::inbox::dead_letters::record(
+        &t.db,
+        "billing",
+        &d,
+        "refused",
+        "plugin c@1",
+        1,
+        true,
+    )
+    .await
+    .expect("record a dead letter");
     let id = outboxd::ops::consumer_dead::list(&t.db, "billing", None, 10)
         .await
         .expect("list")[0]

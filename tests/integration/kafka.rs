@@ -22,7 +22,7 @@ use outboxd::relay::RelayConfig;
 use outboxd::relay::StepOutcome;
 use outboxd::route::Route;
 use outboxd::route::Router;
-use outboxd::store::sqlite::SqliteStore;
+use outboxd::store::outbox::sqlite_claim::SqliteStore;
 use outboxd::store::{Db, migrate};
 use outboxd::{NewEvent, enqueue};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use outboxd::broker::MessageSource;
 use outboxd::broker::kafka::{KafkaConsumer, KafkaConsumerConfig};
 use outboxd::message::Delivery;
-use outboxd::store::offsets;
+use outboxd::store::inbox::offsets;
 use rdkafka::mocking::MockCluster;
 
 use super::kafka::{produce, props};

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use outboxd::broker::kafka::KafkaPublisher;
 use outboxd::relay::{Relay, StepOutcome};
-use outboxd::store::sqlite::SqliteStore;
+use outboxd::store::outbox::sqlite_claim::SqliteStore;
 use rdkafka::mocking::MockCluster;
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use sqlx::Row;

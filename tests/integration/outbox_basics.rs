@@ -171,7 +171,7 @@ async fn postgres_insert_notifies_listening_relays() {
     let outboxd::store::Db::Postgres(pool) = &t.db else {
         unreachable!()
     };
-    let mut wake = outboxd::store::postgres::listen_for_events(pool)
+    let mut wake = outboxd::store::outbox::pg_claim::listen_for_events(pool)
         .await
         .expect("listen");
     wake.borrow_and_update();

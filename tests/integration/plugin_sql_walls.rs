@@ -13,7 +13,8 @@ use outboxd::consumer::Handler;
 use outboxd::consumer::process;
 use outboxd::store::Db;
 use outboxd::store::InboxTx;
-use outboxd::store::sqlite_plugin_guard::{self, PluginPolicy};
+use outboxd::store::backend::sqlite_plugin_guard;
+use outboxd::store::backend::sqlite_plugin_guard::PluginPolicy;
 use serde_json::json;
 
 use super::consumer_plugins::{handler, order};
@@ -60,7 +61,7 @@ async fn the_postgres_role_alone_holds_the_plugin_to_its_grants() {
     let Db::Postgres(pool) = &t.db else {
         unreachable!()
     };
-    outboxd::store::plugin_roles::check(pool, 0, &c)
+    outboxd::store::plugin_sql::roles::check(pool, 0, &c)
         .await
         .expect("the provisioned role is safe");
     let mut tx = pool.begin().await.expect("begin");
@@ -135,7 +136,7 @@ async fn an_unsafe_role_is_refused_with_the_key_and_the_sql() {
         .await;
     let mut c = attacked();
     c.db_role = Some(role.clone());
-    let err = outboxd::store::plugin_roles::check(pool, 3, &c)
+    let err = outboxd::store::plugin_sql::roles::check(pool, 3, &c)
         .await
         .expect_err("TEMP is granted to PUBLIC, and inbox to the role")
         .to_string();
@@ -150,7 +151,7 @@ async fn an_unsafe_role_is_refused_with_the_key_and_the_sql() {
     ] {
         assert!(err.contains(part), "missing `{part}` in:\n{err}");
     }
-    let missing = outboxd::store::plugin_roles::check(
+    let missing = outboxd::store::plugin_sql::roles::check(
         pool,
         0,
         &ConsumerSection {

@@ -315,7 +315,7 @@ async fn sslmode_require_connects_to_the_local_cluster() {
     let Db::Postgres(pool) = &db else {
         unreachable!()
     };
-    let tls = outboxd::store::pg_tls::connection_tls(pool)
+    let tls = outboxd::store::backend::pg_tls::connection_tls(pool)
         .await
         .expect("connection_tls");
     let own: Vec<_> = tls

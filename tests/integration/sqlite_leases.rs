@@ -22,7 +22,7 @@ use outboxd::relay::Relay;
 use outboxd::relay::RelayConfig;
 use outboxd::relay::StepOutcome;
 use outboxd::route::Router;
-use outboxd::store::sqlite::SqliteStore;
+use outboxd::store::outbox::sqlite_claim::SqliteStore;
 use outboxd::store::{BatchOutcome, ClaimedBatch, Db, FailedEvent, OutboxStore};
 use tokio::sync::{Notify, watch};
 

@@ -1,4 +1,4 @@
-//! SQLite's stand-in for LISTEN/NOTIFY (`store/sqlite_watch.rs`): with
+//! SQLite's stand-in for LISTEN/NOTIFY (`store/backend/sqlite_watch.rs`): with
 //! polling turned down to once every ten minutes, commits made in this
 //! process (the commit hook) and by a connection without hooks (what
 //! another process is to the watcher) still wake the relay and the
@@ -10,7 +10,8 @@ use outboxd::broker::embedded::{EmbeddedConsumer, EmbeddedConsumerConfig};
 use outboxd::broker::{MessageSource, NullPublisher};
 use outboxd::event::NewEvent;
 use outboxd::relay::worker::{self, WorkerConfig};
-use outboxd::store::{Db, enqueue, sqlite_watch};
+use outboxd::store::backend::sqlite_watch;
+use outboxd::store::{Db, enqueue};
 use serde_json::json;
 use sqlx::Connection;
 use sqlx::sqlite::SqliteConnection;

@@ -128,12 +128,18 @@ async fn a_terminated_connection_is_transient_and_a_bad_statement_is_not() {
         .execute(&mut *victim)
         .await
         .expect_err("the connection is gone");
-    assert!(outboxd::store::problem::transient(&lost), "{lost:?}");
+    assert!(
+        outboxd::store::backend::problem::transient(&lost),
+        "{lost:?}"
+    );
     let bad = sqlx::query("SELECT * FROM no_such_table")
         .execute(pool)
         .await
         .expect_err("no table");
-    assert!(!outboxd::store::problem::transient(&bad), "{bad:?}");
+    assert!(
+        !outboxd::store::backend::problem::transient(&bad),
+        "{bad:?}"
+    );
 }
 
 /// The database does not answer at first (a network partition while the
@@ -253,7 +259,7 @@ async fn a_refused_connection_still_fails_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_lost_during_the_plugin_role_check_is_transient() {
     use outboxd::config::ConsumerSection;
-    use outboxd::store::plugin_roles::{RoleCheckError, check};
+    use outboxd::store::plugin_sql::roles::{RoleCheckError, check};
     let t = TestDb::postgres().await;
     let Db::Postgres(admin) = &t.db else {
         unreachable!("a postgres test database")
@@ -298,7 +304,7 @@ async fn a_connection_lost_during_the_plugin_role_check_is_transient() {
         .expect_err("the check's connection is gone");
     match &lost {
         RoleCheckError::Database(e) => {
-            assert!(outboxd::store::problem::transient(e), "{e:?}")
+            assert!(outboxd::store::backend::problem::transient(e), "{e:?}")
         }
         RoleCheckError::Refused(why) => {
             panic!("a lost connection was read as a refused role: {why}")

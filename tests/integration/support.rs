@@ -168,7 +168,7 @@ impl TestDb {
         let mut role = format!("{database}_{}", c.name.replace('-', "_"));
         role.truncate(63);
         c.db_role = Some(role.clone());
-        outboxd::store::plugin_roles::provision(pool, std::slice::from_ref(c))
+        outboxd::store::plugin_sql::roles::provision(pool, std::slice::from_ref(c))
             .await
             .expect("provision the plugin's role");
         Some(role)
@@ -367,7 +367,7 @@ impl TestDb {
         let guard = SlotGuard { slot: slot.clone() };
         wait_for_a_free_slot(&t).await;
         let config = wal_config(&t.url, &slot, "");
-        outboxd::store::wal::ensure(&t.db, &config.relay.wal)
+        outboxd::store::outbox::wal::ensure(&t.db, &config.relay.wal)
             .await
             .unwrap_or_else(|e| panic!("create the publication and slot {slot}: {e}"));
         WalTestDb {

@@ -310,7 +310,7 @@ async fn wal_hot_standby_takes_over_from_a_partitioned_reader_within_sender_time
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wal_migrate_creates_the_publication_and_the_slot_when_missing() {
     let t = TestDb::postgres_wal().await;
-    outboxd::store::wal::drop_slot(&t.db, &t.slot)
+    outboxd::store::outbox::wal::drop_slot(&t.db, &t.slot)
         .await
         .expect("drop the slot");
     t.exec("DROP PUBLICATION outboxd_outbox").await;

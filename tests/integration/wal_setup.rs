@@ -4,7 +4,7 @@
 
 use outboxd::config::{Config, WalSection};
 use outboxd::store::Db;
-use outboxd::store::wal::{self, WalSetupError};
+use outboxd::store::outbox::wal::{self, WalSetupError};
 
 use crate::support::TestDb;
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use outboxd::admin::{History, SlotSampler, run_sampler};
 use outboxd::metrics::Metrics;
-use outboxd::store::wal_status::slot_status;
+use outboxd::store::outbox::wal_status::slot_status;
 
 use crate::support::TestDb;
 
@@ -146,7 +146,7 @@ async fn outboxd_stats_shows_the_slot_in_wal_mode_only() {
     let (ok, table) = outboxd(&t, &["stats"], &wal).await;
     let (ok_json, json) = outboxd(&t, &["stats", "--json"], &wal).await;
     let (ok_poll, polling) = outboxd(&t, &["stats"], &[]).await;
-    outboxd::store::wal::drop_slot(&t.db, &slot)
+    outboxd::store::outbox::wal::drop_slot(&t.db, &slot)
         .await
         .expect("drop the test's slot");
     assert!(ok && ok_json && ok_poll, "{table}\n{json}\n{polling}");

@@ -26,7 +26,7 @@ use outboxd::daemon::join_all_workers;
 use outboxd::relay::Relay;
 use outboxd::relay::RelayConfig;
 use outboxd::route::Router;
-use outboxd::store::sqlite::{SqliteStore, from_micros};
+use outboxd::store::outbox::sqlite_claim::{SqliteStore, from_micros};
 use outboxd::store::{Db, migrate};
 
 #[derive(Debug, Clone, clap::Args)]

@@ -16,9 +16,9 @@ use serde::Serialize;
 use super::AdminState;
 use super::history::History;
 use crate::metrics::ConsumerMetrics;
-use crate::store::backlog::{GroupBacklog, embedded_backlog};
-use crate::store::consumer_dead::ConsumerDeadSummary;
-use crate::store::consumer_dead::consumer_dead_summary;
+use crate::store::inbox::dead_letters::ConsumerDeadSummary;
+use crate::store::inbox::dead_letters::consumer_dead_summary;
+use crate::store::transport::backlog::{GroupBacklog, embedded_backlog};
 
 pub(super) fn routes() -> Router<AdminState> {
     Router::new().route("/api/consumers", get(list))

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::watch;
 
-use crate::store::wal_status::slot_status;
+use crate::store::outbox::wal_status::slot_status;
 use crate::store::{AnyStore, Db, OutboxStore};
 
 /// Kept samples; at the default 5 s interval, one hour.

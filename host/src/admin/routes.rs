@@ -72,8 +72,8 @@ async fn stats(State(s): State<AdminState>) -> Response {
             if let Some(fields) = body.as_object_mut() {
                 fields.insert("readiness".into(), json!(readiness));
                 // Whether each of outboxd's database connections is
-                // encrypted (store/pg_tls.rs); Postgres only.
-                match crate::store::pg_tls::connections(&s.db).await {
+                // encrypted (store/backend/pg_tls.rs); Postgres only.
+                match crate::store::backend::pg_tls::connections(&s.db).await {
                     Ok(Some(c)) => {
                         fields.insert("connections".into(), json!(c));
                     }

@@ -21,7 +21,7 @@ use crate::daemon::Daemon;
 use crate::db_url::redact_url;
 use crate::event::{Enqueued, NewEvent};
 use crate::fault::Faults;
-use crate::store::plugin_roles::PluginRoles;
+use crate::store::plugin_sql::roles::PluginRoles;
 use crate::store::{AnyStore, Db, InboxTx, OutboxStore, migrate};
 use dead::DeadCommand;
 use outbound::OutboundCommand;
@@ -309,7 +309,7 @@ async fn dispatch(cli: Cli, daemon: Daemon) -> anyhow::Result<ExitCode> {
             }
             if config.relay.source == crate::config::RelaySource::Wal {
                 let wal = &config.relay.wal;
-                let made = crate::store::wal::ensure(&db, wal).await?;
+                let made = crate::store::outbox::wal::ensure(&db, wal).await?;
                 println!(
                     "WAL relay: publication `{}` {}, replication slot `{}` {}",
                     wal.publication,
@@ -336,12 +336,13 @@ async fn dispatch(cli: Cli, daemon: Daemon) -> anyhow::Result<ExitCode> {
                 .await?;
             let consumers = crate::ops::consumer_dead::summary(&db).await?;
             let wal = match config.relay.source {
-                crate::config::RelaySource::Wal => {
-                    Some(crate::store::wal_status::slot_status(&db, &config.relay.wal.slot).await?)
-                }
+                crate::config::RelaySource::Wal => Some(
+                    crate::store::outbox::wal_status::slot_status(&db, &config.relay.wal.slot)
+                        .await?,
+                ),
                 crate::config::RelaySource::Poll => None,
             };
-            let connections = crate::store::pg_tls::connections(&db).await?;
+            let connections = crate::store::backend::pg_tls::connections(&db).await?;
             if json {
                 let mut v = serde_json::to_value(&stats)?;
                 v["consumers"] = serde_json::to_value(&consumers)?;
@@ -530,7 +531,7 @@ fn forward(binary: &str, package: &str, args: &[String]) -> anyhow::Result<ExitC
 }
 
 /// `outboxd stats` with `relay.source = "wal"`: the replication slot.
-fn print_wal_slot(name: &str, slot: Option<&crate::store::wal_status::SlotStatus>) {
+fn print_wal_slot(name: &str, slot: Option<&crate::store::outbox::wal_status::SlotStatus>) {
     let Some(s) = slot else {
         println!(
             "wal slot              {name}: missing (`outboxd migrate` or a WAL-mode `outboxd run` creates it)"

@@ -33,7 +33,7 @@ impl From<sqlx::Error> for HandlerError {
     fn from(e: sqlx::Error) -> Self {
         HandlerError::Retryable(format!(
             "database error in handler: {e}{}",
-            crate::store::problem::hint(&e)
+            crate::store::backend::problem::hint(&e)
         ))
     }
 }

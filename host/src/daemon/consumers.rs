@@ -25,7 +25,7 @@ use crate::metrics::{Metrics, PluginReport};
 use crate::plugin::slot::ActiveConsumer;
 use crate::plugin::{ConsumerPlugin, PluginEngine};
 use crate::settings::ConfigExt;
-use crate::store::plugin_roles::{PluginRoles, RoleCheckError};
+use crate::store::plugin_sql::roles::{PluginRoles, RoleCheckError};
 use crate::store::{Channel, Db};
 
 /// How long an idle embedded consumer waits for a publish notification

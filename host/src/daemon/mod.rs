@@ -52,7 +52,7 @@ pub enum DaemonError {
     #[error(transparent)]
     Kafka(#[from] KafkaSetupError),
     #[error(transparent)]
-    Wal(#[from] crate::store::wal::WalSetupError),
+    Wal(#[from] crate::store::outbox::wal::WalSetupError),
     #[error("{0}")]
     WalRelay(String),
     #[error("{0}")]
@@ -66,7 +66,7 @@ impl DaemonError {
     /// Whether starting again may succeed: the database was briefly
     /// unavailable, the configuration is not at fault.
     pub fn is_transient(&self) -> bool {
-        use crate::store::{StoreError, problem::transient};
+        use crate::store::{StoreError, backend::problem::transient};
         match self {
             DaemonError::Database(e)
             | DaemonError::Store(StoreError::Database(e))

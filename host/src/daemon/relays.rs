@@ -18,7 +18,7 @@ use crate::relay::wal::{WalParts, WalRelay};
 use crate::relay::worker::{self, WorkerConfig};
 use crate::route::Router;
 use crate::settings::ConfigExt;
-use crate::store::wal::{self as wal_store, HandedStore, WalFeed};
+use crate::store::outbox::wal::{self as wal_store, HandedStore, WalFeed};
 use crate::store::{AnyStore, Channel, Db, OutboxStore};
 
 /// Spawns the relay workers over the store that matches `db`, or, with

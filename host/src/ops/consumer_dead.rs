@@ -2,14 +2,14 @@
 //! the active version or, fix-forward, a chosen one) and discard. An
 //! operation only changes the rows' state; the running consumer applies
 //! what was released, in order per key (`consumer/runner/parking.rs`). The
-//! statements are the store's (`store/consumer_dead.rs`).
+//! statements are the store's (`store/inbox/dead_letters.rs`).
 
 use chrono::{DateTime, Utc};
 
 use crate::fault::Faults;
 use crate::store::Db;
-use crate::store::consumer_dead::{self, RedriveError, Selection};
-use crate::store::consumer_dead::{ConsumerDeadLetter, ConsumerDeadSummary};
+use crate::store::inbox::dead_letters::{self, RedriveError, Selection};
+use crate::store::inbox::dead_letters::{ConsumerDeadLetter, ConsumerDeadSummary};
 
 /// Which dead letters of a consumer a redrive releases.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,7 +68,7 @@ pub async fn list(
     key: Option<&str>,
     limit: i64,
 ) -> Result<Vec<ConsumerDeadLetter>, sqlx::Error> {
-    consumer_dead::list(db, consumer, key.map(str::as_bytes), false, limit).await
+    dead_letters::list(db, consumer, key.map(str::as_bytes), false, limit).await
 }
 
 /// One dead letter in full: payload, headers, error, attempts, version.
@@ -77,7 +77,7 @@ pub async fn show(
     consumer: &str,
     id: i64,
 ) -> Result<ConsumerDeadLetter, ConsumerDeadError> {
-    consumer_dead::get(db, consumer, id)
+    dead_letters::get(db, consumer, id)
         .await?
         .ok_or_else(|| ConsumerDeadError::NotFound {
             consumer: consumer.to_string(),
@@ -100,9 +100,9 @@ async fn actionable(
             resolution: resolution.clone(),
         });
     }
-    if row.state == consumer_dead::PARKED {
+    if row.state == dead_letters::PARKED {
         let behind = match &row.key_bytes {
-            Some(k) => consumer_dead::head_of_key(db, consumer, k).await?,
+            Some(k) => dead_letters::head_of_key(db, consumer, k).await?,
             None => None,
         };
         return Err(ConsumerDeadError::Parked {
@@ -168,7 +168,7 @@ pub async fn redrive(
     let selection = match target {
         Target::Id(id) => {
             let row = actionable(db, consumer, *id).await?;
-            if row.state == consumer_dead::REDRIVE {
+            if row.state == dead_letters::REDRIVE {
                 return Ok(0);
             }
             Selection::Id(*id)
@@ -176,7 +176,7 @@ pub async fn redrive(
         Target::Key(k) => Selection::Key(k.as_bytes()),
         Target::All => Selection::All,
     };
-    Ok(consumer_dead::redrive(db, consumer, selection, with, faults).await?)
+    Ok(dead_letters::redrive(db, consumer, selection, with, faults).await?)
 }
 
 /// What a discard did.
@@ -200,7 +200,7 @@ pub async fn discard(
         return Err(ConsumerDeadError::NoReason);
     }
     let row = actionable(db, consumer, id).await?;
-    if !consumer_dead::discard(db, consumer, id, reason, now).await? {
+    if !dead_letters::discard(db, consumer, id, reason, now).await? {
         // Resolved between the check and the statement.
         return Err(ConsumerDeadError::Resolved {
             consumer: consumer.to_string(),
@@ -209,7 +209,7 @@ pub async fn discard(
         });
     }
     let released = match (&row.key_bytes, row.holds_key) {
-        (Some(k), true) => consumer_dead::parked_behind(db, consumer, k).await?,
+        (Some(k), true) => dead_letters::parked_behind(db, consumer, k).await?,
         _ => 0,
     };
     Ok(Discarded { id, released })
@@ -217,5 +217,5 @@ pub async fn discard(
 
 /// Per consumer: dead letters waiting, parked keys and messages.
 pub async fn summary(db: &Db) -> Result<Vec<ConsumerDeadSummary>, sqlx::Error> {
-    consumer_dead::consumer_dead_summary(db).await
+    dead_letters::consumer_dead_summary(db).await
 }

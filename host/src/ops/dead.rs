@@ -1,14 +1,14 @@
 //! Dead letters: events the relay gave up on. They stay in the outbox,
 //! hold back later events of their aggregate, and wait for a person to
 //! redrive them (try again from zero attempts) or discard them with a reason.
-//! The statements are the store's (`store/dead_letters.rs`).
+//! The statements are the store's (`store/outbox/dead.rs`).
 
 use chrono::{DateTime, Utc};
 
 use super::like_pattern;
 use crate::store::Db;
-use crate::store::dead_letters::DeadEvent;
-use crate::store::dead_letters::{self, DeadSelection};
+use crate::store::outbox::dead::DeadEvent;
+use crate::store::outbox::dead::{self, DeadSelection};
 
 /// Which dead events an operation applies to.
 #[derive(Debug, Clone, Default)]
@@ -34,7 +34,7 @@ impl DeadFilter {
 /// Lists dead events, oldest first.
 pub async fn list(db: &Db, filter: &DeadFilter, limit: i64) -> Result<Vec<DeadEvent>, sqlx::Error> {
     let type_like = filter.event_type.as_deref().map(like_pattern);
-    dead_letters::list_dead_events(db, filter.selection(type_like.as_deref()), limit).await
+    dead::list_dead_events(db, filter.selection(type_like.as_deref()), limit).await
 }
 
 /// One dead event, if `seq` is dead.
@@ -50,7 +50,7 @@ pub async fn get(db: &Db, seq: i64) -> Result<Option<DeadEvent>, sqlx::Error> {
 /// An empty filter redrives every dead event. Returns how many.
 pub async fn redrive(db: &Db, filter: &DeadFilter, now: DateTime<Utc>) -> Result<u64, sqlx::Error> {
     let type_like = filter.event_type.as_deref().map(like_pattern);
-    dead_letters::redrive_dead_events(db, filter.selection(type_like.as_deref()), None, now).await
+    dead::redrive_dead_events(db, filter.selection(type_like.as_deref()), None, now).await
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -74,7 +74,7 @@ pub async fn discard(
     if reason.trim().is_empty() {
         return Err(DiscardError::NoReason);
     }
-    if !dead_letters::discard_dead_event(db, seq, reason, now).await? {
+    if !dead::discard_dead_event(db, seq, reason, now).await? {
         return Err(DiscardError::NotDead(seq));
     }
     Ok(())

@@ -26,8 +26,8 @@ use crate::plugin::registry::{Registry, RegistryError};
 use crate::plugin::versions::{BadLabel, VersionLabel};
 use crate::plugin::{ConsumerPlugin, PluginEngine, Rollout};
 use crate::store::Db;
-use crate::store::consumer_dead::ConsumerDeadLetter;
-use crate::store::dead_letters::{self, DeadSelection};
+use crate::store::inbox::dead_letters::ConsumerDeadLetter;
+use crate::store::outbox::dead::{self, DeadSelection};
 
 /// What a redrive through a version needs of the config: the routes (which
 /// chain each event runs) and the plugins (which of them the registry
@@ -129,7 +129,7 @@ pub async fn check(
     }
     let router = Router::new(pipeline.routes.to_vec());
     let type_like = filter.event_type.as_deref().map(like_pattern);
-    let types = dead_letters::dead_event_types(db, selection(filter, type_like.as_deref())).await?;
+    let types = dead::dead_event_types(db, selection(filter, type_like.as_deref())).await?;
     for (seq, event_type) in types {
         let index = router.route_index(&event_type);
         let runs_it = index
@@ -169,7 +169,7 @@ pub async fn redrive_with(
     check(db, pipeline, filter, &label).await?;
     let type_like = filter.event_type.as_deref().map(like_pattern);
     let label = label.to_string();
-    Ok(dead_letters::redrive_dead_events(
+    Ok(dead::redrive_dead_events(
         db,
         selection(filter, type_like.as_deref()),
         Some(&label),
@@ -217,8 +217,7 @@ pub async fn dry_run(
     }
     let type_like = filter.event_type.as_deref().map(like_pattern);
     let events =
-        dead_letters::dead_events_as_claimed(db, selection(filter, type_like.as_deref()), limit)
-            .await?;
+        dead::dead_events_as_claimed(db, selection(filter, type_like.as_deref()), limit).await?;
     if events.is_empty() {
         return Ok(Vec::new());
     }

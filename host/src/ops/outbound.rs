@@ -15,8 +15,8 @@
 //!
 //! Either way the provider, asked by the key, says what really happened.
 
-use crate::store::outbound::OutboundCall;
-use crate::store::{Db, outbound};
+use crate::store::inbox::outbound::OutboundCall;
+use crate::store::{Db, inbox::outbound};
 use serde::Serialize;
 
 /// The calls made under one idempotency key, oldest first.

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::config::ReconcileRule;
 use crate::event::NewEvent;
-use crate::store::reconcile::missing_events;
+use crate::store::outbox::reconcile::missing_events;
 use crate::store::{Db, EnqueueError, InboxTx};
 
 /// A `[[reconcile]]` entry, a config section, in `outboxd-core`.

@@ -1,14 +1,14 @@
 //! Retention: both tables grow without bound otherwise. Deletes run in
 //! small batches in a loop, so no statement holds locks for long.
 //! Dead rows are never deleted automatically. The statements are the
-//! store's (`store/retention.rs`).
+//! store's (`store/outbox/retention.rs`).
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use crate::config::RetentionConfig;
 use crate::store::Db;
-use crate::store::retention::{Sweep, sweep_batch};
+use crate::store::outbox::retention::{Sweep, sweep_batch};
 
 /// `[retention]`, a config section, in `outboxd-core`.
 

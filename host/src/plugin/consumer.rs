@@ -18,7 +18,7 @@ use super::host::{ConsumerState, StoreState};
 use super::loaded::Loaded;
 use crate::config::TxnPolicy;
 use crate::store::InboxTx;
-use crate::store::outbound;
+use crate::store::inbox::outbound;
 
 /// A loaded consumer plugin. Share it with `Arc`; calls may overlap.
 #[derive(Debug)]

@@ -5,50 +5,27 @@
 //! [`OutboxStore::claim`] and then [`ClaimedBatch::complete`] with what the
 //! broker acknowledged.
 
-pub mod any;
-pub mod backlog;
-pub mod consumer_dead;
-mod db;
-pub mod dead_letters;
-mod enqueue;
-mod fingerprint;
-pub mod locks;
-mod migrate;
-mod notify;
-pub mod offsets;
-pub mod outbound;
-pub mod pg_tls;
-pub mod plugin_roles;
+pub mod backend;
+pub mod inbox;
+pub mod outbox;
 pub mod plugin_sql;
-pub mod postgres;
-pub mod problem;
-pub mod reconcile;
 pub mod registry;
-pub mod retention;
-pub mod sqlite;
-mod sqlite_busy;
-pub mod sqlite_plugin_guard;
-pub mod sqlite_watch;
-mod stored_time;
 pub mod transport;
-mod tx;
-pub mod wal;
-pub mod wal_status;
 
 use std::future::Future;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-pub use any::AnyStore;
-pub(crate) use db::on_pool;
-pub use db::{Db, HOST_SCHEMA, execute_in_app_schema, host_pg_options};
-pub use enqueue::{OutboxDatabase, enqueue, lookup_operation};
-pub use fingerprint::fingerprint;
-pub use migrate::{MigrationReport, migrate, migrate_to};
-pub use notify::Channel;
-pub(crate) use notify::in_announced_tx;
-pub use tx::{InboxTx, PgInboxTx, StatementError};
+pub(crate) use backend::db::on_pool;
+pub use backend::db::{Db, HOST_SCHEMA, execute_in_app_schema, host_pg_options};
+pub use backend::migrate::{MigrationReport, migrate, migrate_to};
+pub use backend::notify::Channel;
+pub(crate) use backend::notify::in_announced_tx;
+pub use inbox::tx::{InboxTx, PgInboxTx, StatementError};
+pub use outbox::any::AnyStore;
+pub use outbox::enqueue::{OutboxDatabase, enqueue, lookup_operation};
+pub use outbox::fingerprint::fingerprint;
 
 use crate::event::OutboxEvent;
 
@@ -56,7 +33,7 @@ use crate::event::OutboxEvent;
 /// its callers branch on idempotency conflicts.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("database error: {source}{hint}", source = .0, hint = problem::hint(.0))]
+    #[error("database error: {source}{hint}", source = .0, hint = backend::problem::hint(.0))]
     Database(#[from] sqlx::Error),
     #[error(
         "unsupported database URL `{0}`: use postgres://USER@HOST/DB or sqlite://PATH (sqlite::memory: for a throwaway store)"
@@ -68,9 +45,9 @@ pub enum StoreError {
         name: String,
         source: sqlx::Error,
     },
-    /// TLS to Postgres cannot work as configured (store/pg_tls.rs).
+    /// TLS to Postgres cannot work as configured (store/backend/pg_tls.rs).
     #[error(transparent)]
-    Tls(#[from] pg_tls::TlsProblem),
+    Tls(#[from] backend::pg_tls::TlsProblem),
     #[error(
         "the database has migration {found} applied, but this outboxd only knows up to {known}; upgrade outboxd instead of running an older binary against a newer schema"
     )]
@@ -89,7 +66,7 @@ pub enum EnqueueError {
         key: String,
         existing: uuid::Uuid,
     },
-    #[error("database error while enqueueing: {source}{hint}", source = .0, hint = problem::hint(.0))]
+    #[error("database error while enqueueing: {source}{hint}", source = .0, hint = backend::problem::hint(.0))]
     Database(#[from] sqlx::Error),
 }
 

@@ -5,7 +5,7 @@
 //! A group member commits its offsets to the broker's group coordinator. A
 //! consumer with assigned partitions (`consumers[].kafka_partitions`) joins
 //! no group: it keeps its offsets in its own database
-//! ([`crate::store::offsets`]) and starts from them, so it depends on no
+//! ([`crate::store::inbox::offsets`]) and starts from them, so it depends on no
 //! coordinator and no rebalance. Running two processes with the same
 //! partitions is a configuration error that costs work, not correctness:
 //! the inbox drops the second effect.
@@ -45,7 +45,7 @@ use crate::broker::ConsumeError;
 use crate::broker::MessageSource;
 use crate::message::Delivery;
 use crate::metrics::ConsumerMetrics;
-use crate::store::{Db, offsets};
+use crate::store::{Db, inbox::offsets};
 
 /// Settings of one Kafka consumer.
 #[derive(Debug, Clone)]

@@ -164,13 +164,13 @@ async fn dry_run_redrive(
         Target::Key(k) => consumer_dead::list(db, name, Some(k), limit)
             .await?
             .into_iter()
-            .filter(|r| r.state == crate::store::consumer_dead::DEAD)
+            .filter(|r| r.state == crate::store::inbox::dead_letters::DEAD)
             .map(|r| r.id)
             .collect(),
         Target::All => consumer_dead::list(db, name, None, limit)
             .await?
             .into_iter()
-            .filter(|r| r.state == crate::store::consumer_dead::DEAD)
+            .filter(|r| r.state == crate::store::inbox::dead_letters::DEAD)
             .map(|r| r.id)
             .collect(),
     };

@@ -65,7 +65,7 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
             return false;
         }
         let holds_key = self.parks_keys() && parking::key_of(d).is_some();
-        if let Err(e) = crate::store::consumer_dead::record(
+        if let Err(e) = crate::store::inbox::dead_letters::record(
             &self.db,
             &self.config.name,
             d,

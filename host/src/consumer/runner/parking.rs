@@ -30,7 +30,7 @@ use crate::consumer::inbox::mark_and_handle_pinned;
 use crate::fault::FaultPoint;
 use crate::message::Delivery;
 use crate::store::InboxTx;
-use crate::store::consumer_dead::{self, ConsumerDeadLetter};
+use crate::store::inbox::dead_letters::{self, ConsumerDeadLetter};
 
 /// The runner's view of its parked keys.
 #[derive(Debug, Default)]
@@ -95,7 +95,7 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
     /// Records `d` as parked; false (the partition stops here and retries)
     /// when the record cannot be written: a message is never dropped.
     pub(super) async fn park(&self, d: &Delivery) -> bool {
-        match consumer_dead::park(&self.db, &self.config.name, d).await {
+        match dead_letters::park(&self.db, &self.config.name, d).await {
             Ok(()) => {
                 tracing::info!(consumer = %self.config.name, topic = %d.topic, partition = d.partition, offset = d.offset, "message parked behind a dead letter of its key");
                 self.stats.parked.fetch_add(1, Ordering::Relaxed);
@@ -131,7 +131,7 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
         if !self.parks_keys() {
             return;
         }
-        match consumer_dead::parked_keys(&self.db, &self.config.name).await {
+        match dead_letters::parked_keys(&self.db, &self.config.name).await {
             Ok(parked) => {
                 if let Some(m) = &self.metrics {
                     let p = &m.parking;
@@ -158,7 +158,7 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
     async fn apply_released(&self) -> Result<(usize, bool), ConsumerError> {
         let mut applied = 0;
         loop {
-            let rows = match consumer_dead::next_to_apply(&self.db, &self.config.name, 100).await {
+            let rows = match dead_letters::next_to_apply(&self.db, &self.config.name, 100).await {
                 Ok(rows) => rows,
                 Err(e) => {
                     tracing::warn!(consumer = %self.config.name, error = %e, "cannot read released dead letters; will retry");
@@ -214,7 +214,7 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
             let _ = tx.rollback().await;
             return Ok(self.failed(row, e.into(), None).await);
         }
-        match consumer_dead::take_for_apply(&mut tx, row.id).await {
+        match dead_letters::take_for_apply(&mut tx, row.id).await {
             Ok(true) => {}
             Ok(false) => {
                 let _ = tx.rollback().await;
@@ -240,7 +240,7 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
             Processed::Duplicate => "duplicate",
         };
         let finish = async {
-            consumer_dead::resolve_in(&mut tx, row.id, resolution, chrono::Utc::now()).await?;
+            dead_letters::resolve_in(&mut tx, row.id, resolution, chrono::Utc::now()).await?;
             self.handler.before_commit(&mut tx).await
         };
         if let Err(e) = finish.await {
@@ -305,7 +305,7 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
         } else {
             handler
         };
-        match consumer_dead::failed_again(
+        match dead_letters::failed_again(
             &self.db,
             row.id,
             error,

@@ -37,7 +37,7 @@ use super::{Relay, RelayError, StepOutcome};
 use crate::broker::Publisher;
 use crate::fault::{FaultPoint, Faults};
 use crate::metrics::Metrics;
-use crate::store::wal::{self as wal_store, HandedStore, WalFeed};
+use crate::store::outbox::wal::{self as wal_store, HandedStore, WalFeed};
 use crate::store::{AnyStore, StoreError};
 use pgoutput::{Message, Relations};
 use state::{Pending, Seed, StreamState};
@@ -250,7 +250,7 @@ impl<P: Publisher> WalRelay<P> {
                 // Named with its fix, as the pools' TLS failures are.
                 pgwire_replication::PgWireError::Tls(text) => format!(
                     "replication connection: {}",
-                    crate::store::pg_tls::explain_text(&self.shown_url, &text)
+                    crate::store::backend::pg_tls::explain_text(&self.shown_url, &text)
                 ),
                 e => e.to_string(),
             })?;
@@ -632,9 +632,9 @@ pub fn replication_config(url: &str, wal: &WalSection) -> Result<ReplicationConf
     } else {
         database
     };
-    // The same TLS settings as the pools' (store/pg_tls.rs): the mode, the
+    // The same TLS settings as the pools' (store/backend/pg_tls.rs): the mode, the
     // root certificate and the client certificate, checked the same way.
-    let tls = crate::store::pg_tls::PgTls::from_url(url).map_err(|e| e.to_string())?;
+    let tls = crate::store::backend::pg_tls::PgTls::from_url(url).map_err(|e| e.to_string())?;
     tls.check_files(url).map_err(|e| e.to_string())?;
     let tls = tls.replication();
     let options = format!(

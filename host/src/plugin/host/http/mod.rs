@@ -282,9 +282,9 @@ async fn send(
     if !live.load(std::sync::atomic::Ordering::SeqCst) {
         return Err(ended());
     }
-    let audit_id = crate::store::outbound::write_intent(
+    let audit_id = crate::store::inbox::outbound::write_intent(
         db,
-        &crate::store::outbound::Intent {
+        &crate::store::inbox::outbound::Intent {
             message_id: &call.message_id,
             consumer: &call.consumer,
             plugin: &call.plugin,

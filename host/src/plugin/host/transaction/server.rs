@@ -21,7 +21,7 @@ use outboxd_core::sql_gate::{self, Admitted};
 /// capability gate: a parse checked against `consumers[].tables` and the
 /// function allowlist), then meets the database's own wall: on Postgres the consumer's
 /// role (`SET LOCAL ROLE`, grants only on its tables, no TEMP), on SQLite
-/// the authorizer (store/sqlite_plugin_guard.rs). `emit` runs as the host.
+/// the authorizer (store/backend/sqlite_plugin_guard.rs). `emit` runs as the host.
 pub(crate) struct TxnServer<'a> {
     tx: &'a mut InboxTx,
     policy: &'a TxnPolicy,

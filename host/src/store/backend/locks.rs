@@ -34,7 +34,7 @@
 pub const PARTITION_SEED: i64 = 1 << 32;
 
 /// Serialises one aggregate's producers: taken by `enqueue`
-/// (`store/enqueue.rs`, and in the same form by the `outbox_enqueue` SQL
+/// (`store/outbox/enqueue.rs`, and in the same form by the `outbox_enqueue` SQL
 /// function) before the `seq`
 /// is drawn, so within one aggregate seq order is commit order. `$1` is the
 /// aggregate id. The first lock is the previous release's key, shared (see
@@ -56,7 +56,7 @@ SELECT pg_advisory_xact_lock_shared(hashtextextended($1, $2)),
 pub const MIGRATION_LOCK_KEY: i64 = 7_262_817_391;
 
 /// One creator at a time of application tables made through
-/// [`super::execute_in_app_schema`] (the same key the example's billing
+/// [`crate::store::execute_in_app_schema`] (the same key the example's billing
 /// schema used before it moved out of the product).
 pub const APP_SCHEMA_LOCK_KEY: i64 = 7_262_817_392;
 

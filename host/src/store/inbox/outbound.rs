@@ -10,9 +10,8 @@
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::Row;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
 
-use super::{Db, InboxTx, on_pool};
+use crate::store::{Db, InboxTx, on_pool};
 
 /// How a request ended, for its intent row `id`.
 #[derive(Debug, Clone)]
@@ -114,26 +113,6 @@ pub async fn write_outcomes_alone(db: &Db, outcomes: &[Outcome]) -> Result<(), s
     let mut tx = InboxTx::begin(db).await?;
     write_outcomes(&mut tx, outcomes).await?;
     tx.commit().await
-}
-
-/// The sidecar file of a SQLite database: `<file>-outbound`, or an
-/// in-memory database for an in-memory main database.
-pub(crate) fn sqlite_sidecar(opts: &SqliteConnectOptions) -> String {
-    let main = opts.get_filename().to_string_lossy().into_owned();
-    if main.is_empty() || main == ":memory:" || main.starts_with("file::memory:") {
-        ":memory:".into()
-    } else {
-        format!("{main}-outbound")
-    }
-}
-
-/// Attaches the sidecar as schema `outbound` on a new host connection.
-pub(crate) async fn attach(conn: &mut SqliteConnection, sidecar: &str) -> Result<(), sqlx::Error> {
-    sqlx::query("ATTACH DATABASE ? AS outbound")
-        .bind(sidecar)
-        .execute(conn)
-        .await?;
-    Ok(())
 }
 
 /// One request the host sent for a plugin.

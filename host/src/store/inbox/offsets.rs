@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use sqlx::Row;
 
-use super::{Db, on_pool};
+use crate::store::{Db, on_pool};
 
 /// The next offset to read for each partition of `topic` that `consumer`
 /// has committed before; partitions it never committed are absent.

@@ -7,7 +7,7 @@
 
 use sqlx::{Executor, Row};
 
-use super::{Db, StoreError};
+use crate::store::{Db, StoreError};
 
 struct Migration {
     version: i64,
@@ -23,12 +23,12 @@ macro_rules! migrations {
         const POSTGRES: &[Migration] = &[$(Migration {
             version: $version,
             name: $name,
-            sql: include_str!(concat!("../../../migrations/postgres/", $file)),
+            sql: include_str!(concat!("../../../../migrations/postgres/", $file)),
         }),*];
         const SQLITE: &[Migration] = &[$(Migration {
             version: $version,
             name: $name,
-            sql: include_str!(concat!("../../../migrations/sqlite/", $file)),
+            sql: include_str!(concat!("../../../../migrations/sqlite/", $file)),
         }),*];
     };
 }
@@ -77,7 +77,7 @@ pub async fn migrate_to(db: &Db, target: i64) -> Result<MigrationReport, StoreEr
             let mut conn = pool.acquire().await?;
             // One runner at a time across every host sharing the database.
             sqlx::query("SELECT pg_advisory_lock($1)")
-                .bind(super::locks::MIGRATION_LOCK_KEY)
+                .bind(crate::store::backend::locks::MIGRATION_LOCK_KEY)
                 .execute(&mut *conn)
                 .await?;
             let result = async {
@@ -97,7 +97,7 @@ pub async fn migrate_to(db: &Db, target: i64) -> Result<MigrationReport, StoreEr
             }
             .await;
             sqlx::query("SELECT pg_advisory_unlock($1)")
-                .bind(super::locks::MIGRATION_LOCK_KEY)
+                .bind(crate::store::backend::locks::MIGRATION_LOCK_KEY)
                 .execute(&mut *conn)
                 .await?;
             result?;

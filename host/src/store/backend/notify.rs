@@ -3,9 +3,10 @@
 //! watcher (`sqlite_watch.rs`) stands in for the outbox's and the embedded
 //! transport's.
 
+use sqlx::PgPool;
 use tokio::sync::watch;
 
-use super::Db;
+use crate::store::Db;
 
 /// What a listener waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,8 +23,8 @@ impl Channel {
     /// The Postgres channel name.
     pub const fn name(self) -> &'static str {
         match self {
-            Channel::Outbox => super::postgres::NOTIFY_CHANNEL,
-            Channel::Transport => super::transport::NOTIFY_CHANNEL,
+            Channel::Outbox => OUTBOX_CHANNEL,
+            Channel::Transport => TRANSPORT_CHANNEL,
             Channel::Plugins => "outboxd_plugins",
         }
     }
@@ -40,11 +41,11 @@ impl Db {
         channel: Channel,
     ) -> Result<Option<watch::Receiver<u64>>, sqlx::Error> {
         match self {
-            Db::Postgres(pool) => super::postgres::listen(pool, channel.name())
-                .await
-                .map(Some),
+            Db::Postgres(pool) => listen(pool, channel.name()).await.map(Some),
             Db::Sqlite(pool) => Ok(match channel {
-                Channel::Outbox | Channel::Transport => super::sqlite_watch::subscribe(pool).await,
+                Channel::Outbox | Channel::Transport => {
+                    crate::store::backend::sqlite_watch::subscribe(pool).await
+                }
                 Channel::Plugins => None,
             }),
         }
@@ -84,3 +85,36 @@ macro_rules! in_announced_tx {
     };
 }
 pub(crate) use in_announced_tx;
+
+/// The channel the `outbox_notify` trigger signals on.
+pub const OUTBOX_CHANNEL: &str = "outboxd_outbox";
+
+/// The channel a Postgres publish on the embedded transport notifies at
+/// commit.
+pub const TRANSPORT_CHANNEL: &str = "outboxd_transport";
+
+/// Ticks the returned receiver on every notification on `channel` (and
+/// after the LISTEN connection comes back); see `store::outbox::pg_claim::listen_for_events`.
+pub async fn listen(
+    pool: &PgPool,
+    channel: &str,
+) -> Result<tokio::sync::watch::Receiver<u64>, sqlx::Error> {
+    let mut listener = sqlx::postgres::PgListener::connect_with(pool).await?;
+    listener.listen(channel).await?;
+    let channel = channel.to_string();
+    let (tx, rx) = tokio::sync::watch::channel(0u64);
+    tokio::spawn(async move {
+        loop {
+            let result = tokio::select! {
+                r = listener.recv() => r,
+                _ = tx.closed() => return,
+            };
+            if let Err(e) = result {
+                tracing::warn!(error = %e, channel, "LISTEN connection failed; polling until it is back");
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+            tx.send_modify(|v| *v = v.wrapping_add(1));
+        }
+    });
+    Ok(rx)
+}

@@ -6,8 +6,8 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgPool, PgRow};
 use sqlx::{Postgres, Row, Transaction};
 
-use super::{BatchOutcome, ClaimedBatch, OutboxStats, OutboxStore, StoreError};
 use crate::event::{EventId, OutboxEvent, parse_headers};
+use crate::store::{BatchOutcome, ClaimedBatch, OutboxStats, OutboxStore, StoreError};
 
 #[derive(Clone, Debug)]
 pub struct PgStore {
@@ -158,7 +158,7 @@ impl ClaimedBatch for PgBatch {
 /// Writes a batch's outcome in `tx`: published and filtered events (with
 /// their chain labels when plugins ran), then failures (attempts, backoff,
 /// dead). The polling claim's transaction and the WAL relay's marks share it.
-pub(super) async fn mark_outcome(
+pub(in crate::store) async fn mark_outcome(
     tx: &mut Transaction<'static, Postgres>,
     outcome: &BatchOutcome,
     now: DateTime<Utc>,
@@ -260,7 +260,7 @@ fn decode_row(row: &PgRow) -> Result<OutboxEvent, StoreError> {
 }
 
 /// The channel the `outbox_notify` trigger signals on.
-pub const NOTIFY_CHANNEL: &str = "outboxd_outbox";
+pub const NOTIFY_CHANNEL: &str = crate::store::backend::notify::OUTBOX_CHANNEL;
 
 /// Listens for new-event notifications and ticks the returned receiver on
 /// each one (and after every reconnect, since notifications may have been
@@ -269,31 +269,5 @@ pub const NOTIFY_CHANNEL: &str = "outboxd_outbox";
 pub async fn listen_for_events(
     pool: &PgPool,
 ) -> Result<tokio::sync::watch::Receiver<u64>, sqlx::Error> {
-    listen(pool, NOTIFY_CHANNEL).await
-}
-
-/// Ticks the returned receiver on every notification on `channel` (and
-/// after the LISTEN connection comes back); see [`listen_for_events`].
-pub async fn listen(
-    pool: &PgPool,
-    channel: &str,
-) -> Result<tokio::sync::watch::Receiver<u64>, sqlx::Error> {
-    let mut listener = sqlx::postgres::PgListener::connect_with(pool).await?;
-    listener.listen(channel).await?;
-    let channel = channel.to_string();
-    let (tx, rx) = tokio::sync::watch::channel(0u64);
-    tokio::spawn(async move {
-        loop {
-            let result = tokio::select! {
-                r = listener.recv() => r,
-                _ = tx.closed() => return,
-            };
-            if let Err(e) = result {
-                tracing::warn!(error = %e, channel, "LISTEN connection failed; polling until it is back");
-                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-            }
-            tx.send_modify(|v| *v = v.wrapping_add(1));
-        }
-    });
-    Ok(rx)
+    crate::store::backend::notify::listen(pool, NOTIFY_CHANNEL).await
 }

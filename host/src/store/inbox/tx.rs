@@ -11,7 +11,7 @@ use sqlx::{Postgres, Sqlite, Transaction};
 
 use outboxd_core::sql_values::{SqlValue, SqlValueError, bind_pg, bind_sqlite, pg_row, sqlite_row};
 
-use super::Db;
+use crate::store::Db;
 
 /// Why a handler's own statement failed: a parameter or a cell that is not
 /// what its value says, or the database.
@@ -153,11 +153,11 @@ impl InboxTx {
     pub async fn enqueue(
         &mut self,
         event: crate::event::NewEvent,
-    ) -> Result<crate::event::Enqueued, super::EnqueueError> {
+    ) -> Result<crate::event::Enqueued, crate::store::EnqueueError> {
         self.as_host().await?;
         match self {
-            InboxTx::Postgres(t) => super::enqueue(t.transaction(), event).await,
-            InboxTx::Sqlite(t) => super::enqueue(t, event).await,
+            InboxTx::Postgres(t) => crate::store::enqueue(t.transaction(), event).await,
+            InboxTx::Sqlite(t) => crate::store::enqueue(t, event).await,
         }
     }
 
@@ -211,7 +211,7 @@ impl InboxTx {
     /// Runs `sql`, any number of statements, as the host in this
     /// transaction (`outboxd plugin test --setup`). On Postgres the
     /// application's schema comes first on the search path while it runs,
-    /// as in [`execute_in_app_schema`](super::execute_in_app_schema), so
+    /// as in [`execute_in_app_schema`](crate::store::execute_in_app_schema), so
     /// the tables it creates are where plugin roles are granted them; the
     /// host's search path is back afterwards.
     pub async fn run_script(&mut self, sql: &str) -> Result<(), sqlx::Error> {
@@ -221,7 +221,7 @@ impl InboxTx {
                 let (path,): (String,) = sqlx::query_as("SELECT current_setting('search_path')")
                     .fetch_one(&mut **t)
                     .await?;
-                sqlx::query(super::db::APP_SEARCH_PATH)
+                sqlx::query(crate::store::backend::db::APP_SEARCH_PATH)
                     .execute(&mut **t)
                     .await?;
                 sqlx::raw_sql(sql).execute(&mut **t).await?;

@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::postgres::{PgBatch, PgStore};
-use super::sqlite::{SqliteBatch, SqliteStore};
-use super::{BatchOutcome, ClaimedBatch, Db, OutboxStats, OutboxStore, StoreError};
 use crate::event::OutboxEvent;
+use crate::store::outbox::pg_claim::{PgBatch, PgStore};
+use crate::store::outbox::sqlite_claim::{SqliteBatch, SqliteStore};
+use crate::store::{BatchOutcome, ClaimedBatch, Db, OutboxStats, OutboxStore, StoreError};
 
 #[derive(Clone, Debug)]
 pub enum AnyStore {

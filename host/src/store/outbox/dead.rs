@@ -10,8 +10,8 @@ use outboxd_core::event::{EventId, OutboxEvent, parse_headers};
 use serde::Serialize;
 use sqlx::Row;
 
-use super::stored_time::StoredTime;
-use super::{Db, on_pool};
+use crate::store::backend::stored_time::StoredTime;
+use crate::store::{Db, on_pool};
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct DeadEvent {
@@ -81,8 +81,8 @@ pub async fn list_dead_events(
                     payload: json(r.try_get::<String, _>(4)?),
                     headers: json(r.try_get::<String, _>(5)?),
                     attempts: r.try_get::<i64, _>(6)? as i32,
-                    created_at: super::sqlite::from_micros(r.try_get(7)?),
-                    dead_at: super::sqlite::from_micros(r.try_get(8)?),
+                    created_at: crate::store::outbox::sqlite_claim::from_micros(r.try_get(7)?),
+                    dead_at: crate::store::outbox::sqlite_claim::from_micros(r.try_get(8)?),
                     dead_reason: r.try_get(9)?,
                     blocking: r.try_get(10)?,
                 })
@@ -192,7 +192,7 @@ pub async fn dead_events_as_claimed(
                     event_type: r.try_get(3)?,
                     payload: r.try_get(4)?,
                     headers,
-                    created_at: super::sqlite::from_micros(r.try_get(6)?),
+                    created_at: crate::store::outbox::sqlite_claim::from_micros(r.try_get(6)?),
                     attempts: 0,
                     redrive_with: None,
                 })

@@ -353,10 +353,10 @@ pub struct ConnectionTls {
 
 /// [`connection_tls`] for either database: `None` on SQLite, which has no
 /// connections to encrypt.
-pub async fn connections(db: &super::Db) -> Result<Option<Vec<ConnectionTls>>, sqlx::Error> {
+pub async fn connections(db: &crate::store::Db) -> Result<Option<Vec<ConnectionTls>>, sqlx::Error> {
     match db {
-        super::Db::Postgres(pool) => connection_tls(pool).await.map(Some),
-        super::Db::Sqlite(_) => Ok(None),
+        crate::store::Db::Postgres(pool) => connection_tls(pool).await.map(Some),
+        crate::store::Db::Sqlite(_) => Ok(None),
     }
 }
 

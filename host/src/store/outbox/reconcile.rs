@@ -4,7 +4,7 @@
 
 use sqlx::Row;
 
-use super::{Db, on_pool};
+use crate::store::{Db, on_pool};
 
 /// One missing event as the query returns it: aggregate id, event type and
 /// payload (JSON text), its first three columns.

@@ -12,7 +12,7 @@
 
 use sqlx::PgPool;
 
-use super::HOST_SCHEMA;
+use crate::store::HOST_SCHEMA;
 use outboxd_core::config::ConsumerSection;
 use outboxd_core::sql_gate::is_host_table;
 
@@ -400,17 +400,17 @@ pub async fn print_sql(
 }
 
 /// The plugin roles of a database that has them: the functions above on
-/// its pool, for callers that hold a [`Db`](super::Db).
+/// its pool, for callers that hold a [`Db`](crate::store::Db).
 #[derive(Debug, Clone, Copy)]
 pub struct PluginRoles<'a>(&'a PgPool);
 
 impl<'a> PluginRoles<'a> {
     /// `None` on SQLite, which needs no roles: its authorizer confines
     /// plugin SQL to `consumers[].tables` (`sqlite_plugin_guard.rs`).
-    pub fn of(db: &'a super::Db) -> Option<Self> {
+    pub fn of(db: &'a crate::store::Db) -> Option<Self> {
         match db {
-            super::Db::Postgres(pool) => Some(Self(pool)),
-            super::Db::Sqlite(_) => None,
+            crate::store::Db::Postgres(pool) => Some(Self(pool)),
+            crate::store::Db::Sqlite(_) => None,
         }
     }
 

@@ -14,9 +14,9 @@ use outboxd_core::config::WalSection;
 use sqlx::postgres::PgPool;
 use sqlx::{Postgres, Row, Transaction};
 
-use super::postgres::{PgBatch, PgStore, mark_outcome};
-use super::{BatchOutcome, ClaimedBatch, Db, OutboxStats, OutboxStore, StoreError};
 use crate::event::OutboxEvent;
+use crate::store::outbox::pg_claim::{PgBatch, PgStore, mark_outcome};
+use crate::store::{BatchOutcome, ClaimedBatch, Db, OutboxStats, OutboxStore, StoreError};
 
 /// What can stop the WAL relay from starting, each naming the setting to
 /// change.
@@ -91,7 +91,7 @@ pub async fn ensure(db: &Db, wal: &WalSection) -> Result<WalSetupReport, WalSetu
            FROM pg_publication p WHERE pubname = $1",
     )
     .bind(&wal.publication)
-    .bind(super::HOST_SCHEMA)
+    .bind(crate::store::HOST_SCHEMA)
     .fetch_optional(pool)
     .await?;
     match publication {
@@ -101,7 +101,7 @@ pub async fn ensure(db: &Db, wal: &WalSection) -> Result<WalSetupReport, WalSetu
             let created = sqlx::query(&format!(
                 "CREATE PUBLICATION \"{}\" FOR TABLE {}.outbox WITH (publish = 'insert')",
                 wal.publication.replace('"', "\"\""),
-                super::HOST_SCHEMA
+                crate::store::HOST_SCHEMA
             ))
             .execute(pool)
             .await;

@@ -5,8 +5,8 @@
 
 use chrono::{DateTime, Utc};
 
-use super::stored_time::StoredTime;
-use super::{Db, on_pool};
+use crate::store::backend::stored_time::StoredTime;
+use crate::store::{Db, on_pool};
 
 /// What one retention statement removes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -23,7 +23,7 @@
 //! on a busy disk that one relay, consumer or producer commit stalls for
 //! as long as the fsync takes.
 //!
-//! [`Db::connect`]: super::Db::connect
+//! [`Db::connect`]: crate::store::Db::connect
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

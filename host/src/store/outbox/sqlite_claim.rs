@@ -8,8 +8,8 @@ use sqlx::Row;
 use sqlx::sqlite::{SqlitePool, SqliteRow};
 use uuid::Uuid;
 
-use super::{BatchOutcome, ClaimedBatch, OutboxStats, OutboxStore, StoreError};
 use crate::event::{EventId, OutboxEvent, parse_headers};
+use crate::store::{BatchOutcome, ClaimedBatch, OutboxStats, OutboxStore, StoreError};
 
 #[derive(Clone, Debug)]
 pub struct SqliteStore {

@@ -4,6 +4,8 @@
 //! per partition). `broker/embedded.rs` decides what to publish and fetch;
 //! the SQL of either database is here.
 
+pub mod backlog;
+
 use std::collections::{BTreeMap, HashMap};
 
 use chrono::{DateTime, Utc};
@@ -11,12 +13,12 @@ use outboxd_core::embedded_headers::parse_headers;
 use outboxd_core::message::Delivery;
 use sqlx::{PgPool, Row, SqlitePool};
 
-use super::stored_time::StoredTime;
-use super::{Db, on_pool};
+use crate::store::backend::stored_time::StoredTime;
+use crate::store::{Db, on_pool};
 
 /// The channel a Postgres publish notifies at commit, so waiting consumers
 /// fetch at once instead of at their next poll.
-pub const NOTIFY_CHANNEL: &str = "outboxd_transport";
+pub const NOTIFY_CHANNEL: &str = crate::store::backend::notify::TRANSPORT_CHANNEL;
 
 /// One message as it is stored.
 #[derive(Debug, Clone)]
@@ -74,7 +76,7 @@ async fn store_pg(pool: &PgPool, rows: &[TransportMessage]) -> Result<(), sqlx::
     partitions.sort_unstable();
     partitions.dedup();
     for (topic, partition) in partitions {
-        sqlx::query(super::locks::PARTITION_LOCK)
+        sqlx::query(crate::store::backend::locks::PARTITION_LOCK)
             .bind(topic)
             .bind(i64::from(partition))
             .execute(&mut *tx)

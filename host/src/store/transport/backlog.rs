@@ -6,7 +6,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::Row;
 
-use super::{Db, on_pool};
+use crate::store::{Db, on_pool};
 
 /// One embedded consumer group's backlog.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,7 +41,7 @@ pub async fn embedded_backlog(db: &Db) -> Result<Vec<GroupBacklog>, sqlx::Error>
                     messages: r.try_get(1)?,
                     oldest_published_at: r
                         .try_get::<Option<i64>, _>(2)?
-                        .map(super::sqlite::from_micros),
+                        .map(crate::store::outbox::sqlite_claim::from_micros),
                 })
             })
             .collect()

@@ -5,7 +5,7 @@
 
 use serde::Serialize;
 
-use super::{Db, StoreError};
+use crate::store::{Db, StoreError};
 
 /// One row of `pg_replication_slots`, as far as the runbook needs it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -6,11 +6,12 @@ use std::time::Duration;
 use sqlx::Executor;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteSynchronous,
 };
 
-use super::StoreError;
 use crate::db_url::DbKind;
+use crate::store::StoreError;
 
 /// Runs `$body` once with `$pool` bound to whichever pool `$db` holds: one
 /// query text for both databases, where the Rust types differ.
@@ -86,7 +87,7 @@ impl Db {
                 // A certificate that fails verification or a server that
                 // refuses TLS will not change by retrying: it is named
                 // with its fix, and start-up does not wait it out.
-                Err(match super::pg_tls::explain(url, &e) {
+                Err(match crate::store::backend::pg_tls::explain(url, &e) {
                     Some(problem) => problem.into(),
                     None => e.into(),
                 })
@@ -103,25 +104,25 @@ impl Db {
                     })
                     .busy_timeout(Duration::from_secs(30))
                     .foreign_keys(true);
-                let sidecar = super::outbound::sqlite_sidecar(&opts);
-                let signal = super::sqlite_watch::signal_for(&opts);
-                let background_checkpoints = signal
-                    .as_ref()
-                    .is_some_and(|s| super::sqlite_watch::start_checkpointer(s, &opts));
+                let sidecar = sqlite_sidecar(&opts);
+                let signal = crate::store::backend::sqlite_watch::signal_for(&opts);
+                let background_checkpoints = signal.as_ref().is_some_and(|s| {
+                    crate::store::backend::sqlite_watch::start_checkpointer(s, &opts)
+                });
                 let pool = SqlitePoolOptions::new()
                     .max_connections(max_connections)
                     .acquire_timeout(Duration::from_secs(30))
                     .idle_timeout(None)
                     .max_lifetime(None)
                     // Commits in this process wake relays and consumers at
-                    // once (store/sqlite_watch.rs).
+                    // once (store/backend/sqlite_watch.rs).
                     // A connection whose plugin statement was abandoned
                     // mid-run is reset before anyone else gets it
-                    // (store/sqlite_plugin_guard.rs).
+                    // (store/backend/sqlite_plugin_guard.rs).
                     .before_acquire(|conn, _meta| {
                         Box::pin(async move {
-                            if super::sqlite_plugin_guard::any_draining() {
-                                super::sqlite_plugin_guard::reset(conn).await?;
+                            if crate::store::backend::sqlite_plugin_guard::any_draining() {
+                                crate::store::backend::sqlite_plugin_guard::reset(conn).await?;
                             }
                             Ok(true)
                         })
@@ -130,16 +131,19 @@ impl Db {
                         let signal = signal.clone();
                         let sidecar = sidecar.clone();
                         Box::pin(async move {
-                            super::outbound::attach(conn, &sidecar).await?;
-                            super::sqlite_busy::install(conn).await?;
-                            super::sqlite_plugin_guard::install(conn).await?;
+                            attach_sidecar(conn, &sidecar).await?;
+                            crate::store::backend::sqlite_busy::install(conn).await?;
+                            crate::store::backend::sqlite_plugin_guard::install(conn).await?;
                             if background_checkpoints {
                                 sqlx::query("PRAGMA wal_autocheckpoint = 0")
                                     .execute(&mut *conn)
                                     .await?;
                             }
                             match signal {
-                                Some(s) => super::sqlite_watch::install_hooks(conn, s).await,
+                                Some(s) => {
+                                    crate::store::backend::sqlite_watch::install_hooks(conn, s)
+                                        .await
+                                }
                                 None => Ok(()),
                             }
                         })
@@ -201,7 +205,7 @@ pub const HOST_SCHEMA: &str = "outboxd";
 /// application's schemas (the URL's `search_path`, else Postgres's default
 /// `"$user", public`), and the session's temporary schema last, where a
 /// temporary table (which plugin SQL cannot create, see
-/// store/plugin_roles.rs) could never shadow `inbox` or `outbox`.
+/// store/plugin_sql/roles.rs) could never shadow `inbox` or `outbox`.
 ///
 /// Under a plugin's role (`SET LOCAL ROLE`) Postgres skips the schemas the
 /// role has no USAGE on, so the same path resolves plugin SQL to the
@@ -223,16 +227,16 @@ fn host_search_path(opts: PgConnectOptions) -> PgConnectOptions {
 
 /// The connect options of the host's Postgres connections for `url`, for
 /// a pool made outside [`Db::connect`]. The URL's TLS files are checked
-/// here, before any connection uses them (store/pg_tls.rs), and `require`
+/// here, before any connection uses them (store/backend/pg_tls.rs), and `require`
 /// with an `sslrootcert` verifies the chain, as libpq does.
 pub fn host_pg_options(url: &str) -> Result<PgConnectOptions, StoreError> {
-    let tls = super::pg_tls::PgTls::from_url(url)?;
+    let tls = crate::store::backend::pg_tls::PgTls::from_url(url)?;
     tls.check_files(url)?;
     let mut opts = PgConnectOptions::from_str(url)?;
     if opts.get_application_name().is_none() {
-        opts = opts.application_name(super::pg_tls::APPLICATION_NAME);
+        opts = opts.application_name(crate::store::backend::pg_tls::APPLICATION_NAME);
     }
-    if tls.mode == super::pg_tls::SslMode::VerifyCa {
+    if tls.mode == crate::store::backend::pg_tls::SslMode::VerifyCa {
         opts = opts.ssl_mode(sqlx::postgres::PgSslMode::VerifyCa);
     }
     Ok(host_search_path(quiet_statements(opts)))
@@ -250,7 +254,7 @@ pub async fn execute_in_app_schema(db: &Db, sql: &str) -> Result<(), sqlx::Error
         Db::Postgres(p) => {
             let mut tx = p.begin().await?;
             sqlx::query("SELECT pg_advisory_xact_lock($1)")
-                .bind(super::locks::APP_SCHEMA_LOCK_KEY)
+                .bind(crate::store::backend::locks::APP_SCHEMA_LOCK_KEY)
                 .execute(&mut *tx)
                 .await?;
             sqlx::query(APP_SEARCH_PATH).execute(&mut *tx).await?;
@@ -263,7 +267,7 @@ pub async fn execute_in_app_schema(db: &Db, sql: &str) -> Result<(), sqlx::Error
 
 /// Drops outboxd's schema from the front of the search path, for the rest
 /// of the transaction.
-pub(super) const APP_SEARCH_PATH: &str = "SELECT set_config('search_path', \
+pub(in crate::store) const APP_SEARCH_PATH: &str = "SELECT set_config('search_path', \
      regexp_replace(current_setting('search_path'), '^outboxd,\\s*', ''), true)";
 
 /// The pool retries a refused connection until its acquire timeout, like
@@ -278,4 +282,28 @@ async fn why_no_answer(opts: &PgConnectOptions) -> sqlx::Error {
         Ok(Err(e)) => e,
         Ok(Ok(_)) | Err(_) => sqlx::Error::PoolTimedOut,
     }
+}
+
+/// The sidecar file of a SQLite database: `<file>-outbound`, or an
+/// in-memory database for an in-memory main database.
+pub(crate) fn sqlite_sidecar(opts: &SqliteConnectOptions) -> String {
+    let main = opts.get_filename().to_string_lossy().into_owned();
+    if main.is_empty() || main == ":memory:" || main.starts_with("file::memory:") {
+        ":memory:".into()
+    } else {
+        format!("{main}-outbound")
+    }
+}
+
+/// Attaches the sidecar as schema `outbound` (plugins' outbound calls,
+/// `store/inbox/outbound.rs`) on a new host connection.
+pub(crate) async fn attach_sidecar(
+    conn: &mut SqliteConnection,
+    sidecar: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("ATTACH DATABASE ? AS outbound")
+        .bind(sidecar)
+        .execute(conn)
+        .await?;
+    Ok(())
 }

@@ -4,11 +4,13 @@
 //! the message's budgets; here it runs behind the database's own wall:
 //!
 //! - Postgres: under the consumer's role (`SET LOCAL ROLE`, once for a
-//!   batch, see [`PgInboxTx`](super::PgInboxTx)), with a row-returning
+//!   batch, see [`PgInboxTx`](crate::store::PgInboxTx)), with a row-returning
 //!   statement wrapped so the server refuses a row over the byte cap;
 //! - SQLite: prepared fresh, with the authorizer, the deadline and the
 //!   value-length limit active for that statement only
-//!   ([`super::sqlite_plugin_guard`]).
+//!   ([`crate::store::backend::sqlite_plugin_guard`]).
+
+pub mod roles;
 
 use std::borrow::Cow;
 use std::time::Duration;
@@ -20,8 +22,8 @@ use outboxd_core::sql_gate::Admitted;
 use outboxd_core::sql_values::{self as values, SqlValue, SqlValueError};
 use sqlx::{Column, Row};
 
-use super::sqlite_plugin_guard::{self as guard, PluginPolicy};
-use super::{Db, InboxTx};
+use crate::store::backend::sqlite_plugin_guard::{self as guard, PluginPolicy};
+use crate::store::{Db, InboxTx};
 
 /// Why a plugin statement did not run to its end.
 #[derive(Debug)]

@@ -20,8 +20,8 @@ use outboxd_core::message::Delivery;
 use serde::Serialize;
 use sqlx::Row;
 
-use super::stored_time::StoredTime;
-use super::{Db, InboxTx, on_pool};
+use crate::store::backend::stored_time::StoredTime;
+use crate::store::{Db, InboxTx, on_pool};
 
 /// What a row is waiting for.
 pub const DEAD: &str = "dead";
@@ -101,7 +101,7 @@ fn bytes_json(bytes: &[u8]) -> serde_json::Value {
 
 /// The stored form of a dead letter's headers: a JSON array of `[name,
 /// value]`, the value as text when it is UTF-8 and as `{"hex": …}` when not.
-pub(super) fn headers_json(headers: &[(String, Vec<u8>)]) -> String {
+pub(in crate::store) fn headers_json(headers: &[(String, Vec<u8>)]) -> String {
     let list: Vec<serde_json::Value> = headers
         .iter()
         .map(|(k, v)| serde_json::json!([k, bytes_json(v)]))
@@ -191,11 +191,11 @@ where
         error: r.try_get(9)?,
         handler: r.try_get(10)?,
         attempts: r.try_get::<i64, _>(11)? as i32,
-        dead_at: super::sqlite::from_micros(r.try_get(12)?),
+        dead_at: crate::store::outbox::sqlite_claim::from_micros(r.try_get(12)?),
         redrive_with: r.try_get(13)?,
         resolved_at: r
             .try_get::<Option<i64>, _>(14)?
-            .map(super::sqlite::from_micros),
+            .map(crate::store::outbox::sqlite_claim::from_micros),
         resolution: r.try_get(15)?,
         resolve_reason: r.try_get(16)?,
         payload: payload.as_deref().map(bytes_json),
@@ -223,7 +223,7 @@ pub async fn insert(db: &Db, row: NewRow<'_>) -> Result<bool, sqlx::Error> {
     let d = row.delivery;
     let message_id = d.message_id().ok();
     let headers = headers_json(&d.headers);
-    let error = super::truncate(row.error, 2000);
+    let error = crate::store::truncate(row.error, 2000);
     // Both databases take the id as text and the attempts as a bigint;
     // Postgres casts them to its column types (SQLite's CAST to `uuid`
     // would make a number of the text, so the casts are Postgres's only).
@@ -333,7 +333,7 @@ pub async fn parked_keys(db: &Db, consumer: &str) -> Result<ParkedKeys, sqlx::Er
         for r in &rows {
             let key: Option<Vec<u8>> = r.try_get(0)?;
             out.parked_messages += r.try_get::<i64, _>(1)?;
-            let since = super::sqlite::from_micros(r.try_get(2)?);
+            let since = crate::store::outbox::sqlite_claim::from_micros(r.try_get(2)?);
             out.oldest = Some(out.oldest.map_or(since, |o: DateTime<Utc>| o.min(since)));
             if let Some(k) = key {
                 out.keys.insert(k);
@@ -441,7 +441,7 @@ pub async fn failed_again(
                   SET state = 'dead', error = $2, handler = $3,
                       attempts = attempts + CAST($4 AS integer), dead_at = $5, redrive_with = NULL
                 WHERE id = $1 AND resolved_at IS NULL";
-    let error = super::truncate(error, 2000);
+    let error = crate::store::truncate(error, 2000);
     on_pool!(db, |p| sqlx::query(sql)
         .bind(id)
         .bind(&error)
@@ -655,7 +655,7 @@ pub async fn consumer_dead_summary(db: &Db) -> Result<Vec<ConsumerDeadSummary>, 
                     parked_messages: r.try_get(3)?,
                     oldest_parked_at: r
                         .try_get::<Option<i64>, _>(4)?
-                        .map(super::sqlite::from_micros),
+                        .map(crate::store::outbox::sqlite_claim::from_micros),
                 })
             })
             .collect()

@@ -7,9 +7,9 @@ use sqlx::sqlite::SqliteRow;
 use sqlx::{Postgres, Row, Sqlite, Transaction};
 use uuid::Uuid;
 
-use super::EnqueueError;
-use super::fingerprint::fingerprint;
 use crate::event::{Enqueued, EventId, NewEvent};
+use crate::store::EnqueueError;
+use crate::store::outbox::fingerprint::fingerprint;
 
 /// A database the outbox can be written to inside a caller's transaction.
 pub trait OutboxDatabase: sqlx::Database {
@@ -227,7 +227,7 @@ impl OutboxDatabase for Postgres {
     ) -> Result<Enqueued, EnqueueError> {
         // The per-aggregate lock is taken before the identity value is drawn,
         // so within one aggregate seq order is commit order.
-        sqlx::query(super::locks::AGGREGATE_LOCK)
+        sqlx::query(crate::store::backend::locks::AGGREGATE_LOCK)
             .bind(&event.aggregate_id)
             .execute(&mut *conn)
             .await?;

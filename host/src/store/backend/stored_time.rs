@@ -39,6 +39,6 @@ impl<'q> sqlx::Encode<'q, Sqlite> for StoredTime {
         &self,
         buf: &mut Vec<sqlx::sqlite::SqliteArgumentValue<'q>>,
     ) -> Result<IsNull, BoxDynError> {
-        <i64 as sqlx::Encode<'q, Sqlite>>::encode_by_ref(&super::sqlite::micros(self.0), buf)
+        <i64 as sqlx::Encode<'q, Sqlite>>::encode_by_ref(&self.0.timestamp_micros(), buf)
     }
 }
