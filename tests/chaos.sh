@@ -12,7 +12,7 @@
 #   bash tests/chaos.sh --transport embedded --consumers group
 #   bash tests/chaos.sh --relay-source wal
 #   bash tests/chaos.sh --seed N --keep   # replay a run, keep db and logs
-#   bash tests/chaos.sh --consumers group --churn 1-4s --seconds 300
+#   bash tests/chaos.sh --consumers group --churn 1-4s --seconds 300 --rate 100
 #       # restart a consumer process every 1-4 s (with the same
 #       # instance id; --no-static-membership for dynamic members), the only
 #       # fault unless --with-faults adds the others, and
