@@ -275,6 +275,16 @@ async fn a_connection_lost_during_the_plugin_role_check_is_transient() {
         .fetch_one(&pool)
         .await
         .expect("pid");
+    // The connection goes back to the pool in a task of its own, after a
+    // ping: terminated before that, it would be replaced by a fresh one.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pool.num_idle() < 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the connection never went back to the pool"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     sqlx::query("SELECT pg_terminate_backend($1)")
         .bind(pid)
         .execute(admin)
