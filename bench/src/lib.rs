@@ -35,9 +35,6 @@ mod relay_sink;
 mod sql_gate;
 mod sqlite_wake;
 mod wal;
-mod wal_idle;
-mod wal_latency;
-mod wal_throughput;
 
 pub use claim::{ClaimBenchArgs, ClaimBenchReport, claim};
 pub use consumer::{ConsumerBenchArgs, consumer};

@@ -5,13 +5,40 @@
 
 use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
+use std::sync::Mutex;
 
-use rdkafka::consumer::StreamConsumer;
+use rdkafka::ClientContext;
+use rdkafka::consumer::{BaseConsumer, ConsumerContext, Rebalance, StreamConsumer};
 use rdkafka::message::{BorrowedMessage, Headers, Message};
 
-use super::consumer::{GroupContext, KafkaConsumerConfig};
+use super::consumer::KafkaConsumerConfig;
 use super::{KafkaSetupError, base_config, require, setup_error};
 use crate::message::Delivery;
+
+/// Records revoked partitions so `fetch` can drop what it buffered for them.
+#[derive(Default)]
+pub(super) struct GroupContext {
+    pub(super) revoked: Mutex<Vec<(String, i32)>>,
+    /// Partitions revoked from this member so far. A cooperative rebalance
+    /// revokes only those that change owner; an eager one revokes all.
+    pub(super) revoked_total: std::sync::atomic::AtomicU64,
+}
+
+impl ClientContext for GroupContext {}
+
+impl ConsumerContext for GroupContext {
+    fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Revoke(list) = rebalance
+            && let Ok(mut revoked) = self.revoked.lock()
+        {
+            self.revoked_total
+                .fetch_add(list.count() as u64, std::sync::atomic::Ordering::Relaxed);
+            for e in list.elements() {
+                revoked.push((e.topic().to_string(), e.partition()));
+            }
+        }
+    }
+}
 
 /// The librdkafka consumer, with automatic commits and offset stores off,
 /// and `group.id` set to the consumer's name; a group member uses the

@@ -27,19 +27,16 @@
 //! rebalance the group.
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
-use rdkafka::client::ClientContext;
-use rdkafka::consumer::{
-    BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
-};
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::KafkaSetupError;
-use super::client::{client, to_delivery};
+use super::client::{GroupContext, client, to_delivery};
 use super::liveness::{Liveness, Snapshot, Verdict, probe};
 use crate::broker::ConsumeError;
 use crate::broker::MessageSource;
@@ -130,31 +127,6 @@ impl Watch {
             next: now + every,
             every,
             running: None,
-        }
-    }
-}
-
-/// Records revoked partitions so `fetch` can drop what it buffered for them.
-#[derive(Default)]
-pub(super) struct GroupContext {
-    revoked: Mutex<Vec<PartitionKey>>,
-    /// Partitions revoked from this member so far. A cooperative rebalance
-    /// revokes only those that change owner; an eager one revokes all.
-    revoked_total: std::sync::atomic::AtomicU64,
-}
-
-impl ClientContext for GroupContext {}
-
-impl ConsumerContext for GroupContext {
-    fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        if let Rebalance::Revoke(list) = rebalance
-            && let Ok(mut revoked) = self.revoked.lock()
-        {
-            self.revoked_total
-                .fetch_add(list.count() as u64, std::sync::atomic::Ordering::Relaxed);
-            for e in list.elements() {
-                revoked.push((e.topic().to_string(), e.partition()));
-            }
         }
     }
 }

@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::BenchError;
-use super::pipeline::produce;
-use super::wal::{Bench, Mode, PARTITIONS, RelaySetup, median, run_order};
+use super::{Bench, Mode, PARTITIONS, RelaySetup, median, run_order};
+use crate::BenchError;
+use crate::pipeline::produce;
 use outboxd::config::Config;
 use outboxd::consumer::inbox::Handler;
 use outboxd::consumer::inbox::HandlerError;

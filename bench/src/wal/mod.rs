@@ -6,8 +6,8 @@
 //!
 //! The relay under test is a real `outboxd run` process (the binary next to
 //! this one), configured through a TOML file per run, so both modes run
-//! exactly as deployed. The scenarios are in `wal_latency.rs`,
-//! `wal_throughput.rs` and `wal_idle.rs`; this file holds the arguments,
+//! exactly as deployed. The scenarios are in `latency.rs`,
+//! `throughput.rs` and `idle.rs`; this file holds the arguments,
 //! the relay process and the replication slot's housekeeping.
 
 use std::path::{Path, PathBuf};
@@ -17,8 +17,12 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use sqlx::PgPool;
 
-use super::BenchError;
+use crate::BenchError;
 use outboxd::store::{Db, migrate};
+
+mod idle;
+mod latency;
+mod throughput;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct WalBenchArgs {
@@ -121,9 +125,9 @@ impl Mode {
 /// Everything the scenarios print, for `--json`.
 #[derive(Debug, Default, Serialize)]
 pub struct WalReport {
-    pub latency: Vec<super::wal_latency::LatencyRun>,
-    pub throughput: Vec<super::wal_throughput::ThroughputRun>,
-    pub idle: Vec<super::wal_idle::IdleRow>,
+    pub latency: Vec<latency::LatencyRun>,
+    pub throughput: Vec<throughput::ThroughputRun>,
+    pub idle: Vec<idle::IdleRow>,
 }
 
 /// What every scenario shares: the database, the slot, the binary.
@@ -233,13 +237,13 @@ async fn run_scenarios(
 ) -> Result<WalReport, BenchError> {
     let mut report = WalReport::default();
     if wants("latency") {
-        report.latency = super::wal_latency::run(bench).await?;
+        report.latency = latency::run(bench).await?;
     }
     if wants("throughput") {
-        report.throughput = super::wal_throughput::run(bench).await?;
+        report.throughput = throughput::run(bench).await?;
     }
     if wants("idle") {
-        report.idle = super::wal_idle::run(bench).await?;
+        report.idle = idle::run(bench).await?;
     }
     Ok(report)
 }

@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::BenchError;
-use super::relay_sink::counter;
-use super::wal::{Bench, Mode, RelaySetup, median, run_order};
+use super::{Bench, Mode, RelaySetup, median, run_order};
+use crate::BenchError;
+use crate::relay_sink::counter;
 use outboxd::broker::MessageSource;
 use outboxd::broker::kafka::{KafkaConsumer, KafkaConsumerConfig};
 

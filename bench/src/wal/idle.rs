@@ -17,8 +17,8 @@ use std::time::Duration;
 use serde::Serialize;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
-use super::BenchError;
-use super::wal::{Bench, Mode, RelaySetup};
+use super::{Bench, Mode, RelaySetup};
+use crate::BenchError;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct IdleRow {
