@@ -53,24 +53,10 @@ BEGIN
 END $$"#
         );
         // Each -c runs on its own: DROP DATABASE cannot run in a transaction.
-        let out = std::process::Command::new("psql")
-            .args([
-                pg_admin_url().as_str(),
-                "-X",
-                "-q",
-                "-v",
-                "ON_ERROR_STOP=1",
-                "-c",
-                &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
-                "-c",
-                &roles,
-            ])
-            .output();
-        let failed = match &out {
-            Ok(o) if o.status.success() => None,
-            Ok(o) => Some(String::from_utf8_lossy(&o.stderr).into_owned()),
-            Err(e) => Some(format!("cannot run psql: {e}")),
-        };
+        let failed = psql_as_admin(&[
+            &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+            &roles,
+        ]);
         if let Some(why) = failed {
             // Panicking in a Drop during a panic would abort and hide the
             // test's own failure; tests/run.sh reports what is left.
@@ -462,6 +448,22 @@ async fn wait_for_a_free_slot(t: &TestDb) {
     }
 }
 
+/// Runs each statement with psql (`-c` each, so each in its own
+/// transaction) on the admin URL, synchronously, as a Drop must; returns
+/// why it failed, if it did.
+fn psql_as_admin(statements: &[&str]) -> Option<String> {
+    let mut cmd = std::process::Command::new("psql");
+    cmd.args([pg_admin_url().as_str(), "-X", "-q", "-v", "ON_ERROR_STOP=1"]);
+    for sql in statements {
+        cmd.args(["-c", sql]);
+    }
+    match cmd.output() {
+        Ok(o) if o.status.success() => None,
+        Ok(o) => Some(String::from_utf8_lossy(&o.stderr).into_owned()),
+        Err(e) => Some(format!("cannot run psql: {e}")),
+    }
+}
+
 /// Drops a test's replication slot when the test ends, passed or panicked,
 /// so no slot pins WAL or blocks its database's DROP DATABASE. A reader
 /// still on the slot (a relay the test started, or one a standby is about
@@ -496,22 +498,7 @@ BEGIN
   RAISE EXCEPTION 'replication slot {slot} is still in use after 10 s';
 END $$"#
         );
-        let out = std::process::Command::new("psql")
-            .args([
-                pg_admin_url().as_str(),
-                "-X",
-                "-q",
-                "-v",
-                "ON_ERROR_STOP=1",
-                "-c",
-                &sql,
-            ])
-            .output();
-        let failed = match &out {
-            Ok(o) if o.status.success() => None,
-            Ok(o) => Some(String::from_utf8_lossy(&o.stderr).into_owned()),
-            Err(e) => Some(format!("cannot run psql: {e}")),
-        };
+        let failed = psql_as_admin(&[&sql]);
         if let Some(why) = failed {
             // Panicking in a Drop during a panic aborts the process and
             // hides the first failure; report it instead.
