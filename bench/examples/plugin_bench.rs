@@ -17,7 +17,7 @@ use outboxd::plugin::EngineConfig;
 use outboxd::plugin::GuestEvent;
 use outboxd::plugin::PluginEngine;
 use outboxd::plugin::TransformerPlugin;
-use outboxd::plugin::chains::build_chains;
+use outboxd::plugin::lifecycle::chains::build_chains;
 use outboxd::relay::Relay;
 use outboxd::relay::RelayConfig;
 use outboxd::relay::StepOutcome;

@@ -11,16 +11,15 @@
 use axum::Json;
 use axum::Router;
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::json;
 
 use super::AdminState;
-use super::error::internal;
+use super::error::ApiError;
 use crate::fault::Faults;
-use crate::ops::consumer_dead::{self, ConsumerDeadError, Target};
+use crate::ops::consumer_dead::{self, Target};
 
 pub(super) fn routes() -> Router<AdminState> {
     Router::new()
@@ -30,36 +29,13 @@ pub(super) fn routes() -> Router<AdminState> {
         .route("/api/consumers/{name}/dead/{id}/discard", post(discard))
 }
 
-fn error(status: StatusCode, message: String) -> Response {
-    (status, Json(json!({ "error": message }))).into_response()
-}
-
-fn refused(e: ConsumerDeadError) -> Response {
-    let status = match &e {
-        ConsumerDeadError::NotFound { .. } => StatusCode::NOT_FOUND,
-        ConsumerDeadError::Parked { .. } | ConsumerDeadError::Resolved { .. } => {
-            StatusCode::CONFLICT
-        }
-        ConsumerDeadError::BadVersion { .. } | ConsumerDeadError::NoReason => {
-            StatusCode::BAD_REQUEST
-        }
-        ConsumerDeadError::Interrupted(_) | ConsumerDeadError::Database(_) => {
-            return internal(e);
-        }
-    };
-    error(status, e.to_string())
-}
-
 /// The consumer's plugin, or a 404 naming the configured consumers.
-fn known(s: &AdminState, name: &str) -> Result<Option<String>, Box<Response>> {
+fn known(s: &AdminState, name: &str) -> Result<Option<String>, ApiError> {
     match s.consumers.get(name) {
         Some(plugin) => Ok(plugin.clone()),
-        None => Err(Box::new(error(
-            StatusCode::NOT_FOUND,
-            format!(
-                "no consumer named `{name}` in this process's config (consumers: {})",
-                s.consumers.keys().cloned().collect::<Vec<_>>().join(", ")
-            ),
+        None => Err(ApiError::not_found(format!(
+            "no consumer named `{name}` in this process's config (consumers: {})",
+            s.consumers.keys().cloned().collect::<Vec<_>>().join(", ")
         ))),
     }
 }
@@ -74,25 +50,21 @@ async fn list(
     State(s): State<AdminState>,
     Path(name): Path<String>,
     Query(q): Query<ListQuery>,
-) -> Response {
-    if let Err(r) = known(&s, &name) {
-        return *r;
-    }
+) -> Result<Response, ApiError> {
+    known(&s, &name)?;
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
-    match consumer_dead::list(&s.db, &name, q.key.as_deref(), limit).await {
-        Ok(v) => Json(v).into_response(),
-        Err(e) => internal(e),
-    }
+    let rows = consumer_dead::list(&s.db, &name, q.key.as_deref(), limit)
+        .await
+        .map_err(ApiError::internal)?;
+    Ok(Json(rows).into_response())
 }
 
-async fn show(State(s): State<AdminState>, Path((name, id)): Path<(String, i64)>) -> Response {
-    if let Err(r) = known(&s, &name) {
-        return *r;
-    }
-    match consumer_dead::show(&s.db, &name, id).await {
-        Ok(row) => Json(row).into_response(),
-        Err(e) => refused(e),
-    }
+async fn show(
+    State(s): State<AdminState>,
+    Path((name, id)): Path<(String, i64)>,
+) -> Result<Response, ApiError> {
+    known(&s, &name)?;
+    Ok(Json(consumer_dead::show(&s.db, &name, id).await?).into_response())
 }
 
 #[derive(Debug, Deserialize)]
@@ -109,31 +81,24 @@ async fn redrive(
     State(s): State<AdminState>,
     Path(name): Path<String>,
     body: Option<Json<RedriveBody>>,
-) -> Response {
-    let plugin = match known(&s, &name) {
-        Ok(p) => p,
-        Err(r) => return *r,
-    };
+) -> Result<Response, ApiError> {
+    let plugin = known(&s, &name)?;
     let say = "send one of {\"id\": N}, {\"key\": \"K\"} or {\"all\": true}, optionally with \"with\": \"NAME@VERSION\"";
     let Some(Json(body)) = body else {
-        return error(StatusCode::BAD_REQUEST, say.into());
+        return Err(ApiError::bad_request(say));
     };
     let target = match (body.id, body.key, body.all) {
         (Some(id), None, false) => Target::Id(id),
         (None, Some(k), false) => Target::Key(k),
         (None, None, true) => Target::All,
-        _ => return error(StatusCode::BAD_REQUEST, say.into()),
+        _ => return Err(ApiError::bad_request(say)),
     };
-    if let Some(with) = &body.with
-        && let Err(e) = consumer_dead::check_with(&s.db, plugin.as_deref(), with).await
-    {
-        return refused(e);
+    if let Some(with) = &body.with {
+        consumer_dead::check_with(&s.db, plugin.as_deref(), with).await?;
     }
-    match consumer_dead::redrive(&s.db, &name, &target, body.with.as_deref(), &Faults::none()).await
-    {
-        Ok(n) => Json(json!({ "redriven": n })).into_response(),
-        Err(e) => refused(e),
-    }
+    let n = consumer_dead::redrive(&s.db, &name, &target, body.with.as_deref(), &Faults::none())
+        .await?;
+    Ok(Json(json!({ "redriven": n })).into_response())
 }
 
 #[derive(Debug, Deserialize)]
@@ -145,18 +110,13 @@ async fn discard(
     State(s): State<AdminState>,
     Path((name, id)): Path<(String, i64)>,
     body: Option<Json<DiscardBody>>,
-) -> Response {
-    if let Err(r) = known(&s, &name) {
-        return *r;
-    }
+) -> Result<Response, ApiError> {
+    known(&s, &name)?;
     let Some(Json(body)) = body else {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "send a JSON body {\"reason\": \"...\"}".into(),
-        );
+        return Err(ApiError::bad_request(
+            "send a JSON body {\"reason\": \"...\"}",
+        ));
     };
-    match consumer_dead::discard(&s.db, &name, id, &body.reason, chrono::Utc::now()).await {
-        Ok(d) => Json(json!({ "discarded": d.id, "released": d.released })).into_response(),
-        Err(e) => refused(e),
-    }
+    let d = consumer_dead::discard(&s.db, &name, id, &body.reason, chrono::Utc::now()).await?;
+    Ok(Json(json!({ "discarded": d.id, "released": d.released })).into_response())
 }

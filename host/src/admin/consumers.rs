@@ -14,6 +14,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use super::AdminState;
+use super::error::ApiError;
 use super::history::History;
 use crate::metrics::ConsumerMetrics;
 use crate::store::inbox::dead_letters::ConsumerDeadSummary;
@@ -52,22 +53,18 @@ pub struct ConsumerRow {
     pub oldest_parked_at: Option<DateTime<Utc>>,
 }
 
-async fn list(State(s): State<AdminState>) -> Response {
-    let backlog = match embedded_backlog(&s.db).await {
-        Ok(b) => b,
-        Err(e) => return super::error::internal(e),
-    };
-    let dead = match consumer_dead_summary(&s.db).await {
-        Ok(d) => d,
-        Err(e) => return super::error::internal(e),
-    };
+async fn list(State(s): State<AdminState>) -> Result<Response, ApiError> {
+    let backlog = embedded_backlog(&s.db).await.map_err(ApiError::internal)?;
+    let dead = consumer_dead_summary(&s.db)
+        .await
+        .map_err(ApiError::internal)?;
     let kafka = match &s.consumer_lag {
         Some(read) => tokio::time::timeout(KAFKA_LAG_WAIT, read())
             .await
             .unwrap_or_default(),
         None => BTreeMap::new(),
     };
-    Json(rows(
+    Ok(Json(rows(
         Sources {
             here: &s.metrics.consumers(),
             backlog: &backlog,
@@ -77,7 +74,7 @@ async fn list(State(s): State<AdminState>) -> Response {
         &s.history,
         Utc::now(),
     ))
-    .into_response()
+    .into_response())
 }
 
 /// How long `/api/consumers` waits for the Kafka lag before it answers

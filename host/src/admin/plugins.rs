@@ -7,42 +7,23 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::AdminState;
+use super::error::ApiError;
 use crate::metrics::PluginReport;
 use crate::plugin::Registry;
-use crate::plugin::RegistryError;
 use crate::store::registry::PluginRecord;
-
-fn answer<T: serde::Serialize>(result: Result<T, RegistryError>) -> Response {
-    match result {
-        Ok(v) => Json(v).into_response(),
-        Err(e) => {
-            let status = match &e {
-                RegistryError::NoSuchVersion { .. } => StatusCode::NOT_FOUND,
-                RegistryError::Conflict { .. } => StatusCode::CONFLICT,
-                RegistryError::Refused { .. } => StatusCode::UNPROCESSABLE_ENTITY,
-                RegistryError::Database(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            };
-            (status, Json(json!({ "error": e.to_string() }))).into_response()
-        }
-    }
-}
 
 /// `GET /api/plugins`: one row per plugin version, whether the registry
 /// stores it, this process has loaded it, or both: the registry's record
 /// (state, shadow flag and counters summed over hosts) and this process's
 /// counters (calls, errors by kind, p99 call latency). A file plugin has
 /// no registry record; it runs for good, so its state is `active`.
-pub async fn list(State(s): State<AdminState>) -> Response {
-    let records = match Registry::new(s.db.clone()).list().await {
-        Ok(r) => r,
-        Err(e) => return answer::<()>(Err(e)),
-    };
-    Json(version_rows(records, &s.metrics.plugins())).into_response()
+pub(super) async fn list(State(s): State<AdminState>) -> Result<Response, ApiError> {
+    let records = Registry::new(s.db.clone()).list().await?;
+    Ok(Json(version_rows(records, &s.metrics.plugins())).into_response())
 }
 
 /// Joins the registry's records with the versions loaded here, by name and
@@ -103,20 +84,23 @@ fn add_counters(row: &mut Value, report: Option<&Arc<dyn PluginReport>>) {
 }
 
 /// `POST /api/plugins/{name}/activate/{version}`.
-pub async fn activate(
+pub(super) async fn activate(
     State(s): State<AdminState>,
     Path((name, version)): Path<(String, i64)>,
-) -> Response {
-    answer(
-        Registry::new(s.db)
-            .activate(&name, version, "admin-api")
-            .await,
-    )
+) -> Result<Response, ApiError> {
+    let record = Registry::new(s.db)
+        .activate(&name, version, "admin-api")
+        .await?;
+    Ok(Json(record).into_response())
 }
 
 /// `POST /api/plugins/{name}/rollback`.
-pub async fn rollback(State(s): State<AdminState>, Path(name): Path<String>) -> Response {
-    answer(Registry::new(s.db).rollback(&name, "admin-api").await)
+pub(super) async fn rollback(
+    State(s): State<AdminState>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    let record = Registry::new(s.db).rollback(&name, "admin-api").await?;
+    Ok(Json(record).into_response())
 }
 
 #[cfg(test)]

@@ -13,9 +13,9 @@ use serde_json::json;
 
 use super::AdminState;
 use super::auth::{require_scrape_token, require_token};
-use super::error::internal;
-use crate::ops::dead::{self, DeadFilter, DiscardError};
-use crate::ops::fix_forward::{self, FixForwardError};
+use super::error::ApiError;
+use crate::ops::dead::{self, DeadFilter};
+use crate::ops::fix_forward;
 use crate::store::{AnyStore, Db, OutboxStore};
 
 const DASHBOARD: &str = include_str!("dashboard.html");
@@ -116,22 +116,27 @@ impl DeadQuery {
     }
 }
 
-async fn list_dead(State(s): State<AdminState>, Query(q): Query<DeadQuery>) -> Response {
-    match dead::list(&s.db, &q.filter(), q.limit.unwrap_or(100).clamp(1, 1000)).await {
-        Ok(v) => Json(v).into_response(),
-        Err(e) => internal(e),
-    }
+async fn list_dead(
+    State(s): State<AdminState>,
+    Query(q): Query<DeadQuery>,
+) -> Result<Response, ApiError> {
+    let rows = dead::list(&s.db, &q.filter(), q.limit.unwrap_or(100).clamp(1, 1000))
+        .await
+        .map_err(ApiError::internal)?;
+    Ok(Json(rows).into_response())
 }
 
-async fn show_dead(State(s): State<AdminState>, Path(seq): Path<i64>) -> Response {
-    match dead::get(&s.db, seq).await {
-        Ok(Some(e)) => Json(e).into_response(),
-        Ok(None) => (
-            StatusCode::NOT_FOUND,
-            Json(json!({ "error": format!("outbox row {seq} is not a dead event") })),
-        )
-            .into_response(),
-        Err(e) => internal(e),
+fn not_dead(seq: i64) -> ApiError {
+    ApiError::not_found(format!("outbox row {seq} is not a dead event"))
+}
+
+async fn show_dead(
+    State(s): State<AdminState>,
+    Path(seq): Path<i64>,
+) -> Result<Response, ApiError> {
+    match dead::get(&s.db, seq).await.map_err(ApiError::internal)? {
+        Some(e) => Ok(Json(e).into_response()),
+        None => Err(not_dead(seq)),
     }
 }
 
@@ -148,47 +153,33 @@ async fn redrive(
     s: &AdminState,
     filter: &DeadFilter,
     body: Option<Json<RedriveBody>>,
-) -> Result<u64, Response> {
+) -> Result<u64, ApiError> {
     let with = body.and_then(|Json(b)| b.with);
     let now = chrono::Utc::now();
     let Some(label) = with else {
-        return dead::redrive(&s.db, filter, now).await.map_err(internal);
+        return dead::redrive(&s.db, filter, now)
+            .await
+            .map_err(ApiError::internal);
     };
     let pipeline = fix_forward::Pipeline {
         routes: &s.routes,
         plugins: &s.plugins,
     };
-    fix_forward::redrive_with(&s.db, pipeline, filter, &label, now)
-        .await
-        .map_err(|e| match e {
-            FixForwardError::Database(_)
-            | FixForwardError::Registry(_)
-            | FixForwardError::Plugin(_) => internal(e),
-            refused => (
-                StatusCode::BAD_REQUEST,
-                Json(json!({ "error": refused.to_string() })),
-            )
-                .into_response(),
-        })
+    Ok(fix_forward::redrive_with(&s.db, pipeline, filter, &label, now).await?)
 }
 
 async fn redrive_one(
     State(s): State<AdminState>,
     Path(seq): Path<i64>,
     body: Option<Json<RedriveBody>>,
-) -> Response {
+) -> Result<Response, ApiError> {
     let filter = DeadFilter {
         seq: Some(seq),
         ..DeadFilter::default()
     };
-    match redrive(&s, &filter, body).await {
-        Ok(0) => (
-            StatusCode::NOT_FOUND,
-            Json(json!({ "error": format!("outbox row {seq} is not a dead event") })),
-        )
-            .into_response(),
-        Ok(n) => Json(json!({ "redriven": n })).into_response(),
-        Err(response) => response,
+    match redrive(&s, &filter, body).await? {
+        0 => Err(not_dead(seq)),
+        n => Ok(Json(json!({ "redriven": n })).into_response()),
     }
 }
 
@@ -196,18 +187,14 @@ async fn redrive_filter(
     State(s): State<AdminState>,
     Query(q): Query<DeadQuery>,
     body: Option<Json<RedriveBody>>,
-) -> Response {
+) -> Result<Response, ApiError> {
     if q.event_type.is_none() && q.aggregate.is_none() && q.all != Some(true) {
-        return (
-            StatusCode::BAD_REQUEST,
-            Json(json!({ "error": "say which dead events to redrive: ?type=T, ?aggregate=A, or ?all=true" })),
-        )
-            .into_response();
+        return Err(ApiError::bad_request(
+            "say which dead events to redrive: ?type=T, ?aggregate=A, or ?all=true",
+        ));
     }
-    match redrive(&s, &q.filter(), body).await {
-        Ok(n) => Json(json!({ "redriven": n })).into_response(),
-        Err(response) => response,
-    }
+    let n = redrive(&s, &q.filter(), body).await?;
+    Ok(Json(json!({ "redriven": n })).into_response())
 }
 
 #[derive(Debug, Deserialize)]
@@ -219,28 +206,14 @@ async fn discard_one(
     State(s): State<AdminState>,
     Path(seq): Path<i64>,
     body: Option<Json<DiscardBody>>,
-) -> Response {
+) -> Result<Response, ApiError> {
     let Some(Json(body)) = body else {
-        return (
-            StatusCode::BAD_REQUEST,
-            Json(json!({ "error": "send a JSON body {\"reason\": \"...\"}" })),
-        )
-            .into_response();
+        return Err(ApiError::bad_request(
+            "send a JSON body {\"reason\": \"...\"}",
+        ));
     };
-    match dead::discard(&s.db, seq, &body.reason, chrono::Utc::now()).await {
-        Ok(()) => Json(json!({ "discarded": seq })).into_response(),
-        Err(e @ DiscardError::NoReason) => (
-            StatusCode::BAD_REQUEST,
-            Json(json!({ "error": e.to_string() })),
-        )
-            .into_response(),
-        Err(e @ DiscardError::NotDead(_)) => (
-            StatusCode::NOT_FOUND,
-            Json(json!({ "error": e.to_string() })),
-        )
-            .into_response(),
-        Err(e) => internal(e),
-    }
+    dead::discard(&s.db, seq, &body.reason, chrono::Utc::now()).await?;
+    Ok(Json(json!({ "discarded": seq })).into_response())
 }
 
 /// The plugin versions this process has loaded (either world, from files

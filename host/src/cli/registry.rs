@@ -1,6 +1,6 @@
 //! `outboxd plugin deploy|list|activate|rollback|retire|shadow`: the
 //! registry from the command line. Glue only; the work is in
-//! [`crate::plugin::registry`].
+//! [`crate::plugin::lifecycle::registry`].
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -12,8 +12,8 @@ use crate::config::Config;
 use crate::config::PluginSpec;
 use crate::plugin::PluginEngine;
 use crate::plugin::harness::SampleEvent;
-use crate::plugin::registry::Deployed;
-use crate::plugin::registry::Registry;
+use crate::plugin::lifecycle::registry::Deployed;
+use crate::plugin::lifecycle::registry::Registry;
 use crate::settings::ConfigExt;
 use crate::store::Db;
 use crate::store::registry::PluginRecord;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::message::Delivery;
-use crate::plugin::slot::ConsumerVersions;
+use crate::plugin::lifecycle::slot::ConsumerVersions;
 use crate::store::Db;
 use crate::store::InboxTx;
 use crate::telemetry::FutureExt;

@@ -31,8 +31,8 @@ use crate::plugin::ConsumerPlugin;
 use crate::plugin::PluginError;
 use crate::plugin::bindings::transformer::outbox::plugin::types::Message;
 use crate::plugin::host::transaction::{PluginStatement, Recording};
-use crate::plugin::shadow::Comparison;
-use crate::plugin::versions::{BadLabel, VersionLabel};
+use crate::plugin::lifecycle::shadow::Comparison;
+use crate::plugin::lifecycle::versions::{BadLabel, VersionLabel};
 use crate::store::InboxTx;
 
 #[derive(Debug, Clone)]

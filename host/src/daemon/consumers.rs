@@ -22,7 +22,7 @@ use crate::consumer::NativeHandlers;
 use crate::consumer::PluginHandler;
 use crate::fault::Faults;
 use crate::metrics::{Metrics, PluginReport};
-use crate::plugin::slot::ActiveConsumer;
+use crate::plugin::lifecycle::slot::ActiveConsumer;
 use crate::plugin::{ConsumerPlugin, PluginEngine};
 use crate::settings::ConfigExt;
 use crate::store::plugin_sql::roles::{PluginRoles, RoleCheckError};

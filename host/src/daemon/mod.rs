@@ -21,9 +21,9 @@ use crate::consumer::NativeHandlers;
 use crate::consumer::runner::OnHandled;
 use crate::fault::Faults;
 use crate::metrics::Metrics;
-use crate::plugin::chains::Chains;
-use crate::plugin::chains::build_chains;
-use crate::plugin::slot::ActiveConsumer;
+use crate::plugin::lifecycle::chains::Chains;
+use crate::plugin::lifecycle::chains::build_chains;
+use crate::plugin::lifecycle::slot::ActiveConsumer;
 use crate::settings::ConfigExt;
 use crate::store::{AnyStore, Db, migrate};
 
@@ -493,8 +493,15 @@ async fn start_rollout(
     let registry = Registry::new(db.clone());
     if let Some(dir) = runtime.watch_dir.clone() {
         let mut seen = Default::default();
-        crate::plugin::dev_dir::scan(&engine, &registry, &config.plugins, &dir, &mut seen).await;
-        let watch = crate::plugin::dev_dir::run(
+        crate::plugin::lifecycle::dev_dir::scan(
+            &engine,
+            &registry,
+            &config.plugins,
+            &dir,
+            &mut seen,
+        )
+        .await;
+        let watch = crate::plugin::lifecycle::dev_dir::run(
             engine.clone(),
             registry.clone(),
             config.plugins.clone(),
@@ -507,7 +514,7 @@ async fn start_rollout(
             Ok(())
         });
     }
-    let rollout = crate::plugin::rollout::Rollout::new(
+    let rollout = crate::plugin::lifecycle::rollout::Rollout::new(
         engine,
         registry,
         config.plugins.clone(),

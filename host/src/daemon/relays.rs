@@ -12,7 +12,7 @@ use crate::config::Config;
 use crate::config::RelaySource;
 use crate::fault::Faults;
 use crate::metrics::Metrics;
-use crate::plugin::chains::Chains;
+use crate::plugin::lifecycle::chains::Chains;
 use crate::relay::Relay;
 use crate::relay::wal::{WalParts, WalRelay};
 use crate::relay::worker::{self, WorkerConfig};

@@ -4,61 +4,35 @@
 //! # Layout
 //!
 //! - [`bindings`]: the only `bindgen!` in outboxd, over `wit/`.
-//! - [`engine`]: the shared `Engine`, a `Linker` per world, the epoch ticker.
-//! - [`transformer`]: one plugin version, prepared once (`Component` plus
-//!   `InstancePre`), called per event in a reused, sandboxed Store.
-//! - [`chain`]: runs a route's chain of transformers over one event.
-//! - [`consumer`]: one consumer plugin version, called per message with a
-//!   borrowed [`host::transaction`] whose SQL values are converted by
-//!   [`sql_values`].
+//! - [`runtime`]: the engine, the component cache, and one transformer or
+//!   consumer version called in a reused, sandboxed Store.
 //! - [`host`]: what a plugin's Store holds, one module per host capability
-//!   (the sandbox's WASI and guest output, `config`, `transaction`), and
-//!   one Store type and Linker per world; [`limits`]: the memory cap.
-//! - [`cache`]: compiled components on disk, keyed by sha256.
-//! - [`dev_dir`]: a directory whose files are deployed and activated (dev).
-//! - [`registry`]: plugin versions stored in the database (deploy, activate,
-//!   rollback, retire, shadow), shared by every host on that database.
-//! - [`chains`]: the chain each route runs (and its shadow), the table a
-//!   rollout swaps whole; [`slot`]: the same for one consumer plugin.
-//! - [`rollout`]: keeps the chains and the slots on the registry's versions;
-//!   [`versions`]: the registry versions a host has loaded, live or pinned
-//!   for a redrive (fix-forward).
-//! - [`shadow`]: compares a candidate's outputs with the active version's.
+//!   (the sandbox's WASI and guest output, `config`, `http`, `transaction`),
+//!   and one Store type and Linker per world.
+//! - [`lifecycle`]: versions in the registry, deploy checks, shadow, and the
+//!   rollout that swaps the chains and consumer slots the data path reads.
+//! - [`harness`]: `outboxd plugin test`, a plugin run against sample input.
 //! - [`metrics`], [`error`], [`validate`].
 
 pub mod bindings;
-pub mod cache;
-pub mod chain;
-pub mod chains;
-pub mod consumer;
-mod deploy_check;
-pub mod dev_dir;
-pub mod engine;
 pub mod error;
 pub mod harness;
 pub mod host;
-pub mod limits;
-mod loaded;
+pub mod lifecycle;
 pub mod metrics;
-pub mod registry;
-pub mod rollout;
-pub mod shadow;
-pub mod slot;
-pub mod sql_values;
-pub mod transformer;
+pub mod runtime;
 pub mod validate;
-pub mod versions;
 
 pub use bindings::{GuestEvent, GuestMessage};
-pub use chain::{Chain, ChainError, TopicPolicy};
-pub use chains::{ChainTable, Chains, PinError, RouteChain, Shadow, build_chains};
-pub use consumer::{ConsumerPlugin, Traced};
-pub use engine::{EngineConfig, PluginEngine};
 pub use error::{ErrorKind, PluginError};
 pub use host::http::{HttpRecord, HttpStub, OutboundPolicy, StubResponse, Transport};
+pub use lifecycle::chains::{ChainTable, Chains, PinError, RouteChain, Shadow, build_chains};
+pub use lifecycle::registry::{Deployed, Registry, RegistryError};
+pub use lifecycle::rollout::{Refreshed, Rollout};
+pub use lifecycle::slot::{ActiveConsumer, ConsumerVersions};
+pub use lifecycle::versions::{RegistryVersions, VersionLabel};
 pub use metrics::{MetricsSnapshot, PluginMetrics};
-pub use registry::{Deployed, Registry, RegistryError};
-pub use rollout::{Refreshed, Rollout};
-pub use slot::{ActiveConsumer, ConsumerVersions};
-pub use transformer::TransformerPlugin;
-pub use versions::{RegistryVersions, VersionLabel};
+pub use runtime::chain::{Chain, ChainError, TopicPolicy};
+pub use runtime::consumer::{ConsumerPlugin, Traced};
+pub use runtime::engine::{EngineConfig, PluginEngine};
+pub use runtime::transformer::TransformerPlugin;

@@ -4,10 +4,10 @@
 use serde::Serialize;
 use wasmtime::component::Component;
 
-use super::engine::PluginEngine;
 use super::error::PluginError;
-use super::loaded::check_is_component;
-use super::transformer::TransformerPlugin;
+use super::runtime::engine::PluginEngine;
+use super::runtime::loaded::check_is_component;
+use super::runtime::transformer::TransformerPlugin;
 use crate::config::PluginSpec;
 
 /// The WIT package the host implements.

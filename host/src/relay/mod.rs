@@ -22,7 +22,7 @@ use crate::clock::Clock;
 use crate::event::OutboxEvent;
 use crate::fault::{FaultPoint, Faults, InjectedFault};
 use crate::message::{OutgoingMessage, message_for_event};
-use crate::plugin::chains::{Chains, RouteChain};
+use crate::plugin::lifecycle::chains::{Chains, RouteChain};
 use crate::route::Router;
 use crate::store::truncate;
 use crate::store::{BatchOutcome, ClaimedBatch, FailedEvent, OutboxStore, StoreError};

@@ -497,7 +497,7 @@ impl<'de> Deserialize<'de> for CacheDir {
 impl CacheDir {
     /// The directory to use, if any, for a host whose database is
     /// `database_url`. The plugin engine creates it private and refuses it
-    /// when others can write to it (the host's `plugin::cache::prepare_dir`).
+    /// when others can write to it (the host's `plugin::runtime::cache::prepare_dir`).
     pub fn resolve(&self, database_url: &str) -> Option<std::path::PathBuf> {
         match self {
             CacheDir::Off => None,

@@ -23,9 +23,9 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::bindings::{GuestEvent, GuestMessage};
-use super::engine::PluginEngine;
 use super::error::PluginError;
-use super::transformer::TransformerPlugin;
+use super::runtime::engine::PluginEngine;
+use super::runtime::transformer::TransformerPlugin;
 use crate::config::Limits;
 use crate::config::PluginSpec;
 

@@ -6,13 +6,13 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use super::ConsumerPlugin;
-use super::PluginEngine;
-use super::PluginError;
-use super::TransformerPlugin;
-use super::registry::{Registry, RegistryError};
 use crate::config::PluginSpec;
 use crate::metrics::{Metrics, PluginReport};
+use crate::plugin::ConsumerPlugin;
+use crate::plugin::PluginEngine;
+use crate::plugin::PluginError;
+use crate::plugin::TransformerPlugin;
+use crate::plugin::lifecycle::registry::{Registry, RegistryError};
 
 /// `NAME@VERSION`: one registry version of a plugin, as an operator names
 /// it (`outboxd dead redrive --with pii@3`) and as the outbox records it.

@@ -13,17 +13,17 @@ use std::time::Duration;
 use outboxd_core::route::Route;
 use tokio::sync::watch;
 
-use super::Chain;
-use super::PluginEngine;
-use super::TopicPolicy;
-use super::TransformerPlugin;
-use super::chains::{ChainTable, Chains, RouteChain, Shadow};
-use super::registry::{Desired, Registry, RegistryError};
-use super::shadow::ShadowStats;
-use super::slot::{ActiveConsumer, ConsumerVersions};
-use super::versions::RegistryVersions;
 use crate::config::PluginSource;
 use crate::config::PluginSpec;
+use crate::plugin::Chain;
+use crate::plugin::PluginEngine;
+use crate::plugin::TopicPolicy;
+use crate::plugin::TransformerPlugin;
+use crate::plugin::lifecycle::chains::{ChainTable, Chains, RouteChain, Shadow};
+use crate::plugin::lifecycle::registry::{Desired, Registry, RegistryError};
+use crate::plugin::lifecycle::shadow::ShadowStats;
+use crate::plugin::lifecycle::slot::{ActiveConsumer, ConsumerVersions};
+use crate::plugin::lifecycle::versions::RegistryVersions;
 use crate::store::Channel;
 
 /// What a refresh changed.

@@ -11,18 +11,18 @@ use std::sync::{Arc, Mutex};
 
 use outboxd_core::config::PluginSpec;
 
-use super::host::http::OutboundPolicy;
+use crate::plugin::host::http::OutboundPolicy;
 use sha2::{Digest, Sha256};
 use wasmtime::Store;
 use wasmtime::component::{InstancePre, Linker};
 
-use super::cache;
-use super::engine::{EPOCH_TICK, PluginEngine};
-use super::error::{PluginError, classify};
-use super::host::StoreState;
-use super::host::log::{LineBudget, drain};
-use super::metrics::PluginMetrics;
 use crate::config::Limits;
+use crate::plugin::error::{PluginError, classify};
+use crate::plugin::host::StoreState;
+use crate::plugin::host::log::{LineBudget, drain};
+use crate::plugin::metrics::PluginMetrics;
+use crate::plugin::runtime::cache;
+use crate::plugin::runtime::engine::{EPOCH_TICK, PluginEngine};
 
 /// A WIT world a plugin may export: its Store data and Linker, its
 /// pre-instantiated form and how to instantiate it, and the words of the
@@ -55,7 +55,7 @@ macro_rules! plugin_world {
         data: $data:ty, linker: $linker:ident, world: $world:literal,
         name: $name:literal, imports: $imports:literal, build: $hint:literal $(,)?
     ) => {
-        impl $crate::plugin::loaded::World for $bindings {
+        impl $crate::plugin::runtime::loaded::World for $bindings {
             type Data = $data;
             type Pre = $pre<$data>;
             const NAME: &'static str = $name;
@@ -63,7 +63,7 @@ macro_rules! plugin_world {
             const BUILD_HINT: &'static str = $hint;
 
             fn linker(
-                engine: &$crate::plugin::engine::PluginEngine,
+                engine: &$crate::plugin::runtime::engine::PluginEngine,
             ) -> &wasmtime::component::Linker<$data> {
                 &engine.$linker
             }
@@ -87,11 +87,11 @@ macro_rules! plugin_world {
             /// pre-instantiates the component: everything that can be done
             /// once per version.
             pub fn load(
-                engine: &$crate::plugin::engine::PluginEngine,
+                engine: &$crate::plugin::runtime::engine::PluginEngine,
                 spec: &outboxd_core::config::PluginSpec,
             ) -> Result<Self, $crate::plugin::error::PluginError> {
                 Ok(Self {
-                    loaded: $crate::plugin::loaded::Loaded::load(engine, spec)?,
+                    loaded: $crate::plugin::runtime::loaded::Loaded::load(engine, spec)?,
                 })
             }
 
@@ -99,12 +99,14 @@ macro_rules! plugin_world {
             /// registry version); `spec.path` only names the source in
             /// errors.
             pub fn from_bytes(
-                engine: &$crate::plugin::engine::PluginEngine,
+                engine: &$crate::plugin::runtime::engine::PluginEngine,
                 spec: &outboxd_core::config::PluginSpec,
                 wasm: &[u8],
             ) -> Result<Self, $crate::plugin::error::PluginError> {
                 Ok(Self {
-                    loaded: $crate::plugin::loaded::Loaded::from_bytes(engine, spec, wasm)?,
+                    loaded: $crate::plugin::runtime::loaded::Loaded::from_bytes(
+                        engine, spec, wasm,
+                    )?,
                 })
             }
 

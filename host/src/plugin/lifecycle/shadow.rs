@@ -5,7 +5,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
-use super::bindings::GuestMessage;
+use crate::plugin::bindings::GuestMessage;
 use crate::store::registry::ShadowTotals;
 
 /// Mismatching events kept as samples per candidate and host.

@@ -5,13 +5,13 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
-use super::chain::{Chain, TopicPolicy};
-use super::engine::PluginEngine;
-use super::registry::RegistryError;
-use super::shadow::ShadowStats;
-use super::transformer::TransformerPlugin;
-use super::versions::{BadLabel, RegistryVersions, VersionLabel};
 use crate::config::PluginSpec;
+use crate::plugin::lifecycle::registry::RegistryError;
+use crate::plugin::lifecycle::shadow::ShadowStats;
+use crate::plugin::lifecycle::versions::{BadLabel, RegistryVersions, VersionLabel};
+use crate::plugin::runtime::chain::{Chain, TopicPolicy};
+use crate::plugin::runtime::engine::PluginEngine;
+use crate::plugin::runtime::transformer::TransformerPlugin;
 use outboxd_core::route::{Route, Router};
 
 /// What one route runs: its chain and, while a candidate is in shadow, the

@@ -10,9 +10,10 @@
 
 use sha2::{Digest, Sha256};
 
-use super::harness::SampleEvent;
-use super::{PluginEngine, deploy_check};
 use crate::config::PluginSpec;
+use crate::plugin::PluginEngine;
+use crate::plugin::harness::SampleEvent;
+use crate::plugin::lifecycle::deploy_check;
 use crate::store::Db;
 use crate::store::registry::{self as stored, StoredVersion};
 

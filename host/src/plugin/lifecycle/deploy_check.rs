@@ -3,12 +3,12 @@
 //! plus the size cap, a compatible WIT version, and a transformer's sample
 //! events or a consumer's link check. A refused version changes nothing.
 
-use super::consumer::ConsumerPlugin;
-use super::engine::PluginEngine;
-use super::harness::SampleEvent;
-use super::transformer::TransformerPlugin;
-use super::validate;
 use crate::config::PluginSpec;
+use crate::plugin::harness::SampleEvent;
+use crate::plugin::runtime::consumer::ConsumerPlugin;
+use crate::plugin::runtime::engine::PluginEngine;
+use crate::plugin::runtime::transformer::TransformerPlugin;
+use crate::plugin::validate;
 
 /// Components larger than this are refused.
 pub const MAX_COMPONENT_BYTES: usize = 32 * 1024 * 1024;

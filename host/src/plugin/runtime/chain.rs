@@ -6,9 +6,9 @@
 
 use std::sync::Arc;
 
-use super::bindings::{GuestEvent, GuestMessage};
-use super::error::PluginError;
-use super::transformer::TransformerPlugin;
+use crate::plugin::bindings::{GuestEvent, GuestMessage};
+use crate::plugin::error::PluginError;
+use crate::plugin::runtime::transformer::TransformerPlugin;
 
 /// Which plugin of a chain failed, and how.
 #[derive(Debug, Clone, thiserror::Error)]

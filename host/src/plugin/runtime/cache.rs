@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::error::PluginError;
+use crate::plugin::error::PluginError;
 
 use wasmtime::Engine;
 use wasmtime::component::Component;

@@ -9,8 +9,8 @@ use std::time::Duration;
 use wasmtime::component::Linker;
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
-use super::error::PluginError;
-use super::host::{ConsumerState, StoreState, TransformerState};
+use crate::plugin::error::PluginError;
+use crate::plugin::host::{ConsumerState, StoreState, TransformerState};
 
 /// One epoch tick. Deadlines are whole ticks, so a 50 ms deadline fires
 /// between 50 and 52 ms.
@@ -48,7 +48,7 @@ impl std::fmt::Debug for PluginEngine {
 impl PluginEngine {
     pub fn new(config: EngineConfig) -> Result<Self, PluginError> {
         if let Some(dir) = &config.cache_dir {
-            super::cache::prepare_dir(dir)?;
+            crate::plugin::runtime::cache::prepare_dir(dir)?;
         }
         let mut wasm = Config::new();
         wasm.epoch_interruption(true);

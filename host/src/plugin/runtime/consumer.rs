@@ -1,22 +1,24 @@
 //! One consumer plugin version: compiled and pre-instantiated once, then
 //! called per message in a sandboxed Store that is reused until it fails.
 //! During the call the plugin borrows the host's transaction (see
-//! [`super::host::transaction`]); it never holds a connection.
+//! [`crate::plugin::host::transaction`]); it never holds a connection.
 
 use std::time::Instant;
 
-use super::bindings::consumer::{Consumer, ConsumerPre};
-use super::bindings::transformer::outbox::plugin::types::{Message, PluginError as WitError};
-use super::error::{PluginError, classify};
-use super::host::http::{HttpCall, HttpRecord, Transport};
-use super::host::transaction::PluginStatement;
-use super::host::transaction::Recording;
-use super::host::transaction::link;
-use super::host::transaction::next_request;
-use super::host::transaction::server::TxnServer;
-use super::host::{ConsumerState, StoreState};
-use super::loaded::Loaded;
 use crate::config::TxnPolicy;
+use crate::plugin::bindings::consumer::{Consumer, ConsumerPre};
+use crate::plugin::bindings::transformer::outbox::plugin::types::{
+    Message, PluginError as WitError,
+};
+use crate::plugin::error::{PluginError, classify};
+use crate::plugin::host::http::{HttpCall, HttpRecord, Transport};
+use crate::plugin::host::transaction::PluginStatement;
+use crate::plugin::host::transaction::Recording;
+use crate::plugin::host::transaction::link;
+use crate::plugin::host::transaction::next_request;
+use crate::plugin::host::transaction::server::TxnServer;
+use crate::plugin::host::{ConsumerState, StoreState};
+use crate::plugin::runtime::loaded::Loaded;
 use crate::store::InboxTx;
 use crate::store::inbox::outbound;
 
@@ -26,7 +28,7 @@ pub struct ConsumerPlugin {
     loaded: Loaded<Consumer>,
 }
 
-super::loaded::plugin_world!(
+crate::plugin::runtime::loaded::plugin_world!(
     Consumer,
     ConsumerPre,
     ConsumerPlugin,
@@ -235,7 +237,7 @@ impl ConsumerPlugin {
     /// One guest call in `slot`'s Store, the transaction served meanwhile.
     async fn run(
         &self,
-        slot: &mut super::loaded::Slot<Consumer>,
+        slot: &mut crate::plugin::runtime::loaded::Slot<Consumer>,
         tx: &mut InboxTx,
         message: &Message,
         policy: &TxnPolicy,

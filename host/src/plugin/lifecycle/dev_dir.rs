@@ -9,9 +9,9 @@ use std::time::{Duration, SystemTime};
 
 use tokio::sync::watch;
 
-use super::engine::PluginEngine;
-use super::registry::{Deployed, Registry};
 use crate::config::PluginSpec;
+use crate::plugin::lifecycle::registry::{Deployed, Registry};
+use crate::plugin::runtime::engine::PluginEngine;
 
 /// Scans `dir` once: deploys and activates every new or changed file.
 /// `seen` remembers modification times between scans.

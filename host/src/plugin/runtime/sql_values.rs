@@ -8,7 +8,7 @@ use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::sqlite::{SqliteArguments, SqliteRow};
 use sqlx::{Postgres, Sqlite};
 
-use super::bindings::consumer::outbox::plugin::transaction::{DbError, Value};
+use crate::plugin::bindings::consumer::outbox::plugin::transaction::{DbError, Value};
 
 type PgQuery<'q> = sqlx::query::Query<'q, Postgres, PgArguments>;
 type SqliteQuery<'q> = sqlx::query::Query<'q, Sqlite, SqliteArguments<'q>>;

@@ -3,14 +3,14 @@
 
 use std::time::Instant;
 
-use super::bindings::transformer::outbox::plugin::types::{
+use crate::config::Limits;
+use crate::plugin::bindings::transformer::outbox::plugin::types::{
     Event, OutgoingMessage, PluginError as WitError,
 };
-use super::bindings::transformer::{Transformer, TransformerPre};
-use super::error::{PluginError, classify};
-use super::host::{StoreState, TransformerState};
-use super::loaded::Loaded;
-use crate::config::Limits;
+use crate::plugin::bindings::transformer::{Transformer, TransformerPre};
+use crate::plugin::error::{PluginError, classify};
+use crate::plugin::host::{StoreState, TransformerState};
+use crate::plugin::runtime::loaded::Loaded;
 
 /// A loaded transformer plugin. Share it with `Arc`; calls may overlap.
 #[derive(Debug)]
@@ -18,7 +18,7 @@ pub struct TransformerPlugin {
     loaded: Loaded<Transformer>,
 }
 
-super::loaded::plugin_world!(
+crate::plugin::runtime::loaded::plugin_world!(
     Transformer,
     TransformerPre,
     TransformerPlugin,

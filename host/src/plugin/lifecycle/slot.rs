@@ -5,11 +5,11 @@
 
 use std::sync::{Arc, RwLock};
 
-use super::chains::PinError;
-use super::consumer::ConsumerPlugin;
-use super::registry::RegistryError;
-use super::shadow::ShadowStats;
-use super::versions::{RegistryVersions, VersionLabel};
+use crate::plugin::lifecycle::chains::PinError;
+use crate::plugin::lifecycle::registry::RegistryError;
+use crate::plugin::lifecycle::shadow::ShadowStats;
+use crate::plugin::lifecycle::versions::{RegistryVersions, VersionLabel};
+use crate::plugin::runtime::consumer::ConsumerPlugin;
 
 /// What a consumer runs: its active version and, while a candidate is in
 /// shadow, that candidate with its counters.
