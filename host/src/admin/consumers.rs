@@ -16,7 +16,7 @@ use serde::Serialize;
 use super::AdminState;
 use super::error::ApiError;
 use super::history::History;
-use crate::metrics::ConsumerMetrics;
+use crate::consumer::metrics::ConsumerMetrics;
 use crate::store::inbox::dead_letters::ConsumerDeadSummary;
 use crate::store::inbox::dead_letters::consumer_dead_summary;
 use crate::store::transport::backlog::{GroupBacklog, embedded_backlog};

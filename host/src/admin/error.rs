@@ -117,8 +117,10 @@ mod tests {
     async fn body(e: ApiError) -> (StatusCode, serde_json::Value) {
         let r = e.into_response();
         let status = r.status();
-        let bytes = axum::body::to_bytes(r.into_body(), 1 << 16).await.unwrap();
-        (status, serde_json::from_slice(&bytes).unwrap())
+        let bytes = axum::body::to_bytes(r.into_body(), 1 << 16)
+            .await
+            .expect("a body");
+        (status, serde_json::from_slice(&bytes).expect("JSON"))
     }
 
     #[tokio::test]
@@ -135,7 +137,7 @@ mod tests {
         assert!(
             json["error"]
                 .as_str()
-                .unwrap()
+                .expect("a string")
                 .contains("outboxd dead list --consumer billing"),
             "{json}"
         );

@@ -111,13 +111,11 @@ pub async fn run_sampler(
                 pending: s.pending,
                 oldest_pending_age_seconds: s.oldest_pending_age_seconds,
                 dead: s.dead,
-                published_total: metrics
-                    .relay_published
-                    .load(std::sync::atomic::Ordering::Relaxed),
+                published_total: metrics.relay.published.get(),
                 consumers_processed: metrics
                     .consumers()
                     .into_iter()
-                    .map(|(name, m)| (name, m.processed.load(std::sync::atomic::Ordering::Relaxed)))
+                    .map(|(name, m)| (name, m.processed.get()))
                     .collect(),
             }),
             Err(e) => tracing::warn!(error = %e, "cannot sample outbox stats for the dashboard"),

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use super::AdminState;
 use super::error::ApiError;
-use crate::metrics::PluginReport;
+use crate::plugin::metrics::PluginReport;
 use crate::plugin::Registry;
 use crate::store::registry::PluginRecord;
 
@@ -106,7 +106,7 @@ pub(super) async fn rollback(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::{CALL_BUCKETS, Histogram, PluginCounters};
+    use crate::plugin::metrics::{CALL_BUCKETS, LatencyBuckets as Histogram, PluginCounters};
 
     #[derive(Debug)]
     struct Report {

@@ -85,13 +85,16 @@ async fn readyz(State(p): State<Probes>) -> Response {
     }
 }
 
+/// The scrape: the outbox gauges read from the database now (left out when
+/// it does not answer), then everything the process counts, encoded by
+/// prometheus-client in the Prometheus text format.
 pub(super) async fn metrics(State(p): State<Probes>) -> Response {
     let stats = AnyStore::new(&p.db, Duration::from_secs(30))
         .stats(chrono::Utc::now())
         .await
         .ok();
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
         p.metrics.render(stats.as_ref()),
     )
         .into_response()

@@ -10,6 +10,7 @@ pub mod batch;
 pub mod configured;
 pub mod dead_letter;
 pub mod inbox;
+pub mod metrics;
 pub mod plugin_handler;
 pub mod runner;
 pub use configured::{ConsumerHandler, NativeHandler, NativeHandlers};

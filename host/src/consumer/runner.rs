@@ -107,7 +107,7 @@ pub struct Consumer<S, H> {
     config: ConsumerConfig,
     stats: Arc<ConsumerStats>,
     faults: Faults,
-    metrics: Option<Arc<crate::metrics::ConsumerMetrics>>,
+    metrics: Option<Arc<crate::consumer::metrics::ConsumerMetrics>>,
     /// Failed attempts per message not yet handled or dead-lettered.
     attempts: std::sync::Mutex<HashMap<(String, i32, i64), u32>>,
     dlq_topic: Option<DeadLetterTopic>,
@@ -144,7 +144,7 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
         self
     }
 
-    pub fn with_metrics(mut self, metrics: Arc<crate::metrics::ConsumerMetrics>) -> Self {
+    pub fn with_metrics(mut self, metrics: Arc<crate::consumer::metrics::ConsumerMetrics>) -> Self {
         self.metrics = Some(metrics);
         self
     }
@@ -318,7 +318,7 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
             Processed::Handled => {
                 self.stats.handled.fetch_add(1, Ordering::Relaxed);
                 if let Some(m) = &self.metrics {
-                    m.processed.fetch_add(1, Ordering::Relaxed);
+                    m.processed.inc();
                     if let Some(ms) = lag_ms(d) {
                         m.lag.observe(ms / 1000.0);
                     }
@@ -330,7 +330,7 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
             Processed::Duplicate => {
                 self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
                 if let Some(m) = &self.metrics {
-                    m.duplicates.fetch_add(1, Ordering::Relaxed);
+                    m.duplicates.inc();
                 }
             }
         }
@@ -339,7 +339,7 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
     fn count_failed(&self) {
         self.stats.failed.fetch_add(1, Ordering::Relaxed);
         if let Some(m) = &self.metrics {
-            m.failed.fetch_add(1, Ordering::Relaxed);
+            m.failed.inc();
         }
     }
 

@@ -334,7 +334,7 @@ async fn spawn_pipeline(
                     chains
                         .plugins()
                         .into_iter()
-                        .map(|p| p as Arc<dyn crate::metrics::PluginReport>),
+                        .map(|p| p as Arc<dyn crate::plugin::metrics::PluginReport>),
                 );
                 (chains, Vec::new())
             }

@@ -6,6 +6,7 @@
 pub mod consumer_dead;
 pub mod dead;
 pub mod fix_forward;
+pub mod metrics;
 pub mod outbound;
 pub mod reconcile;
 pub mod retention;

@@ -5,6 +5,7 @@
 //! Events whose route names transformers go through that plugin chain first
 //! ([`transform`]); the others take the plain path, untouched.
 
+pub mod metrics;
 pub mod transform;
 pub mod wal;
 pub mod worker;
@@ -86,7 +87,7 @@ pub struct Relay<S, P> {
     config: RelayConfig,
     clock: Arc<dyn Clock>,
     faults: Faults,
-    metrics: Option<Arc<crate::metrics::Metrics>>,
+    metrics: Option<metrics::RelayMetrics>,
     chains: Chains,
 }
 
@@ -214,8 +215,9 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         }
     }
 
+    /// Counts into `metrics`' relay series (`relay/metrics.rs`).
     pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> Self {
-        self.metrics = Some(metrics);
+        self.metrics = Some(metrics.relay.clone());
         self
     }
 
@@ -314,7 +316,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                     permanent, cause, ..
                 } = r
                 {
-                    m.relay_failures.inc(failure_label(*permanent, *cause));
+                    m.failures.inc(failure_label(*permanent, *cause));
                 }
             }
         }
@@ -365,14 +367,12 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         Ok(report)
     }
 
-    fn record(&self, m: &crate::metrics::Metrics, lags: Vec<f64>, report: &StepReport) {
-        use std::sync::atomic::Ordering::Relaxed;
-        m.relay_batches.fetch_add(1, Relaxed);
-        m.relay_published
-            .fetch_add(report.published as u64, Relaxed);
-        m.relay_dead.fetch_add(report.dead as u64, Relaxed);
+    fn record(&self, m: &metrics::RelayMetrics, lags: Vec<f64>, report: &StepReport) {
+        m.batches.inc();
+        m.published.inc_by(report.published as u64);
+        m.dead.inc_by(report.dead as u64);
         for lag in lags {
-            m.relay_lag.observe(lag);
+            m.lag.observe(lag);
         }
     }
 

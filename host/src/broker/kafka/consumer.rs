@@ -41,7 +41,7 @@ use super::liveness::{Liveness, Snapshot, Verdict, probe};
 use crate::broker::ConsumeError;
 use crate::broker::MessageSource;
 use crate::message::Delivery;
-use crate::metrics::ConsumerMetrics;
+use crate::consumer::metrics::ConsumerMetrics;
 use crate::store::{Db, inbox::offsets};
 
 /// Settings of one Kafka consumer.
@@ -287,8 +287,7 @@ impl KafkaConsumer {
                 Ok(Ok(snap)) => {
                     let (stalled, v) = watch.liveness.observe(&snap, &held, now);
                     if let Some(m) = &self.metrics {
-                        m.stalled_partitions
-                            .store(stalled as u64, std::sync::atomic::Ordering::Relaxed);
+                        m.stalled_partitions.set(stalled as u64);
                     }
                     verdict = v;
                 }

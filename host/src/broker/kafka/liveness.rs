@@ -22,12 +22,24 @@
 //! succeeding and nobody is told to rebalance. The dead member's partitions
 //! then have no owner until some member joins afresh. A fresh member (a new
 //! client: new member id) is exactly what the recovery creates.
+//!
+//! The recoveries and the stalled partitions are counted per consumer
+//! ([`LivenessFamilies`], at the end of this file).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 
 use rdkafka::consumer::Consumer;
 use rdkafka::{Offset, TopicPartitionList};
+
+use crate::consumer::metrics::ConsumerLabel;
 
 type PartitionKey = (String, i32);
 
@@ -241,6 +253,81 @@ pub(super) fn probe<C: Consumer<X>, X: rdkafka::consumer::ConsumerContext>(
         }
     }
     Ok(snap)
+}
+
+// ---- metrics ----------------------------------------------------------------
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct RecoveryLabels {
+    consumer: String,
+    reason: &'static str,
+}
+
+/// Every consumer's `outboxd_consumer_recoveries_total{consumer, reason}`
+/// and `outboxd_consumer_stalled_partitions{consumer}`; a Kafka group
+/// member counts into its consumer's [`LivenessFamilies::handles`].
+#[derive(Debug, Clone, Default)]
+pub struct LivenessFamilies {
+    recoveries: Family<RecoveryLabels, Counter>,
+    stalled: Family<ConsumerLabel, Gauge<u64, AtomicU64>>,
+}
+
+impl LivenessFamilies {
+    /// Registers both into the consumers' registry (prefix
+    /// `outboxd_consumer`).
+    pub fn register(&self, consumers: &mut Registry) {
+        consumers.register(
+            "recoveries",
+            "Kafka group rejoins (a new client) because the group had lag and made no progress, by reason",
+            self.recoveries.clone(),
+        );
+        consumers.register(
+            "stalled_partitions",
+            "Partitions with lag and no progress for the stall time, as the Kafka group member last saw them",
+            self.stalled.clone(),
+        );
+    }
+
+    /// `consumer`'s recoveries and stalled-partitions gauge (0 until a
+    /// Kafka group member sets it).
+    pub fn handles(&self, consumer: &str) -> (Recoveries, Gauge<u64, AtomicU64>) {
+        let stalled = self.stalled.get_or_create_owned(&ConsumerLabel {
+            consumer: consumer.to_string(),
+        });
+        let recoveries = Recoveries {
+            consumer: consumer.to_string(),
+            family: self.recoveries.clone(),
+        };
+        (recoveries, stalled)
+    }
+}
+
+/// One consumer's rejoins, by reason; a reason appears with its first
+/// recovery.
+#[derive(Debug, Clone, Default)]
+pub struct Recoveries {
+    consumer: String,
+    family: Family<RecoveryLabels, Counter>,
+}
+
+impl Recoveries {
+    fn labels(&self, reason: &'static str) -> RecoveryLabels {
+        RecoveryLabels {
+            consumer: self.consumer.clone(),
+            reason,
+        }
+    }
+
+    pub fn inc(&self, reason: &'static str) {
+        self.family.get_or_create(&self.labels(reason)).inc();
+    }
+
+    pub fn get(&self, reason: &'static str) -> u64 {
+        self.family
+            .get(&self.labels(reason))
+            .map(|c| c.get())
+            .unwrap_or(0)
+    }
 }
 
 #[cfg(test)]

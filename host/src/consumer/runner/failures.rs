@@ -87,7 +87,7 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
         }
         self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
         if let Some(m) = &self.metrics {
-            m.dead_lettered.fetch_add(1, Ordering::Relaxed);
+            m.dead_lettered.inc();
         }
         true
     }

@@ -100,7 +100,7 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
                 tracing::info!(consumer = %self.config.name, topic = %d.topic, partition = d.partition, offset = d.offset, "message parked behind a dead letter of its key");
                 self.stats.parked.fetch_add(1, Ordering::Relaxed);
                 if let Some(m) = &self.metrics {
-                    m.parking.parked.fetch_add(1, Ordering::Relaxed);
+                    m.parking.parked.inc();
                 }
                 true
             }
@@ -135,15 +135,13 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
             Ok(parked) => {
                 if let Some(m) = &self.metrics {
                     let p = &m.parking;
-                    p.parked_keys
-                        .store(parked.keys.len() as u64, Ordering::Relaxed);
-                    p.parked_messages
-                        .store(parked.parked_messages.max(0) as u64, Ordering::Relaxed);
+                    p.parked_keys.set(parked.keys.len() as u64);
+                    p.parked_messages.set(parked.parked_messages.max(0) as u64);
                     let age = parked
                         .oldest
                         .map(|t| (chrono::Utc::now() - t).num_seconds().max(0) as u64)
                         .unwrap_or(0);
-                    p.oldest_parked_seconds.store(age, Ordering::Relaxed);
+                    p.oldest_parked_seconds.set(age);
                 }
                 *lock(&self.parking.keys) = parked.keys;
             }
@@ -256,7 +254,7 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
         tracing::info!(consumer = %name, id = row.id, state = %row.state, resolution, version = handled_by.as_deref().unwrap_or("-"), "applied a released dead letter");
         self.stats.redriven.fetch_add(1, Ordering::Relaxed);
         if let Some(m) = &self.metrics {
-            m.parking.redriven.fetch_add(1, Ordering::Relaxed);
+            m.parking.redriven.inc();
         }
         self.count_processed(&d, outcome);
         Ok(Applied::Done)
@@ -319,7 +317,7 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
                 tracing::error!(consumer = %self.config.name, id = row.id, error, "a released dead letter failed again; it is its key's dead letter again");
                 self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
                 if let Some(m) = &self.metrics {
-                    m.dead_lettered.fetch_add(1, Ordering::Relaxed);
+                    m.dead_lettered.inc();
                 }
                 Applied::DeadAgain
             }

@@ -104,7 +104,7 @@ impl Rollout {
         metrics.register_plugins(
             self.files
                 .values()
-                .map(|p| p.clone() as Arc<dyn crate::metrics::PluginReport>),
+                .map(|p| p.clone() as Arc<dyn crate::plugin::metrics::PluginReport>),
         );
         self.versions.report_to(metrics);
         self

@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::config::PluginSpec;
-use crate::metrics::{Metrics, PluginReport};
+use crate::metrics::Metrics;
+use crate::plugin::metrics::PluginReport;
 use crate::plugin::ConsumerPlugin;
 use crate::plugin::PluginEngine;
 use crate::plugin::PluginError;

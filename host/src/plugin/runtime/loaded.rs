@@ -128,7 +128,7 @@ macro_rules! plugin_world {
             }
         }
 
-        impl $crate::metrics::PluginReport for $plugin {
+        impl $crate::plugin::metrics::PluginReport for $plugin {
             fn name(&self) -> &str {
                 &self.loaded.name
             }
@@ -141,10 +141,10 @@ macro_rules! plugin_world {
                 $world
             }
 
-            fn counters(&self) -> $crate::metrics::PluginCounters {
+            fn counters(&self) -> $crate::plugin::metrics::PluginCounters {
                 let m = &self.loaded.metrics;
                 let s = m.snapshot();
-                $crate::metrics::PluginCounters {
+                $crate::plugin::metrics::PluginCounters {
                     calls: s.calls,
                     errors: s.errors,
                     total_time: s.total_time,
@@ -152,11 +152,15 @@ macro_rules! plugin_world {
                 }
             }
 
-            fn latency(&self) -> &$crate::metrics::Histogram {
+            fn latency(&self) -> &$crate::plugin::metrics::LatencyBuckets {
                 self.loaded.metrics.latency()
             }
 
-            fn http(&self) -> Option<&$crate::metrics::HttpMetrics> {
+            fn metrics(&self) -> Option<&$crate::plugin::metrics::PluginMetrics> {
+                Some(&self.loaded.metrics)
+            }
+
+            fn http(&self) -> Option<&$crate::plugin::metrics::HttpMetrics> {
                 Some(&self.loaded.http_metrics)
             }
         }
@@ -188,7 +192,7 @@ pub(crate) struct Loaded<W: World> {
     log_budget: Mutex<LineBudget>,
     pub(crate) metrics: PluginMetrics,
     /// Outbound HTTP requests (consumers; a transformer's stays empty).
-    pub(crate) http_metrics: crate::metrics::HttpMetrics,
+    pub(crate) http_metrics: crate::plugin::metrics::HttpMetrics,
 }
 
 impl<W: World> std::fmt::Debug for Loaded<W> {

@@ -18,12 +18,12 @@
 //!   polling the whole outbox, and keeps confirming the stream so the slot
 //!   retains no WAL.
 
+pub mod metrics;
 pub mod pgoutput;
 pub mod state;
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures_util::stream::FuturesUnordered;
@@ -223,10 +223,10 @@ impl<P: Publisher> WalRelay<P> {
             } else {
                 tracing::info!(slot = %self.wal.slot, "WAL relay reads the replication slot");
             }
-            self.metrics.wal.takeovers.fetch_add(1, Ordering::Relaxed);
-            self.metrics.wal.active.store(1, Ordering::Relaxed);
+            self.metrics.wal.takeovers.inc();
+            self.metrics.wal.active.set(1);
             let ended = self.session(client, &mut shutdown).await;
-            self.metrics.wal.active.store(0, Ordering::Relaxed);
+            self.metrics.wal.active.set(0);
             match ended {
                 Ok(SessionEnd::Shutdown) => return Ok(()),
                 Ok(SessionEnd::Fallback(client)) => return self.fall_back(client, shutdown).await,
@@ -327,11 +327,11 @@ impl<P: Publisher> WalRelay<P> {
                 }
             }
             let lag = st.lag();
-            self.metrics.wal.lag_bytes.store(lag, Ordering::Relaxed);
+            self.metrics.wal.lag_bytes.set(lag);
             self.metrics
                 .wal
                 .handed_aggregates
-                .store(st.handed_count() as u64, Ordering::Relaxed);
+                .set(st.handed_count() as u64);
             if lag > self.wal.max_lag_bytes {
                 tracing::error!(
                     slot = %self.wal.slot,
@@ -518,8 +518,8 @@ impl<P: Publisher> WalRelay<P> {
         mut client: ReplicationClient,
         shutdown: watch::Receiver<bool>,
     ) -> Result<(), String> {
-        self.metrics.wal.fallback.store(1, Ordering::Relaxed);
-        self.metrics.wal.active.store(1, Ordering::Relaxed);
+        self.metrics.wal.fallback.set(1);
+        self.metrics.wal.active.set(1);
         let workers = self.fallback.iter().map(|relay| {
             let wake = self.wake.clone();
             let shutdown = shutdown.clone();
@@ -545,7 +545,7 @@ impl<P: Publisher> WalRelay<P> {
                             // standby, which reads it from where it stands.
                             Err(e) => {
                                 tracing::error!(error = %e, "WAL relay (fallen back to polling): the stream ended");
-                                self.metrics.wal.active.store(0, Ordering::Relaxed);
+                                self.metrics.wal.active.set(0);
                                 return Ok(());
                             }
                         };
@@ -563,7 +563,7 @@ impl<P: Publisher> WalRelay<P> {
             }
         };
         let (results, _) = tokio::join!(futures_util::future::join_all(workers), drain);
-        self.metrics.wal.active.store(0, Ordering::Relaxed);
+        self.metrics.wal.active.set(0);
         for r in results {
             r.map_err(|e| e.to_string())?;
         }
