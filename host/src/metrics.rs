@@ -17,8 +17,8 @@ use prometheus_client::registry::Registry;
 
 use crate::consumer::metrics::{ConsumerMetrics, Consumers};
 use crate::ops::metrics::{ReconcileMissing, RetentionDeleted};
-use crate::plugin::metrics::PluginVersions;
 use crate::plugin::metrics::PluginReport;
+use crate::plugin::metrics::PluginVersions;
 use crate::relay::metrics::{PublishFailures, RelayMetrics};
 use crate::relay::wal::metrics::WalMetrics;
 use crate::store::OutboxStats;

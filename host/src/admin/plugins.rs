@@ -12,8 +12,8 @@ use serde_json::{Value, json};
 
 use super::AdminState;
 use super::error::ApiError;
-use crate::plugin::metrics::PluginReport;
 use crate::plugin::Registry;
+use crate::plugin::metrics::PluginReport;
 use crate::store::registry::PluginRecord;
 
 /// `GET /api/plugins`: one row per plugin version, whether the registry

@@ -40,8 +40,8 @@ use super::client::{GroupContext, client, to_delivery};
 use super::liveness::{Liveness, Snapshot, Verdict, probe};
 use crate::broker::ConsumeError;
 use crate::broker::MessageSource;
-use crate::message::Delivery;
 use crate::consumer::metrics::ConsumerMetrics;
+use crate::message::Delivery;
 use crate::store::{Db, inbox::offsets};
 
 /// Settings of one Kafka consumer.

@@ -8,12 +8,12 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::config::PluginSpec;
 use crate::metrics::Metrics;
-use crate::plugin::metrics::PluginReport;
 use crate::plugin::ConsumerPlugin;
 use crate::plugin::PluginEngine;
 use crate::plugin::PluginError;
 use crate::plugin::TransformerPlugin;
 use crate::plugin::lifecycle::registry::{Registry, RegistryError};
+use crate::plugin::metrics::PluginReport;
 
 /// `NAME@VERSION`: one registry version of a plugin, as an operator names
 /// it (`outboxd dead redrive --with pii@3`) and as the outbox records it.

@@ -18,7 +18,11 @@ impl Consumer for Plugin {
         let order: Order = message.json()?;
         tx.execute(
             "INSERT INTO orders_seen (message_id, order_id, amount_cents) VALUES ($1, $2, $3)",
-            &[message.id.as_str().into(), order.order_id.into(), order.amount_cents.into()],
+            &[
+                message.id.as_str().into(),
+                order.order_id.into(),
+                order.amount_cents.into(),
+            ],
         )?;
         Ok(())
     }
