@@ -16,4 +16,4 @@ pub mod runner;
 pub use configured::{ConsumerHandler, NativeHandler, NativeHandlers};
 pub use inbox::{Attempt, Handler, HandlerError, Pinned, Processed, attempt, process};
 pub use plugin_handler::{DryRun, PluginHandler};
-pub use runner::{Consumer, ConsumerConfig, ConsumerStats};
+pub use runner::{Consumer, ConsumerConfig, ConsumerStats, ConsumerStep};

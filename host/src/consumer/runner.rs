@@ -162,14 +162,13 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
         &mut self.source
     }
 
-    /// Fetches once and handles what came. Returns how many messages were
-    /// handled or dropped as duplicates, and whether any failed.
-    pub async fn step(&mut self) -> Result<(usize, bool), ConsumerError> {
+    /// Fetches once and handles what came (and what parking released).
+    pub async fn step(&mut self) -> Result<ConsumerStep, ConsumerError> {
         let (redriven, redrive_failed) = self.check_parking().await?;
         let fetch_started = crate::telemetry::enabled().then(std::time::SystemTime::now);
         let mut batch = self.source.fetch(self.config.fetch_max).await?;
         if batch.is_empty() {
-            return Ok((redriven, redrive_failed));
+            return Ok(ConsumerStep::new(redriven, redrive_failed));
         }
         crate::telemetry::fetched(&mut batch, &self.config.name, fetch_started);
         let mut by_partition: BTreeMap<(String, i32), Vec<Delivery>> = BTreeMap::new();
@@ -211,7 +210,7 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
                 self.source.commit(&d).await?;
             }
         }
-        Ok((done, any_failed))
+        Ok(ConsumerStep::new(done, any_failed))
     }
 
     /// Handles one partition's messages in order; stops at the first failure
@@ -350,11 +349,11 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
                 return Ok(());
             }
             let pause = match self.step().await {
-                Ok((n, false)) if n > 0 => continue,
+                Ok(ConsumerStep::Handled(_)) => continue,
                 // The fetch already waited for messages (a long poll).
-                Ok((_, false)) if self.source.waits_for_messages() => continue,
-                Ok((_, false)) => self.config.poll_interval,
-                Ok((_, true)) => self.config.retry_delay,
+                Ok(ConsumerStep::Idle) if self.source.waits_for_messages() => continue,
+                Ok(ConsumerStep::Idle) => self.config.poll_interval,
+                Ok(ConsumerStep::Failed { .. }) => self.config.retry_delay,
                 Err(ConsumerError::Fault(f)) => return Err(ConsumerError::Fault(f)),
                 Err(ConsumerError::Source(e @ ConsumeError::Fatal(_))) => {
                     tracing::error!(error = %e, "consumer stopped");
@@ -370,6 +369,42 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
                 _ = shutdown.changed() => {}
             }
         }
+    }
+}
+
+/// What one [`Consumer::step`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConsumerStep {
+    /// Nothing came and parking released nothing.
+    Idle,
+    /// This many messages were handled, dropped as duplicates or released
+    /// from parking, and none failed: the consumer fetches again at once.
+    Handled(usize),
+    /// A message failed (it is tried again after `retry_delay`), after
+    /// `handled` others were handled.
+    Failed { handled: usize },
+}
+
+impl ConsumerStep {
+    fn new(handled: usize, failed: bool) -> Self {
+        match (handled, failed) {
+            (_, true) => Self::Failed { handled },
+            (0, false) => Self::Idle,
+            (n, false) => Self::Handled(n),
+        }
+    }
+
+    /// Messages handled, dropped as duplicates or released from parking.
+    pub fn handled(self) -> usize {
+        match self {
+            Self::Idle => 0,
+            Self::Handled(n) | Self::Failed { handled: n } => n,
+        }
+    }
+
+    /// Whether a message failed in this step.
+    pub fn failed(self) -> bool {
+        matches!(self, Self::Failed { .. })
     }
 }
 
