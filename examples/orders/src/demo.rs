@@ -19,7 +19,6 @@ use crate::billing;
 use crate::latency::{LatencySamples, percentile};
 use crate::orders::{self, ConfirmOrder, ConfirmOutcome, OrderError, OrderService};
 use outboxd::broker::Publisher;
-use outboxd::broker::embedded::EmbeddedPublisher;
 use outboxd::clock::SystemClock;
 use outboxd::config::{Config, ConsumerSection, SqliteSynchronous};
 use outboxd::daemon::join_all_workers;
@@ -421,22 +420,9 @@ async fn republish_some(db: &Db, config: &Config, count: usize) -> anyhow::Resul
         };
         messages.push(relay.message_for(&ev));
     }
-    match config.transport.kind {
-        outboxd::config::TransportKind::Embedded => {
-            let p = EmbeddedPublisher::new(db.clone(), config.transport.partitions);
-            for m in messages {
-                p.publish(m).await?;
-            }
-        }
-        outboxd::config::TransportKind::Kafka => {
-            let p = outboxd::broker::kafka::KafkaPublisher::new(
-                &config.transport.kafka,
-                Duration::from_secs(10),
-            )?;
-            for m in messages {
-                p.publish(m).await?;
-            }
-        }
+    let p = outboxd::broker::AnyPublisher::connect(config, db, Duration::from_secs(10)).await?;
+    for m in messages {
+        p.publish(m).await?;
     }
     Ok(rows.len())
 }

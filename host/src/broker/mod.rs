@@ -1,14 +1,20 @@
 //! Brokers: where the relay publishes and where consumers read.
 //!
 //! The relay only knows [`Publisher`]; an acknowledged `publish` is what lets
-//! it mark a row. The embedded transport and Kafka ([`kafka`], the only
-//! module that links rdkafka) both implement it.
+//! it mark a row. Consumers only know [`MessageSource`]: fetch in partition
+//! order, commit after the inbox transaction. Each broker is one folder that
+//! implements both and is the only module linking its client crate: the
+//! embedded transport, Kafka ([`kafka`], rdkafka) and NATS JetStream
+//! ([`nats`], async-nats).
 
+mod any;
 pub mod embedded;
 mod group_commit;
 pub mod kafka;
+pub mod nats;
 
 use crate::message::{Delivery, OutgoingMessage};
+pub use any::{AnyPublisher, BrokerSetupError};
 use std::future::Future;
 
 /// Why a publish failed; the relay branches on it.

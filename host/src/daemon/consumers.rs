@@ -126,6 +126,36 @@ pub(super) async fn spawn_consumers(
                     result
                 });
             }
+            TransportKind::Nats => {
+                let client = crate::broker::nats::connect(&config.transport.nats).await?;
+                let source = crate::broker::nats::NatsConsumer::new(
+                    db.clone(),
+                    client,
+                    crate::broker::nats::NatsConsumerConfig {
+                        group: c.name.clone(),
+                        topics: c.topics.clone(),
+                        partitions: config.transport.partitions,
+                        lease: config.transport.consumer_lease,
+                        ack_wait: config.transport.nats.ack_wait,
+                        fetch_wait: config.transport.nats.fetch_wait,
+                    },
+                );
+                let mut consumer = Consumer::new(db.clone(), source, handler, consumer_cfg)
+                    .with_faults(faults.clone())
+                    .with_metrics(consumer_metrics);
+                if let Some(hook) = &sources.daemon.on_handled {
+                    consumer = consumer.with_on_handled(hook.clone());
+                }
+                handles
+                    .consumer_stats
+                    .push((c.name.clone(), consumer.stats()));
+                let shutdown = shutdown.clone();
+                set.spawn(async move {
+                    let result = consumer.run(shutdown).await.map_err(|e| e.to_string());
+                    let _ = consumer.source_mut().release().await;
+                    result
+                });
+            }
             TransportKind::Kafka => {
                 // The consumer group is the consumer's name, as in the inbox.
                 let mut kafka_cfg = KafkaConsumerConfig::new(c.name.clone(), c.topics.clone());

@@ -12,8 +12,8 @@ mod relays;
 
 use relays::spawn_relays_for;
 
-use crate::broker::embedded::EmbeddedPublisher;
-use crate::broker::kafka::{KafkaPublisher, KafkaSetupError};
+use crate::broker::AnyPublisher;
+use crate::broker::kafka::KafkaSetupError;
 use crate::config::{Config, TransportKind};
 use crate::consumer::ConsumerStats;
 use crate::consumer::Handler;
@@ -52,6 +52,10 @@ pub enum DaemonError {
     #[error(transparent)]
     Kafka(#[from] KafkaSetupError),
     #[error(transparent)]
+    Nats(#[from] crate::broker::nats::NatsSetupError),
+    #[error(transparent)]
+    Broker(#[from] crate::broker::BrokerSetupError),
+    #[error(transparent)]
     Wal(#[from] crate::store::outbox::wal::WalSetupError),
     #[error("{0}")]
     WalRelay(String),
@@ -72,6 +76,8 @@ impl DaemonError {
             | DaemonError::Store(StoreError::Database(e))
             | DaemonError::Store(StoreError::Migration { source: e, .. }) => transient(e),
             DaemonError::Kafka(e) => e.is_transient(),
+            DaemonError::Nats(e) => e.is_transient(),
+            DaemonError::Broker(e) => e.is_transient(),
             _ => false,
         }
     }
@@ -309,6 +315,32 @@ async fn check_kafka(config: &Config) -> Result<(), DaemonError> {
     Ok(())
 }
 
+/// Connects to NATS and checks (or creates) the stream of every topic the
+/// routes and consumers name.
+async fn check_nats(config: &Config) -> Result<async_nats::Client, DaemonError> {
+    let topics: std::collections::BTreeSet<String> = config
+        .routes
+        .iter()
+        .flat_map(|r| std::iter::once(&r.topic).chain(&r.allowed_topics))
+        .chain(config.consumers.iter().flat_map(|c| &c.topics))
+        .cloned()
+        .collect();
+    let nats = &config.transport.nats;
+    let client = crate::broker::nats::connect(nats).await?;
+    let create =
+        config.transport.topics.create.then(|| {
+            usize::try_from(config.transport.topics.replication.unwrap_or(1)).unwrap_or(1)
+        });
+    crate::broker::nats::check_streams(
+        &async_nats::jetstream::new(client.clone()),
+        &topics,
+        create,
+        nats.duplicate_window,
+    )
+    .await?;
+    Ok(client)
+}
+
 async fn spawn_pipeline(
     set: &mut JoinSet<Result<(), String>>,
     config: &Config,
@@ -317,9 +349,14 @@ async fn spawn_pipeline(
     daemon: &Daemon,
     shutdown: watch::Receiver<bool>,
 ) -> Result<PipelineHandles, DaemonError> {
-    if config.transport.kind == TransportKind::Kafka {
-        check_kafka(config).await?;
-    }
+    let nats = match config.transport.kind {
+        TransportKind::Kafka => {
+            check_kafka(config).await?;
+            None
+        }
+        TransportKind::Nats => Some(check_nats(config).await?),
+        TransportKind::Embedded => None,
+    };
     let mut handles = PipelineHandles::default();
     let metrics = handles.metrics.clone();
     // Whoever loads a plugin version reports it: the rollout each registry
@@ -339,42 +376,48 @@ async fn spawn_pipeline(
                 (chains, Vec::new())
             }
         };
-    let mut broker_check: Option<crate::admin::BrokerCheck> = None;
-    match config.transport.kind {
-        TransportKind::Embedded => {
-            let publisher = Arc::new(EmbeddedPublisher::new(
-                db.clone(),
-                config.transport.partitions,
-            ));
-            spawn_relays_for(
-                set, config, db, publisher, &faults, &chains, &metrics, &shutdown,
-            )
-            .await?;
+    // librdkafka checks timeouts about once a second; a quarter of slack
+    // lets a broker report first, as KafkaPublisher::new asks.
+    let publisher = match nats {
+        Some(client) => AnyPublisher::Nats(crate::broker::nats::NatsPublisher::new(
+            client,
+            config.transport.partitions,
+            config.relay.publish_timeout,
+        )),
+        None => AnyPublisher::connect(config, db, config.relay.publish_timeout * 3 / 4)
+            .await
+            .map_err(DaemonError::from)?,
+    };
+    match &publisher {
+        AnyPublisher::Kafka(_) => {
+            tracing::info!(properties = ?config.redacted_kafka(), "publishing to kafka")
         }
-        TransportKind::Kafka => {
-            let publisher = Arc::new(KafkaPublisher::new(
-                &config.transport.kafka,
-                // librdkafka checks timeouts about once a second; a quarter
-                // of slack lets it report first, as KafkaPublisher::new asks.
-                config.relay.publish_timeout * 3 / 4,
-            )?);
-            tracing::info!(properties = ?config.redacted_kafka(), "publishing to kafka");
-            let checker = publisher.clone();
-            broker_check = Some(Arc::new(move || {
-                let checker = checker.clone();
-                Box::pin(async move {
-                    checker
-                        .check(Duration::from_secs(3))
-                        .await
-                        .map_err(|e| e.to_string())
-                })
-            }));
-            spawn_relays_for(
-                set, config, db, publisher, &faults, &chains, &metrics, &shutdown,
-            )
-            .await?;
+        AnyPublisher::Nats(_) => {
+            tracing::info!(url = %config.transport.nats.url, "publishing to NATS JetStream")
         }
+        AnyPublisher::Embedded(_) => {}
     }
+    let broker_check: Option<crate::admin::BrokerCheck> = match &publisher {
+        AnyPublisher::Embedded(_) => None,
+        other => {
+            let checker = other.clone();
+            Some(Arc::new(move || {
+                let checker = checker.clone();
+                Box::pin(async move { checker.check().await.unwrap_or(Ok(())) })
+            }))
+        }
+    };
+    spawn_relays_for(
+        set,
+        config,
+        db,
+        Arc::new(publisher),
+        &faults,
+        &chains,
+        &metrics,
+        &shutdown,
+    )
+    .await?;
     spawn_jobs(set, config, db, metrics.clone(), shutdown.clone());
     let probes = crate::admin::Probes::new(db.clone(), metrics.clone(), broker_check);
     if let Some(listen) = &config.metrics.listen {
@@ -395,7 +438,7 @@ async fn spawn_pipeline(
             probes,
             consumer_lag: match config.transport.kind {
                 TransportKind::Kafka => consumers::kafka_lag(config),
-                TransportKind::Embedded => None,
+                TransportKind::Embedded | TransportKind::Nats => None,
             },
             routes: Arc::new(config.routes.clone()),
             plugins: Arc::new(config.plugins.clone()),

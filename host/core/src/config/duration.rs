@@ -114,6 +114,8 @@ pub(crate) mod keys {
         wal_standby_retry: "relay.wal.standby_retry", "relay.wal.standby_retry";
         wal_sender_timeout: "relay.wal.sender_timeout", "relay.wal.sender_timeout";
         wal_status_interval: "relay.wal.status_interval", "relay.wal.status_interval";
+        nats_ack_wait: "transport.nats.ack_wait", "transport.nats.ack_wait";
+        nats_fetch_wait: "transport.nats.fetch_wait", "transport.nats.fetch_wait";
     }
 
     /// `plugin_runtime.registry_poll`, which may be left out.

@@ -59,11 +59,32 @@ impl TopicsSection {
                 message,
             })
         };
-        if *self != TopicsSection::default() && kind != TransportKind::Kafka {
+        if *self != TopicsSection::default() && kind == TransportKind::Embedded {
             return Err(ConfigError::Key {
                 key: "transport.topics".into(),
-                message: "applies to transport.kind = \"kafka\" only; remove it".into(),
+                message: "applies to transport.kind = \"kafka\" or \"nats\" only; remove it".into(),
             });
+        }
+        if kind == TransportKind::Nats {
+            // A stream's subjects are TOPIC.PARTITION for each of
+            // transport.partitions; replication is the stream's replicas.
+            if self.partitions.is_some() {
+                return bad(
+                    "partitions",
+                    "on NATS the partitions of every topic are transport.partitions; remove \
+                     this key"
+                        .into(),
+                );
+            }
+            if let Some(r) = self.replication
+                && !(1..=5).contains(&r)
+            {
+                return bad(
+                    "replication",
+                    format!("{r} is out of range; a JetStream stream has 1 to 5 replicas"),
+                );
+            }
+            return Ok(());
         }
         if let Some(p) = self.partitions
             && !(1..=100_000).contains(&p)
@@ -169,7 +190,7 @@ pub(super) fn resolve_secrets(
     Ok(())
 }
 
-fn read_env(name: &str, base: &str, env: &[(String, String)]) -> Result<String, String> {
+pub(super) fn read_env(name: &str, base: &str, env: &[(String, String)]) -> Result<String, String> {
     let name = name.trim();
     if name.is_empty() {
         return Err(format!(
@@ -190,7 +211,7 @@ fn read_env(name: &str, base: &str, env: &[(String, String)]) -> Result<String, 
 }
 
 /// A regular file's content without its trailing line break.
-fn read_file(path: &str, base: &str) -> Result<String, String> {
+pub(super) fn read_file(path: &str, base: &str) -> Result<String, String> {
     let unreadable = |why: String| {
         format!(
             "cannot read {path}: {why}; point it at a readable file that holds \"{base}\", \

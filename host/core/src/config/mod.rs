@@ -11,6 +11,7 @@ mod consumer;
 pub mod duration;
 mod env;
 mod kafka;
+pub mod nats;
 mod ops;
 mod outbound;
 mod plugins;
@@ -22,6 +23,7 @@ pub use consumer::{ConsumerSection, HandlerRef, OnDead, TableGrants, TxnPolicy};
 pub use env::is_secret;
 use env::{apply_env, syntax_message};
 pub use kafka::{INSTANCE_ID_ENV, NewTopics, TopicsSection};
+pub use nats::{NatsSecret, NatsSection};
 pub use ops::{ReconcileRule, RetentionConfig};
 pub use outbound::{
     HttpLimits, OUTBOUND_HOST_SHAPE, OutboundHost, OutboundScheme, split_host_port,
@@ -182,6 +184,8 @@ pub enum TransportKind {
     #[default]
     Embedded,
     Kafka,
+    /// NATS JetStream ([`NatsSection`]).
+    Nats,
 }
 
 #[derive(Clone, Deserialize)]
@@ -210,9 +214,13 @@ pub struct TransportConfig {
     /// `ssl.key.password`); loading replaces those keys with the property.
     #[serde(default, deserialize_with = "kafka_properties")]
     pub kafka: std::collections::BTreeMap<String, String>,
-    /// Kafka: whether `outboxd run` creates the topics it needs.
+    /// Kafka and NATS: whether `outboxd run` creates the topics (NATS: the
+    /// streams) it needs.
     #[serde(default)]
     pub topics: TopicsSection,
+    /// NATS JetStream: the server, credentials, TLS and ack settings.
+    #[serde(default)]
+    pub nats: NatsSection,
 }
 
 impl std::fmt::Debug for TransportConfig {
@@ -229,6 +237,7 @@ impl std::fmt::Debug for TransportConfig {
             .field("consumer_lease", &self.consumer_lease)
             .field("kafka", &kafka)
             .field("topics", &self.topics)
+            .field("nats", &self.nats)
             .finish()
     }
 }
@@ -268,6 +277,7 @@ impl Default for TransportConfig {
             consumer_lease: default_consumer_lease(),
             kafka: Default::default(),
             topics: TopicsSection::default(),
+            nats: NatsSection::default(),
         }
     }
 }
@@ -657,8 +667,10 @@ impl Config {
                 }
             })?;
         config.deprecations = duration::take_deprecations();
-        if config.transport.kind == TransportKind::Kafka {
-            kafka::resolve_secrets(&mut config.transport.kafka, &env)?;
+        match config.transport.kind {
+            TransportKind::Kafka => kafka::resolve_secrets(&mut config.transport.kafka, &env)?,
+            TransportKind::Nats => config.transport.nats.resolve_secrets(&env)?,
+            TransportKind::Embedded => {}
         }
         kafka::resolve_instance_ids(&mut config, &env)?;
         config.validate()?;

@@ -1,0 +1,351 @@
+//! A consumer group member reading NATS JetStream.
+//!
+//! nats-server 2.9 has neither pinned-client groups nor multi-filter
+//! consumers, so partitions are leased to members through the same
+//! `transport_members` / `transport_cursors` leases the embedded transport
+//! uses (group `nats:NAME`). Only a partition's owner pulls from it, through
+//! a durable pull consumer `GROUP-PARTITION` on the topic's stream, filtered
+//! to `TOPIC.PARTITION`, acknowledging explicitly after the inbox commit.
+//!
+//! The cursor in the database (the last stream sequence whose effect
+//! committed) is the truth: a member that takes a partition recreates its
+//! durable consumer from the cursor, so the previous owner's unacknowledged
+//! messages come back at once and in order rather than after `ack_wait`.
+//! A message at or below the cursor is a redelivery of handled work: it is
+//! acknowledged and skipped. Messages fetched and not committed (the
+//! consumer stopped at a failure) are handed out again, first and in order,
+//! on the next fetch, so a partition's messages are handled in stream order.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, PullConsumer, pull};
+use async_nats::jetstream::{self, AckKind, Message};
+use chrono::Utc;
+use futures_util::StreamExt;
+use uuid::Uuid;
+
+use super::{KEY_HEADER, stream_name};
+use crate::broker::{ConsumeError, MessageSource};
+use crate::message::Delivery;
+use crate::store::Db;
+use crate::store::transport;
+
+/// Settings of one NATS consumer.
+#[derive(Debug, Clone)]
+pub struct NatsConsumerConfig {
+    pub group: String,
+    pub topics: Vec<String>,
+    pub partitions: i32,
+    /// How long a partition stays ours without renewal.
+    pub lease: Duration,
+    /// JetStream's redelivery timeout for an unacknowledged message.
+    pub ack_wait: Duration,
+    /// How long an idle pull waits for new messages.
+    pub fetch_wait: Duration,
+}
+
+/// One partition this member owns.
+struct Owned {
+    /// The last stream sequence whose effect committed.
+    cursor: i64,
+    consumer: PullConsumer,
+    /// Fetched, not committed yet, in stream order.
+    held: VecDeque<(Delivery, Message)>,
+}
+
+pub struct NatsConsumer {
+    db: Db,
+    js: jetstream::Context,
+    cfg: NatsConsumerConfig,
+    owner: String,
+    owned: BTreeMap<(String, i32), Owned>,
+    renewed_at: Option<Instant>,
+}
+
+impl NatsConsumer {
+    pub fn new(db: Db, client: async_nats::Client, cfg: NatsConsumerConfig) -> Self {
+        Self {
+            db,
+            js: jetstream::new(client),
+            cfg,
+            owner: Uuid::new_v4().to_string(),
+            owned: BTreeMap::new(),
+            renewed_at: None,
+        }
+    }
+
+    /// The lease group of consumer group `group` in `transport_cursors`.
+    pub fn lease_group(group: &str) -> String {
+        format!("nats:{group}")
+    }
+
+    /// The durable consumer's name for `group` on `partition`.
+    pub fn durable_name(group: &str, partition: i32) -> String {
+        format!("{}-{partition}", stream_name(group))
+    }
+
+    /// The partitions this member owns right now.
+    pub fn assignment(&self) -> Vec<(String, i32)> {
+        self.owned.keys().cloned().collect()
+    }
+
+    /// Releases every lease so another member can take over at once.
+    pub async fn release(&mut self) -> Result<(), ConsumeError> {
+        transport::release_leases(&self.db, &self.owner).await?;
+        self.owned.clear();
+        Ok(())
+    }
+
+    /// Takes free or expired partitions, renews the ones held, and
+    /// (re)creates the durable consumer of each newly taken one from the
+    /// committed cursor.
+    async fn refresh_leases(&mut self) -> Result<(), ConsumeError> {
+        if self
+            .renewed_at
+            .is_some_and(|t| t.elapsed() < self.cfg.lease / 3)
+        {
+            return Ok(());
+        }
+        let now = Utc::now();
+        let until = now
+            + chrono::Duration::from_std(self.cfg.lease).unwrap_or(chrono::Duration::seconds(15));
+        let group = Self::lease_group(&self.cfg.group);
+        let mut taken = Vec::new();
+        for topic in &self.cfg.topics {
+            for (partition, cursor) in transport::take_leases(
+                &self.db,
+                &group,
+                topic,
+                self.cfg.partitions,
+                &self.owner,
+                until,
+                now,
+            )
+            .await?
+            {
+                taken.push(((topic.clone(), partition), cursor));
+            }
+        }
+        let mut owned = BTreeMap::new();
+        for (key, cursor) in taken {
+            let kept = self.owned.remove(&key);
+            let entry = match kept {
+                Some(o) => o,
+                None => Owned {
+                    cursor,
+                    consumer: self.start_partition(&key.0, key.1, cursor).await?,
+                    held: VecDeque::new(),
+                },
+            };
+            owned.insert(key, entry);
+        }
+        self.owned = owned;
+        self.renewed_at = Some(Instant::now());
+        Ok(())
+    }
+
+    /// Recreates the durable consumer of `topic`/`partition` to deliver
+    /// from just after `cursor`.
+    async fn start_partition(
+        &self,
+        topic: &str,
+        partition: i32,
+        cursor: i64,
+    ) -> Result<PullConsumer, ConsumeError> {
+        let stream_name = stream_name(topic);
+        let stream = self.js.get_stream(&stream_name).await.map_err(|e| {
+            ConsumeError::Transport(format!(
+                "JetStream stream `{stream_name}` (topic `{topic}`): {e}; create it or start \
+                 outboxd with [transport.topics] create = true"
+            ))
+        })?;
+        let name = Self::durable_name(&self.cfg.group, partition);
+        // A previous owner's consumer holds its unacknowledged messages
+        // until ack_wait; a fresh one from the cursor delivers them now.
+        let _ = stream.delete_consumer(&name).await;
+        let deliver_policy = if cursor > 0 {
+            DeliverPolicy::ByStartSequence {
+                start_sequence: cursor as u64 + 1,
+            }
+        } else {
+            DeliverPolicy::All
+        };
+        stream
+            .create_consumer(pull::Config {
+                durable_name: Some(name.clone()),
+                filter_subject: format!("{topic}.{partition}"),
+                deliver_policy,
+                ack_policy: AckPolicy::Explicit,
+                ack_wait: self.cfg.ack_wait,
+                max_ack_pending: 10_000,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| {
+                ConsumeError::Transport(format!(
+                    "cannot create the durable consumer `{name}` on stream `{stream_name}`: {e}"
+                ))
+            })
+    }
+
+    /// What each owned partition has now (what it holds first), without
+    /// waiting when `wait` is zero.
+    async fn fetch_now(
+        &mut self,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<Delivery>, ConsumeError> {
+        self.refresh_leases().await?;
+        if self.owned.is_empty() || max == 0 {
+            return Ok(Vec::new());
+        }
+        let share = max.div_ceil(self.owned.len());
+        let pulls = self.owned.iter().map(|(key, o)| {
+            let want = share.saturating_sub(o.held.len());
+            let consumer = o.consumer.clone();
+            let key = key.clone();
+            async move {
+                if want == 0 {
+                    return (key, Ok(Vec::new()));
+                }
+                (key, pull_some(&consumer, want, wait).await)
+            }
+        });
+        let pulled = futures_util::future::join_all(pulls).await;
+        let mut out = Vec::new();
+        for (key, got) in pulled {
+            let Some(o) = self.owned.get_mut(&key) else {
+                continue;
+            };
+            let messages = match got {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::warn!(topic = %key.0, partition = key.1, error = %e, "NATS pull failed; trying again");
+                    Vec::new()
+                }
+            };
+            for m in messages {
+                let Ok(info) = m.info() else { continue };
+                let seq = info.stream_sequence as i64;
+                let held_to = o.held.back().map_or(o.cursor, |(d, _)| d.offset);
+                if seq <= o.cursor {
+                    // Handled before: acknowledge the redelivery.
+                    let _ = m.ack().await;
+                    continue;
+                }
+                if seq <= held_to {
+                    // A redelivery of one we hold: the held copy goes first.
+                    continue;
+                }
+                o.held.push_back((delivery_of(&key.0, key.1, seq, &m), m));
+            }
+            out.extend(o.held.iter().take(share).map(|(d, _)| d.clone()));
+        }
+        Ok(out)
+    }
+}
+
+/// Up to `want` messages of one partition, waiting at most `wait` (at
+/// least a moment, so a pull request completes).
+async fn pull_some(
+    consumer: &PullConsumer,
+    want: usize,
+    wait: Duration,
+) -> Result<Vec<Message>, String> {
+    let mut batch = consumer
+        .batch()
+        .max_messages(want)
+        .expires(wait.max(Duration::from_millis(10)))
+        .messages()
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    while let Some(m) = batch.next().await {
+        match m {
+            Ok(m) => out.push(m),
+            Err(e) => {
+                return if out.is_empty() {
+                    Err(e.to_string())
+                } else {
+                    Ok(out)
+                };
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The [`Delivery`] of a JetStream message: the key from [`KEY_HEADER`],
+/// the stream sequence as the offset, the other headers as they came.
+fn delivery_of(topic: &str, partition: i32, seq: i64, m: &Message) -> Delivery {
+    let mut key = None;
+    let mut headers = Vec::new();
+    if let Some(h) = &m.headers {
+        for (name, values) in h.iter() {
+            let name: &str = name.as_ref();
+            if name.eq_ignore_ascii_case("Nats-Msg-Id") {
+                continue;
+            }
+            for v in values {
+                if name == KEY_HEADER {
+                    key = Some(v.as_str().as_bytes().to_vec());
+                } else {
+                    headers.push((name.to_string(), v.as_str().as_bytes().to_vec()));
+                }
+            }
+        }
+    }
+    Delivery {
+        topic: topic.to_string(),
+        partition,
+        offset: seq,
+        key,
+        payload: m.payload.to_vec(),
+        headers,
+        attempt: 0,
+    }
+}
+
+impl MessageSource for NatsConsumer {
+    async fn fetch(&mut self, max: usize) -> Result<Vec<Delivery>, ConsumeError> {
+        let out = self.fetch_now(max, Duration::ZERO).await?;
+        if !out.is_empty() {
+            return Ok(out);
+        }
+        let wait = self.cfg.fetch_wait;
+        self.fetch_now(max, wait).await
+    }
+
+    fn waits_for_messages(&self) -> bool {
+        true
+    }
+
+    async fn commit(&mut self, d: &Delivery) -> Result<(), ConsumeError> {
+        let key = (d.topic.clone(), d.partition);
+        let group = Self::lease_group(&self.cfg.group);
+        let advanced = transport::advance_cursor(&self.db, &group, d, &self.owner).await?;
+        if !advanced {
+            self.owned.remove(&key);
+            self.renewed_at = None;
+            return Err(ConsumeError::Transport(format!(
+                "lost the lease on {}/{} for group {}; the new owner resumes from the last committed stream sequence",
+                d.topic, d.partition, self.cfg.group
+            )));
+        }
+        let Some(o) = self.owned.get_mut(&key) else {
+            return Ok(());
+        };
+        o.cursor = d.offset;
+        while o.held.front().is_some_and(|(h, _)| h.offset <= d.offset) {
+            if let Some((_, m)) = o.held.pop_front() {
+                // The cursor is committed: a lost ack only means a
+                // redelivery that is skipped.
+                if let Err(e) = m.ack_with(AckKind::Ack).await {
+                    tracing::debug!(error = %e, "NATS ack failed; the redelivery will be skipped");
+                }
+            }
+        }
+        Ok(())
+    }
+}
