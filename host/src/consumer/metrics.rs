@@ -17,8 +17,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use crate::broker::kafka::{LivenessFamilies, Recoveries};
-use crate::metrics::LAG_BUCKETS;
+use crate::broker::kafka::{LivenessFamilies, LivenessSink, Recoveries};
+use crate::metrics::buckets::LAG_BUCKETS;
 
 /// `{consumer="NAME"}`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -81,6 +81,16 @@ impl Default for ConsumerMetrics {
             stalled_partitions: Gauge::default(),
             parking: ParkingMetrics::default(),
         }
+    }
+}
+
+impl LivenessSink for ConsumerMetrics {
+    fn stalled_partitions(&self, n: u64) {
+        self.stalled_partitions.set(n);
+    }
+
+    fn recovered(&self, reason: &'static str) {
+        self.recoveries.inc(reason);
     }
 }
 

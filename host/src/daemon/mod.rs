@@ -298,16 +298,9 @@ const KAFKA_START_WAIT: Duration = Duration::from_secs(10);
 /// `topic` and `allowed_topics`, every consumer's `topics`), unless
 /// `[transport.topics] create = true` creates it.
 async fn check_kafka(config: &Config) -> Result<(), DaemonError> {
-    let topics: std::collections::BTreeSet<String> = config
-        .routes
-        .iter()
-        .flat_map(|r| std::iter::once(&r.topic).chain(&r.allowed_topics))
-        .chain(config.consumers.iter().flat_map(|c| &c.topics))
-        .cloned()
-        .collect();
     crate::broker::kafka::check_at_start(
         &config.transport.kafka,
-        &topics,
+        &broker_topics(config),
         config.transport.topics.new_topics(),
         KAFKA_START_WAIT,
     )
@@ -317,28 +310,23 @@ async fn check_kafka(config: &Config) -> Result<(), DaemonError> {
 
 /// Connects to NATS and checks (or creates) the stream of every topic the
 /// routes and consumers name.
-async fn check_nats(config: &Config) -> Result<async_nats::Client, DaemonError> {
-    let topics: std::collections::BTreeSet<String> = config
+async fn check_nats(config: &Config) -> Result<crate::broker::nats::Client, DaemonError> {
+    let create =
+        config.transport.topics.create.then(|| {
+            usize::try_from(config.transport.topics.replication.unwrap_or(1)).unwrap_or(1)
+        });
+    Ok(crate::broker::nats::start(&config.transport.nats, &broker_topics(config), create).await?)
+}
+
+/// Every topic the routes publish to and the consumers read.
+fn broker_topics(config: &Config) -> std::collections::BTreeSet<String> {
+    config
         .routes
         .iter()
         .flat_map(|r| std::iter::once(&r.topic).chain(&r.allowed_topics))
         .chain(config.consumers.iter().flat_map(|c| &c.topics))
         .cloned()
-        .collect();
-    let nats = &config.transport.nats;
-    let client = crate::broker::nats::connect(nats).await?;
-    let create =
-        config.transport.topics.create.then(|| {
-            usize::try_from(config.transport.topics.replication.unwrap_or(1)).unwrap_or(1)
-        });
-    crate::broker::nats::check_streams(
-        &async_nats::jetstream::new(client.clone()),
-        &topics,
-        create,
-        nats.duplicate_window,
-    )
-    .await?;
-    Ok(client)
+        .collect()
 }
 
 async fn spawn_pipeline(

@@ -101,7 +101,7 @@ fn wal_relay<P: Publisher + Clone>(
             ..WorkerConfig::default()
         },
         wake,
-        metrics: metrics.clone(),
+        metrics: metrics.wal.clone(),
         faults: faults.clone(),
     })
     .map_err(super::DaemonError::WalRelay)

@@ -6,7 +6,7 @@
 //! A version owns its metrics from the moment it loads, whether or not
 //! anything reports it (`outboxd plugin test`, the bench and many tests
 //! load plugins with no registry), and loading happens far from the
-//! process's [`Metrics`](crate::metrics::Metrics). prometheus-client's
+//! process's `Metrics` registry. prometheus-client's
 //! `Family` creates its members itself and cannot adopt a version's
 //! existing counters, so the families here are a collector over the
 //! reported versions ([`PluginVersions`]): at each scrape it encodes every
@@ -29,7 +29,7 @@ use prometheus_client::registry::Registry;
 use serde::Serialize;
 
 use super::error::ErrorKind;
-use crate::metrics::LAG_BUCKETS;
+use crate::metrics::buckets::LAG_BUCKETS;
 
 /// Bucket bounds in seconds for plugin call latency.
 pub const CALL_BUCKETS: [f64; 10] = [
@@ -468,7 +468,18 @@ impl Collector for PluginVersions {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::Metrics;
+
+    /// What `/metrics` shows of `versions`: the plugins' families alone,
+    /// under the process's prefix, through the library's encoder.
+    fn render(versions: &[Arc<dyn PluginReport>]) -> String {
+        let plugins = PluginVersions::default();
+        let mut registry = Registry::with_prefix("outboxd");
+        plugins.register(&mut registry);
+        plugins.report(versions.iter().cloned());
+        let mut out = String::new();
+        prometheus_client::encoding::prometheus_text::encode(&mut out, &registry).expect("encodes");
+        out
+    }
 
     #[test]
     fn quantile_interpolates_within_its_bucket_and_caps_at_the_largest_bound() {
@@ -534,7 +545,6 @@ mod tests {
 
     #[test]
     fn two_versions_calling_one_host_are_two_series_never_one_twice() {
-        let metrics = Metrics::default();
         let versions: Vec<Arc<Version>> = ["1", "2"]
             .into_iter()
             .map(|version| {
@@ -549,8 +559,12 @@ mod tests {
                 Arc::new(v)
             })
             .collect();
-        metrics.register_plugins(versions.iter().map(|v| v.clone() as Arc<dyn PluginReport>));
-        let text = metrics.render(None);
+        let text = render(
+            &versions
+                .iter()
+                .map(|v| v.clone() as Arc<dyn PluginReport>)
+                .collect::<Vec<_>>(),
+        );
         let all = series(&text);
         let mut seen = std::collections::BTreeSet::new();
         for (s, _) in &all {
@@ -585,7 +599,6 @@ mod tests {
 
     #[test]
     fn a_latency_sum_keeps_fractions_of_a_microsecond() {
-        let metrics = Metrics::default();
         let v = Arc::new(Version {
             name: "fast",
             version: "1",
@@ -595,8 +608,7 @@ mod tests {
         for _ in 0..3 {
             v.metrics.record(Duration::from_nanos(400), None);
         }
-        metrics.register_plugins([v.clone() as Arc<dyn PluginReport>]);
-        let text = metrics.render(None);
+        let text = render(&[v.clone() as Arc<dyn PluginReport>]);
         let sum: f64 = series(&text)
             .into_iter()
             .find(|(s, _)| *s == "outboxd_plugin_call_seconds_sum{plugin=\"fast\",version=\"1\"}")

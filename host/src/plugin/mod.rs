@@ -12,6 +12,8 @@
 //! - [`lifecycle`]: versions in the registry, deploy checks, shadow, and the
 //!   rollout that swaps the chains and consumer slots the data path reads.
 //! - [`harness`]: `outboxd plugin test`, a plugin run against sample input.
+//! - [`sql_values`]: SQL values between the WIT types and outboxd's;
+//!   [`limits`]: a Store's memory cap. Both runtime and host use them.
 //! - [`metrics`], [`error`], [`validate`].
 
 pub mod bindings;
@@ -19,8 +21,10 @@ pub mod error;
 pub mod harness;
 pub mod host;
 pub mod lifecycle;
+pub mod limits;
 pub mod metrics;
 pub mod runtime;
+pub mod sql_values;
 pub mod validate;
 
 pub use bindings::{GuestEvent, GuestMessage};

@@ -9,7 +9,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use crate::metrics::LAG_BUCKETS;
+use crate::metrics::buckets::LAG_BUCKETS;
 
 #[derive(Debug, Clone)]
 pub struct RelayMetrics {

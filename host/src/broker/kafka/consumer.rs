@@ -37,10 +37,10 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use super::KafkaSetupError;
 use super::client::{GroupContext, client, to_delivery};
+use super::liveness::LivenessSink;
 use super::liveness::{Liveness, Snapshot, Verdict, probe};
 use crate::broker::ConsumeError;
 use crate::broker::MessageSource;
-use crate::consumer::metrics::ConsumerMetrics;
 use crate::message::Delivery;
 use crate::store::{Db, inbox::offsets};
 
@@ -140,7 +140,7 @@ pub struct KafkaConsumer {
     props: BTreeMap<String, String>,
     /// Group members only, unless `stall_timeout` is `None`.
     watch: Option<Watch>,
-    metrics: Option<Arc<ConsumerMetrics>>,
+    metrics: Option<Arc<dyn LivenessSink>>,
     /// Handed out and not yet committed, per partition, in offset order.
     buffer: BTreeMap<PartitionKey, VecDeque<Delivery>>,
     /// Partitions paused because their buffer reached the limit.
@@ -182,7 +182,7 @@ impl KafkaConsumer {
     }
 
     /// Counts recoveries and stalled partitions in `metrics`.
-    pub fn with_metrics(mut self, metrics: Arc<ConsumerMetrics>) -> Self {
+    pub fn with_metrics(mut self, metrics: Arc<dyn LivenessSink>) -> Self {
         self.metrics = Some(metrics);
         self
     }
@@ -287,7 +287,7 @@ impl KafkaConsumer {
                 Ok(Ok(snap)) => {
                     let (stalled, v) = watch.liveness.observe(&snap, &held, now);
                     if let Some(m) = &self.metrics {
-                        m.stalled_partitions.set(stalled as u64);
+                        m.stalled_partitions(stalled as u64);
                     }
                     verdict = v;
                 }
@@ -339,7 +339,7 @@ impl KafkaConsumer {
             "kafka consumer group made no progress; leaving it and joining again with a new client"
         );
         if let Some(m) = &self.metrics {
-            m.recoveries.inc(v.reason.label());
+            m.recovered(v.reason.label());
         }
         // A static member that joins again with its instance id gets its
         // old assignment back without a rebalance, which is what this

@@ -39,8 +39,6 @@ use prometheus_client::registry::Registry;
 use rdkafka::consumer::Consumer;
 use rdkafka::{Offset, TopicPartitionList};
 
-use crate::consumer::metrics::ConsumerLabel;
-
 type PartitionKey = (String, i32);
 
 /// Why a member recovered, as the metric's `reason` label shows it.
@@ -256,6 +254,21 @@ pub(super) fn probe<C: Consumer<X>, X: rdkafka::consumer::ConsumerContext>(
 }
 
 // ---- metrics ----------------------------------------------------------------
+
+/// `{consumer="NAME"}`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ConsumerLabel {
+    consumer: String,
+}
+
+/// Where a Kafka group member reports its liveness: the consumer's
+/// metrics implement it, so this module needs none of theirs.
+pub trait LivenessSink: Send + Sync + std::fmt::Debug {
+    /// Partitions with lag and no progress at the last look.
+    fn stalled_partitions(&self, n: u64);
+    /// A rejoin with a new client, for `reason`.
+    fn recovered(&self, reason: &'static str);
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct RecoveryLabels {

@@ -27,7 +27,7 @@ mod liveness;
 mod start_check;
 pub use consumer::{DEFAULT_STALL_TIMEOUT, KafkaConsumer, KafkaConsumerConfig};
 pub use lag::GroupLag;
-pub use liveness::{LivenessFamilies, Recoveries};
+pub use liveness::{LivenessFamilies, LivenessSink, Recoveries};
 pub use start_check::{StartReport, check_at_start};
 
 use super::PublishError;

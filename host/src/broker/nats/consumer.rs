@@ -25,11 +25,12 @@ use chrono::Utc;
 use futures_util::StreamExt;
 use uuid::Uuid;
 
-use super::{KEY_HEADER, stream_name};
+use super::KEY_HEADER;
 use crate::broker::{ConsumeError, MessageSource};
 use crate::message::Delivery;
 use crate::store::Db;
 use crate::store::transport;
+use outboxd_core::config::nats::stream_name;
 
 /// Settings of one NATS consumer.
 #[derive(Debug, Clone)]
@@ -64,10 +65,10 @@ pub struct NatsConsumer {
 }
 
 impl NatsConsumer {
-    pub fn new(db: Db, client: async_nats::Client, cfg: NatsConsumerConfig) -> Self {
+    pub fn new(db: Db, client: super::Client, cfg: NatsConsumerConfig) -> Self {
         Self {
             db,
-            js: jetstream::new(client),
+            js: client.jetstream(),
             cfg,
             owner: Uuid::new_v4().to_string(),
             owned: BTreeMap::new(),

@@ -22,7 +22,7 @@ use super::{PublishError, Publisher};
 use crate::broker::embedded::partition_for;
 use crate::message::OutgoingMessage;
 use outboxd_core::config::NatsSection;
-pub use outboxd_core::config::nats::{stream_name, stream_names};
+use outboxd_core::config::nats::{stream_name, stream_names};
 
 pub use consumer::{NatsConsumer, NatsConsumerConfig};
 
@@ -70,9 +70,32 @@ pub enum NatsSetupError {
     Config(String),
 }
 
+/// A connection to NATS, shared by the publisher and the consumers of a
+/// process (async-nats multiplexes one socket).
+#[derive(Clone, Debug)]
+pub struct Client(async_nats::Client);
+
+impl Client {
+    pub(super) fn jetstream(&self) -> jetstream::Context {
+        jetstream::new(self.0.clone())
+    }
+}
+
+/// Connects, then checks (or creates, with `create` replicas) the stream of
+/// every topic in `topics`: what `outboxd run` does before it starts.
+pub async fn start(
+    cfg: &NatsSection,
+    topics: &BTreeSet<String>,
+    create: Option<usize>,
+) -> Result<Client, NatsSetupError> {
+    let client = connect(cfg).await?;
+    check_streams(&client, topics, create, cfg.duplicate_window).await?;
+    Ok(client)
+}
+
 /// Connects with the section's URL, credentials and TLS. No error text
 /// holds a password or a token.
-pub async fn connect(cfg: &NatsSection) -> Result<async_nats::Client, NatsSetupError> {
+pub async fn connect(cfg: &NatsSection) -> Result<Client, NatsSetupError> {
     let mut opts = async_nats::ConnectOptions::new()
         .name("outboxd")
         .connection_timeout(Duration::from_secs(5))
@@ -95,7 +118,7 @@ pub async fn connect(cfg: &NatsSection) -> Result<async_nats::Client, NatsSetupE
     if let Some(ca) = &cfg.ca_file {
         opts = opts.add_root_certificates(ca.into());
     }
-    opts.connect(cfg.url.as_str()).await.map_err(|e| {
+    let client = opts.connect(cfg.url.as_str()).await.map_err(|e| {
         use async_nats::ConnectErrorKind as K;
         let reason = match e.kind() {
             K::AuthorizationViolation | K::Authentication => {
@@ -115,7 +138,8 @@ pub async fn connect(cfg: &NatsSection) -> Result<async_nats::Client, NatsSetupE
             transient: matches!(e.kind(), K::Io | K::TimedOut | K::Dns),
             reason,
         }
-    })
+    })?;
+    Ok(Client(client))
 }
 
 impl NatsSetupError {
@@ -135,11 +159,12 @@ impl NatsSetupError {
 /// Checks at start that each topic's stream exists and carries
 /// `TOPIC.*`; creates the missing ones when `create` (with `replicas`).
 pub async fn check_streams(
-    js: &jetstream::Context,
+    client: &Client,
     topics: &BTreeSet<String>,
     create: Option<usize>,
     duplicate_window: Duration,
 ) -> Result<(), NatsSetupError> {
+    let js = client.jetstream();
     let names = stream_names(topics.iter().map(String::as_str)).map_err(NatsSetupError::Config)?;
     for (topic, name) in names {
         let subject = format!("{topic}.*");
@@ -207,17 +232,13 @@ pub struct NatsPublisher {
 }
 
 impl NatsPublisher {
-    pub fn new(client: async_nats::Client, partitions: i32, ack_timeout: Duration) -> Self {
-        let mut js = jetstream::new(client);
+    pub fn new(client: Client, partitions: i32, ack_timeout: Duration) -> Self {
+        let mut js = client.jetstream();
         js.set_timeout(ack_timeout);
         Self {
             js,
             partitions: partitions.max(1),
         }
-    }
-
-    pub fn context(&self) -> &jetstream::Context {
-        &self.js
     }
 
     /// Whether the server answers (for the readiness probe).

@@ -7,7 +7,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use super::log::GuestLog;
 use crate::plugin::error::PluginError;
-use crate::plugin::runtime::limits::MemoryCap;
+use crate::plugin::limits::MemoryCap;
 
 /// The sandbox of one Store. One per Store, never shared.
 pub struct Sandbox {

@@ -23,7 +23,6 @@ pub mod pgoutput;
 pub mod state;
 
 use std::collections::HashSet;
-use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::stream::FuturesUnordered;
@@ -36,7 +35,6 @@ use super::worker::{self, WorkerConfig};
 use super::{Relay, RelayError, StepOutcome};
 use crate::broker::Publisher;
 use crate::fault::{FaultPoint, Faults};
-use crate::metrics::Metrics;
 use crate::store::outbox::wal::{self as wal_store, HandedStore, WalFeed};
 use crate::store::{AnyStore, StoreError};
 use pgoutput::{Message, Relations};
@@ -85,7 +83,7 @@ pub struct WalRelay<P> {
     fallback: Vec<Relay<AnyStore, P>>,
     fallback_worker: WorkerConfig,
     wake: Option<watch::Receiver<u64>>,
-    metrics: Arc<Metrics>,
+    metrics: metrics::WalMetrics,
     faults: Faults,
 }
 
@@ -156,7 +154,8 @@ pub struct WalParts<P> {
     pub fallback: Vec<Relay<AnyStore, P>>,
     pub fallback_worker: WorkerConfig,
     pub wake: Option<watch::Receiver<u64>>,
-    pub metrics: Arc<Metrics>,
+    /// This process's WAL relay metrics (`Metrics::wal`).
+    pub metrics: metrics::WalMetrics,
     pub faults: Faults,
 }
 
@@ -223,10 +222,10 @@ impl<P: Publisher> WalRelay<P> {
             } else {
                 tracing::info!(slot = %self.wal.slot, "WAL relay reads the replication slot");
             }
-            self.metrics.wal.takeovers.inc();
-            self.metrics.wal.active.set(1);
+            self.metrics.takeovers.inc();
+            self.metrics.active.set(1);
             let ended = self.session(client, &mut shutdown).await;
-            self.metrics.wal.active.set(0);
+            self.metrics.active.set(0);
             match ended {
                 Ok(SessionEnd::Shutdown) => return Ok(()),
                 Ok(SessionEnd::Fallback(client)) => return self.fall_back(client, shutdown).await,
@@ -327,11 +326,8 @@ impl<P: Publisher> WalRelay<P> {
                 }
             }
             let lag = st.lag();
-            self.metrics.wal.lag_bytes.set(lag);
-            self.metrics
-                .wal
-                .handed_aggregates
-                .set(st.handed_count() as u64);
+            self.metrics.lag_bytes.set(lag);
+            self.metrics.handed_aggregates.set(st.handed_count() as u64);
             if lag > self.wal.max_lag_bytes {
                 tracing::error!(
                     slot = %self.wal.slot,
@@ -518,8 +514,8 @@ impl<P: Publisher> WalRelay<P> {
         mut client: ReplicationClient,
         shutdown: watch::Receiver<bool>,
     ) -> Result<(), String> {
-        self.metrics.wal.fallback.set(1);
-        self.metrics.wal.active.set(1);
+        self.metrics.fallback.set(1);
+        self.metrics.active.set(1);
         let workers = self.fallback.iter().map(|relay| {
             let wake = self.wake.clone();
             let shutdown = shutdown.clone();
@@ -545,7 +541,7 @@ impl<P: Publisher> WalRelay<P> {
                             // standby, which reads it from where it stands.
                             Err(e) => {
                                 tracing::error!(error = %e, "WAL relay (fallen back to polling): the stream ended");
-                                self.metrics.wal.active.set(0);
+                                self.metrics.active.set(0);
                                 return Ok(());
                             }
                         };
@@ -563,7 +559,7 @@ impl<P: Publisher> WalRelay<P> {
             }
         };
         let (results, _) = tokio::join!(futures_util::future::join_all(workers), drain);
-        self.metrics.wal.active.set(0);
+        self.metrics.active.set(0);
         for r in results {
             r.map_err(|e| e.to_string())?;
         }

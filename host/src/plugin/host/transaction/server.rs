@@ -7,7 +7,7 @@ use super::{Op, PluginStatement, Recording, Reply, TxnLink};
 use crate::plugin::bindings::consumer::outbox::plugin::transaction::{
     self as wit, DbError, Rows, Value,
 };
-use crate::plugin::runtime::sql_values::{to_core, to_guest};
+use crate::plugin::sql_values::{to_core, to_guest};
 use crate::store::InboxTx;
 use crate::store::plugin_sql::{Budget, PluginSqlError};
 use outboxd_core::config::TxnPolicy;

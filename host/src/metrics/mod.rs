@@ -10,6 +10,8 @@
 //! appears later (a consumer, a plugin version, a label value) is a new
 //! member of a registered family.
 
+pub mod buckets;
+
 use std::sync::Arc;
 
 use prometheus_client::encoding::prometheus_text;
@@ -27,12 +29,6 @@ use crate::store::outbox::metrics::OutboxGauges;
 /// What [`Metrics::render`] writes: the Prometheus text format, version
 /// 0.0.4, which every scraper reads.
 pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
-
-/// Bucket bounds in seconds for lag histograms (the relay's, consumers',
-/// and plugins' outbound HTTP).
-pub const LAG_BUCKETS: [f64; 12] = [
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0, 300.0,
-];
 
 #[derive(Debug)]
 pub struct Metrics {
