@@ -18,7 +18,12 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use crate::broker::kafka::{LivenessFamilies, LivenessSink, Recoveries};
-use crate::metrics::buckets::LAG_BUCKETS;
+
+/// Bucket bounds in seconds of a consumer's lag histogram (the event's
+/// commit to the consumer's).
+const LAG_BUCKETS: [f64; 12] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0, 300.0,
+];
 
 /// `{consumer="NAME"}`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]

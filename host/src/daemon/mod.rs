@@ -553,7 +553,7 @@ async fn start_rollout(
     )
     .map_err(DaemonError::Plugin)?
     .with_consumers(consumer_plugins.iter().cloned())
-    .with_metrics(metrics.clone());
+    .with_metrics(metrics.plugin_versions());
     rollout.refresh().await.map_err(|e| match e {
         // Kept as a database error, so that start-up can tell a lost
         // connection from a refused plugin.

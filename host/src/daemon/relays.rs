@@ -124,7 +124,7 @@ fn relay_over<S: OutboxStore, P: Publisher + Clone>(
         Arc::new(SystemClock),
     )
     .with_faults(faults.clone())
-    .with_metrics(metrics.clone())
+    .with_metrics(metrics.relay.clone())
     .with_chains(chains.clone())
 }
 

@@ -29,7 +29,11 @@ use prometheus_client::registry::Registry;
 use serde::Serialize;
 
 use super::error::ErrorKind;
-use crate::metrics::buckets::LAG_BUCKETS;
+
+/// Bucket bounds in seconds of plugins' outbound HTTP latency.
+const LAG_BUCKETS: [f64; 12] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0, 300.0,
+];
 
 /// Bucket bounds in seconds for plugin call latency.
 pub const CALL_BUCKETS: [f64; 10] = [

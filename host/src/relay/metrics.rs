@@ -9,7 +9,11 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use crate::metrics::buckets::LAG_BUCKETS;
+/// Bucket bounds in seconds of the relay's lag histogram (commit to
+/// acknowledged publish).
+const LAG_BUCKETS: [f64; 12] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0, 300.0,
+];
 
 #[derive(Debug, Clone)]
 pub struct RelayMetrics {

@@ -215,9 +215,9 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         }
     }
 
-    /// Counts into `metrics`' relay series (`relay/metrics.rs`).
-    pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> Self {
-        self.metrics = Some(metrics.relay.clone());
+    /// Counts into the relay series (`Metrics::relay`, `relay/metrics.rs`).
+    pub fn with_metrics(mut self, metrics: metrics::RelayMetrics) -> Self {
+        self.metrics = Some(metrics);
         self
     }
 

@@ -100,8 +100,8 @@ impl Rollout {
     /// candidate or a version pinned for a redrive included) when it is
     /// loaded, so a version activated after start has its series from its
     /// first call.
-    pub fn with_metrics(self, metrics: Arc<crate::metrics::Metrics>) -> Self {
-        metrics.register_plugins(
+    pub fn with_metrics(self, metrics: crate::plugin::metrics::PluginVersions) -> Self {
+        metrics.report(
             self.files
                 .values()
                 .map(|p| p.clone() as Arc<dyn crate::plugin::metrics::PluginReport>),

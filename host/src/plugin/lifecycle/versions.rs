@@ -7,13 +7,12 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::config::PluginSpec;
-use crate::metrics::Metrics;
 use crate::plugin::ConsumerPlugin;
 use crate::plugin::PluginEngine;
 use crate::plugin::PluginError;
 use crate::plugin::TransformerPlugin;
 use crate::plugin::lifecycle::registry::{Registry, RegistryError};
-use crate::plugin::metrics::PluginReport;
+use crate::plugin::metrics::{PluginReport, PluginVersions};
 
 /// `NAME@VERSION`: one registry version of a plugin, as an operator names
 /// it (`outboxd dead redrive --with pii@3`) and as the outbox records it.
@@ -69,7 +68,7 @@ pub struct RegistryVersions {
     transformers: ByVersion<TransformerPlugin>,
     consumers: ByVersion<ConsumerPlugin>,
     /// Where each version is reported once loaded, when set.
-    metrics: OnceLock<Arc<Metrics>>,
+    metrics: OnceLock<PluginVersions>,
 }
 
 impl std::fmt::Debug for RegistryVersions {
@@ -100,7 +99,7 @@ impl RegistryVersions {
 
     /// Reports every version loaded here in `metrics` (`/metrics`, the
     /// admin API): those loaded so far now, each later one when it loads.
-    pub fn report_to(&self, metrics: Arc<Metrics>) {
+    pub fn report_to(&self, metrics: PluginVersions) {
         fn all<T: PluginReport + 'static>(m: &ByVersion<T>) -> Vec<Arc<dyn PluginReport>> {
             m.lock()
                 .map(|m| {
@@ -110,8 +109,8 @@ impl RegistryVersions {
                 })
                 .unwrap_or_default()
         }
-        metrics.register_plugins(all(&self.transformers));
-        metrics.register_plugins(all(&self.consumers));
+        metrics.report(all(&self.transformers));
+        metrics.report(all(&self.consumers));
         let _ = self.metrics.set(metrics);
     }
 
@@ -243,7 +242,7 @@ impl RegistryVersions {
                 .clone();
         }
         if let Some(metrics) = self.metrics.get() {
-            metrics.register_plugins([plugin.clone() as Arc<dyn PluginReport>]);
+            metrics.report([plugin.clone() as Arc<dyn PluginReport>]);
         }
         Ok(plugin)
     }

@@ -10,8 +10,6 @@
 //! appears later (a consumer, a plugin version, a label value) is a new
 //! member of a registered family.
 
-pub mod buckets;
-
 use std::sync::Arc;
 
 use prometheus_client::encoding::prometheus_text;
@@ -90,6 +88,12 @@ impl Metrics {
     /// registered, is ignored: one series per version.
     pub fn register_plugins(&self, plugins: impl IntoIterator<Item = Arc<dyn PluginReport>>) {
         self.plugins.report(plugins);
+    }
+
+    /// The plugin versions' families, for whoever loads versions (the
+    /// rollout) to report them.
+    pub fn plugin_versions(&self) -> PluginVersions {
+        self.plugins.clone()
     }
 
     pub fn plugins(&self) -> Vec<Arc<dyn PluginReport>> {
