@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A throwaway Postgres cluster that accepts TLS connections only, for the
-# TLS tests (tests/integration/postgres_tls.rs), with every certificate
+# TLS tests (tests/integration/config/postgres_tls.rs), with every certificate
 # generated here by the openssl command:
 #
 #   bash tests/pg-tls.sh start DIR    prints PORT=N once the cluster answers

@@ -77,7 +77,7 @@ ensure_logical_wal() {
       {
         echo
         echo "!!! WARNING: the Postgres at $OUTBOXD_TEST_DATABASE_URL runs wal_level = ${level:-unknown},"
-        echo "!!! not logical. The WAL relay's tests (relay.source = \"wal\", every test named wal_*)"
+        echo "!!! not logical. The WAL relay's tests (relay.source = \"wal\", every test under wal::)"
         echo "!!! will FAIL, not skip. Fix: as a superuser run"
         echo "!!!     ALTER SYSTEM SET wal_level = logical;"
         echo "!!! then restart that server (max_replication_slots and max_wal_senders >= 4 as well)."
@@ -117,7 +117,7 @@ if command -v psql >/dev/null 2>&1; then
   psql "$OUTBOXD_TEST_DATABASE_URL" -Atqc \
     "SELECT rolname FROM pg_roles WHERE rolname LIKE 'outboxd\_t\_%'" 2>/dev/null |
     while read -r role; do psql "$OUTBOXD_TEST_DATABASE_URL" -qc "DROP ROLE IF EXISTS \"$role\"" >/dev/null 2>&1 || true; done
-  # Tablespaces a failed full-disk test left (full_postgres_disk.rs), with their
+  # Tablespaces a failed full-disk test left (config/full_postgres_disk.rs), with their
   # tmpfs: dropped only after the databases above, and unmounted only after
   # the tablespace is gone (unmounting first would make Postgres PANIC).
   psql "$OUTBOXD_TEST_DATABASE_URL" -Atqc \
@@ -156,7 +156,7 @@ else
   cargo test --workspace --no-fail-fast "$@" || status=$?
 fi
 # Every test drops what it made on Postgres when it ends, passed or failed
-# (support.rs: DropDatabase, SlotGuard); whatever is still there now was
+# (support/db.rs: DropDatabase, SlotGuard); whatever is still there now was
 # leaked by a test, and a leak fails the run.
 if command -v psql >/dev/null 2>&1; then
   log "nothing the tests made is left on Postgres (databases, roles, replication slots named outboxd_t_*)"
@@ -168,7 +168,7 @@ if command -v psql >/dev/null 2>&1; then
     left="cannot ask Postgres: $left"
   fi
   if [ -n "$left" ]; then
-    echo "error: the tests left these on $OUTBOXD_TEST_DATABASE_URL (a test that creates one must drop it when it ends; see DropDatabase in tests/integration/support.rs):" >&2
+    echo "error: the tests left these on $OUTBOXD_TEST_DATABASE_URL (a test that creates one must drop it when it ends; see DropDatabase in tests/integration/support/db.rs):" >&2
     echo "$left" | head -40 >&2
     status=1
   fi

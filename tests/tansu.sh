@@ -19,7 +19,7 @@
 # whose buffer is full) saw offsets jump, e.g. 1,008 arriving where 1,001 was
 # due, and librdkafka's debug log showed it asking for the right offset. The
 # sqlite engine answers the same fetches in full
-# (tests/integration/kafka_consumers.rs: *_reads_a_long_backlog_in_full_fetches_*).
+# (tests/integration/kafka/consumers.rs: *_reads_a_long_backlog_in_full_fetches_*).
 # memory:// remains available (TANSU_STORAGE=memory://tansu/) for benchmarks
 # that never pause a partition.
 #

@@ -17,30 +17,15 @@ use outboxd::relay::Relay;
 use outboxd::relay::RelayConfig;
 use outboxd::relay::StepOutcome;
 use outboxd::route::Router;
-use outboxd::store::{AnyStore, Db, EnqueueError, enqueue};
+use outboxd::store::{AnyStore, Db, EnqueueError};
 use serde_json::json;
 
-use crate::on_both;
-use crate::plugin_chains::put;
-use crate::support::{ScriptedPublisher, TestDb, pg_admin_url};
+use crate::support::db::{put, read_only, set_read_only, try_enqueue_on};
+use crate::support::plugins::order;
+use crate::support::{ScriptedPublisher, TestDb, on_both, pg_admin_url};
 
 const READ_ONLY_FIX: &str = "the database is read-only: outboxd writes the outbox";
 const FULL_FIX: &str = "the database is full: free disk space";
-
-pub(crate) async fn enqueue_on(db: &Db, ev: NewEvent) -> Result<(), EnqueueError> {
-    match db {
-        Db::Postgres(p) => {
-            let mut tx = p.begin().await?;
-            enqueue(&mut tx, ev).await?;
-            Ok(tx.commit().await?)
-        }
-        Db::Sqlite(p) => {
-            let mut tx = p.begin().await?;
-            enqueue(&mut tx, ev).await?;
-            Ok(tx.commit().await?)
-        }
-    }
-}
 
 fn relay_on(db: &Db, broker: Arc<ScriptedPublisher>) -> Relay<AnyStore, Arc<ScriptedPublisher>> {
     Relay::new(
@@ -50,32 +35,6 @@ fn relay_on(db: &Db, broker: Arc<ScriptedPublisher>) -> Relay<AnyStore, Arc<Scri
         RelayConfig::default(),
         Arc::new(SystemClock),
     )
-}
-
-pub async fn set_read_only(t: &TestDb, on: bool) {
-    let name = &t.url[t.url.rfind('/').expect("url") + 1..];
-    let admin = sqlx::PgPool::connect(&pg_admin_url()).await.expect("admin");
-    sqlx::query(&format!(
-        "ALTER DATABASE {name} SET default_transaction_read_only = {}",
-        if on { "on" } else { "off" }
-    ))
-    .execute(&admin)
-    .await
-    .expect("ALTER DATABASE");
-    admin.close().await;
-}
-
-/// A second connection to the test database that can only read: Postgres
-/// with `default_transaction_read_only`, SQLite opened with `mode=ro`.
-pub async fn read_only(t: &TestDb) -> Db {
-    if t.is_postgres() {
-        set_read_only(t, true).await;
-        Db::connect(&t.url, 2).await.expect("connect read-only")
-    } else {
-        Db::connect(&format!("{}?mode=ro", t.url), 2)
-            .await
-            .expect("open read-only")
-    }
 }
 
 async fn a_read_only_database_is_refused_with_the_fix_and_loses_nothing(t: TestDb) {
@@ -89,7 +48,7 @@ async fn a_read_only_database_is_refused_with_the_fix_and_loses_nothing(t: TestD
         .await
         .expect_err("the relay cannot claim from a read-only database");
     assert!(err.to_string().contains(READ_ONLY_FIX), "{err}");
-    let err = enqueue_on(&ro, NewEvent::new("c", "order.placed", json!({"n": 3})))
+    let err = try_enqueue_on(&ro, NewEvent::new("c", "order.placed", json!({"n": 3})))
         .await
         .expect_err("a producer cannot enqueue into a read-only database");
     assert!(matches!(err, EnqueueError::Database(_)), "{err:?}");
@@ -102,7 +61,7 @@ async fn a_read_only_database_is_refused_with_the_fix_and_loses_nothing(t: TestD
     let err = outboxd::consumer::process(
         &ro,
         "billing",
-        &crate::consumer_plugins::order(0, "o1"),
+        &order(0, "o1"),
         &outboxd_demo::billing::BillingHandler,
     )
     .await
@@ -135,7 +94,7 @@ on_both!(a_read_only_database_is_refused_with_the_fix_and_loses_nothing);
 
 /// SQLite's `max_page_count` caps the file per connection: a pool whose
 /// connections may not grow it stands in for a full disk. (A full Postgres
-/// disk, SQLSTATE 53100, is in `full_postgres_disk.rs`.)
+/// disk, SQLSTATE 53100, is in `full_postgres_disk.rs` beside this file.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_database_refuses_new_events_with_the_fix_and_keeps_the_old_ones() {
     let t = TestDb::sqlite().await;
@@ -153,7 +112,7 @@ async fn a_full_database_refuses_new_events_with_the_fix_and_keeps_the_old_ones(
             .expect("open"),
     );
     let big = "x".repeat(256 * 1024);
-    let err = enqueue_on(
+    let err = try_enqueue_on(
         &full,
         NewEvent::new("b", "order.placed", json!({ "big": big })),
     )
@@ -179,7 +138,7 @@ async fn a_full_database_refuses_new_events_with_the_fix_and_keeps_the_old_ones(
         1
     );
     full.close().await;
-    enqueue_on(
+    try_enqueue_on(
         &t.db,
         NewEvent::new("b", "order.placed", json!({ "big": big })),
     )

@@ -16,7 +16,7 @@ use outboxd::relay::StepOutcome;
 use outboxd::store::{Db, EnqueueError};
 use serde_json::json;
 
-use crate::bad_input::enqueue_on;
+use crate::support::db::try_enqueue_on;
 use crate::support::{ScriptedPublisher, TestDb, pg_admin_url};
 
 const FULL_FIX: &str = "the database is full: free disk space";
@@ -115,7 +115,7 @@ async fn server_uid(admin: &sqlx::PgPool) -> u32 {
         .uid()
 }
 
-async fn enqueue_big(db: &Db, n: usize) -> Result<(), EnqueueError> {
+async fn enqueue_big(db: &Db, n: usize) -> Result<uuid::Uuid, EnqueueError> {
     // 16 KiB of hex from random uuids: pglz cannot shrink it much, so each
     // event needs fresh pages.
     let blob: String = (0..512)
@@ -126,7 +126,7 @@ async fn enqueue_big(db: &Db, n: usize) -> Result<(), EnqueueError> {
         "order.placed",
         json!({ "n": n, "blob": blob }),
     );
-    enqueue_on(db, event).await
+    try_enqueue_on(db, event).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -157,7 +157,7 @@ async fn a_full_postgres_disk_refuses_new_events_with_the_fix_and_loses_nothing(
     let mut committed = 3usize;
     let err = loop {
         match enqueue_big(&t.db, committed).await {
-            Ok(()) => committed += 1,
+            Ok(_) => committed += 1,
             Err(e) => break e,
         }
         assert!(committed < 200, "the outbox kept growing on a full disk");

@@ -15,8 +15,9 @@ use outboxd::store::{Db, enqueue, migrate};
 use serde_json::json;
 use sqlx::Row;
 
-use crate::admin::{TOKEN, http};
-use crate::support::{pg_admin_url, wal_config_toml};
+use crate::support::admin::{TOKEN, http};
+use crate::support::process::outboxd_demo_binary;
+use crate::support::{eventually, pg_admin_url, wal_config_toml};
 
 /// A running TLS-only cluster; stopped and removed when dropped.
 struct TlsCluster {
@@ -93,21 +94,7 @@ fn repo() -> PathBuf {
 /// `outboxd-demo` (outboxd with the example's `builtin:billing` consumer)
 /// with `config`.
 fn outboxd_demo(config: &Path) -> tokio::process::Command {
-    let bin = Path::new(env!("CARGO_BIN_EXE_outboxd")).with_file_name("outboxd-demo");
-    let status = std::process::Command::new(std::env::var_os("CARGO").unwrap_or("cargo".into()))
-        .args([
-            "build",
-            "--quiet",
-            "-p",
-            "outboxd-demo",
-            "--bin",
-            "outboxd-demo",
-        ])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .status()
-        .expect("cargo build -p outboxd-demo");
-    assert!(status.success(), "cargo build -p outboxd-demo failed");
-    let mut cmd = tokio::process::Command::new(bin);
+    let mut cmd = tokio::process::Command::new(outboxd_demo_binary());
     cmd.arg("--config")
         .arg(config)
         .env_remove("OUTBOXD_FAULT")
@@ -189,18 +176,22 @@ handler = "builtin:billing"
         .expect("enqueue");
         tx.commit().await.expect("commit");
     }
-    let started = Instant::now();
-    while count(&db, "SELECT count(*) FROM invoices").await < 60 {
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "60 orders were not all invoiced over TLS within 60 s"
-        );
-        assert!(
-            run.try_wait().expect("try_wait").is_none(),
-            "outboxd-demo run exited"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(
+        Duration::from_secs(60),
+        "60 orders were not all invoiced over TLS",
+        async || {
+            let invoiced = count(&db, "SELECT count(*) FROM invoices").await;
+            if invoiced >= 60 {
+                return Ok(());
+            }
+            assert!(
+                run.try_wait().expect("try_wait").is_none(),
+                "outboxd-demo run exited"
+            );
+            Err(invoiced)
+        },
+    )
+    .await;
     assert_eq!(
         count(
             &db,

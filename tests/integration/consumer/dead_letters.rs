@@ -17,8 +17,7 @@ use outboxd::message::OutgoingMessage;
 use outboxd::message::headers;
 use outboxd::store::InboxTx;
 
-use crate::on_both;
-use crate::support::TestDb;
+use crate::support::{TestDb, on_both};
 
 /// Fails retryably on payload "flaky", permanently on "poison", and
 /// succeeds otherwise.
@@ -82,7 +81,7 @@ async fn poison_and_exhausted_messages_are_dead_lettered_and_the_partition_moves
         max_attempts: 3,
         handler_id: "builtin:picky".into(),
         // All five share a key: this test is about the partition moving on
-        // (per-key parking is in consumer_parking.rs).
+        // (per-key parking is in parking.rs).
         on_dead: OnDead::Skip,
         ..ConsumerConfig::default()
     };
@@ -130,7 +129,7 @@ async fn poison_and_exhausted_messages_are_dead_lettered_and_the_partition_moves
     // No inbox mark for a dead-lettered message: its effect never happened.
     assert_eq!(t.count("SELECT count(*) FROM inbox").await, 2);
     // Everything is committed: a new fetch returns nothing.
-    assert_eq!(consumer.step().await.expect("step").0, 0);
+    assert_eq!(consumer.step().await.expect("step").handled(), 0);
 }
 on_both!(poison_and_exhausted_messages_are_dead_lettered_and_the_partition_moves_on);
 
@@ -186,6 +185,10 @@ async fn batched_savepoints_roll_back_only_the_failing_message(t: TestDb) {
         4,
         "no mark for failed messages"
     );
-    assert_eq!(consumer.step().await.expect("step").0, 0, "all committed");
+    assert_eq!(
+        consumer.step().await.expect("step").handled(),
+        0,
+        "all committed"
+    );
 }
 on_both!(batched_savepoints_roll_back_only_the_failing_message);

@@ -2,76 +2,23 @@
 //! (`/api/consumers/NAME/dead…`) against a running pipeline, and the
 //! command line (`outboxd dead … --consumer NAME`), on both databases.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use outboxd::config::ConsumerSection;
-use outboxd::consumer::Handler;
-use outboxd::consumer::HandlerError;
 use outboxd::daemon::Daemon;
 use outboxd::event::NewEvent;
-use outboxd::fault::Faults;
 use outboxd::message::Delivery;
 use outboxd::message::headers;
-use outboxd::sql_values::SqlValue;
-use outboxd::store::InboxTx;
 use outboxd::store::inbox::dead_letters as consumer_dead;
 use outboxd::store::inbox::dead_letters::NewRow;
 use serde_json::{Value, json};
 
-use super::admin::{TOKEN, admin_config, http};
-use super::process::outboxd;
-use crate::on_both;
-use crate::support::TestDb;
-
-/// Appends `(key, seq)` to `applied`; refuses a `"poison": true` payload
-/// until `fixed`.
-#[derive(Clone, Default)]
-struct Ledger {
-    fixed: Arc<AtomicBool>,
-}
-
-impl Handler for Ledger {
-    async fn handle(&self, tx: &mut InboxTx, d: &Delivery) -> Result<(), HandlerError> {
-        let v: Value = serde_json::from_slice(&d.payload)
-            .map_err(|e| HandlerError::Permanent(e.to_string()))?;
-        if v["poison"] == true && !self.fixed.load(Ordering::SeqCst) {
-            return Err(HandlerError::Permanent("poison".into()));
-        }
-        let key = String::from_utf8(d.key.clone().unwrap_or_default()).expect("key");
-        tx.execute(
-            "INSERT INTO applied (k, seq) VALUES ($1, $2)",
-            vec![
-                SqlValue::Text(key),
-                SqlValue::Int(v["seq"].as_i64().expect("seq")),
-            ],
-        )
-        .await?;
-        Ok(())
-    }
-}
-
-async fn create_applied(t: &TestDb) {
-    t.exec_app(if t.is_postgres() {
-        "CREATE TABLE applied (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, k text NOT NULL, seq bigint NOT NULL)"
-    } else {
-        "CREATE TABLE applied (id INTEGER PRIMARY KEY AUTOINCREMENT, k TEXT NOT NULL, seq INTEGER NOT NULL)"
-    })
-    .await;
-}
-
-async fn wait_for(t: &TestDb, sql: &str, want: i64) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let got = t.count(sql).await;
-        if got == want {
-            return;
-        }
-        assert!(Instant::now() < deadline, "`{sql}`: {got}, want {want}");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-}
+use crate::support::admin::{TOKEN, admin_config, http};
+use crate::support::ledger::{Ledger, create_applied};
+use crate::support::pipeline::Pipeline;
+use crate::support::process::outboxd;
+use crate::support::{TestDb, on_both};
 
 fn json_of(body: &str) -> Value {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
@@ -101,19 +48,20 @@ async fn the_admin_api_lists_shows_redrives_and_discards_a_consumers_dead_letter
     consumer.max_attempts = 1;
     config.consumers = vec![consumer];
     let daemon = Daemon::builder().handler("ledger", ledger.clone()).build();
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let (mut set, handles) = daemon
-        .spawn_pipeline(&config, &t.db, Faults::none(), stop_rx)
-        .await
-        .expect("pipeline");
+    let Pipeline {
+        stop_tx,
+        mut set,
+        handles,
+    } = Pipeline::start(daemon, &config, &t.db).await;
     let addr = handles.admin_addr.expect("admin enabled");
-    wait_for(
-        &t,
+    t.wait_count(
+        Duration::from_secs(60),
         "SELECT count(*) FROM consumer_dead_letters WHERE resolved_at IS NULL",
         4,
     )
     .await;
-    wait_for(&t, "SELECT count(*) FROM applied", 2).await;
+    t.wait_count(Duration::from_secs(60), "SELECT count(*) FROM applied", 2)
+        .await;
 
     let get = |path: String| async move { http(addr, "GET", &path, Some(TOKEN), None).await };
     let post = |path: String, body: Value| async move {
@@ -223,7 +171,12 @@ async fn the_admin_api_lists_shows_redrives_and_discards_a_consumers_dead_letter
     )
     .await;
     assert_eq!((status, json_of(&body)), (200, json!({ "redriven": 1 })));
-    wait_for(&t, "SELECT count(*) FROM applied WHERE k = 'a'", 3).await;
+    t.wait_count(
+        Duration::from_secs(60),
+        "SELECT count(*) FROM applied WHERE k = 'a'",
+        3,
+    )
+    .await;
     assert_eq!(
         t.count("SELECT count(*) FROM applied a JOIN applied b ON a.k = b.k AND a.id < b.id AND a.seq > b.seq")
             .await,
@@ -250,15 +203,20 @@ async fn the_admin_api_lists_shows_redrives_and_discards_a_consumers_dead_letter
         (status, json_of(&body)),
         (200, json!({ "discarded": c_dead, "released": 1 }))
     );
-    wait_for(&t, "SELECT count(*) FROM applied WHERE k = 'c'", 1).await;
+    t.wait_count(
+        Duration::from_secs(60),
+        "SELECT count(*) FROM applied WHERE k = 'c'",
+        1,
+    )
+    .await;
     let (status, _) = post(
         format!("/api/consumers/ledger/dead/{c_dead}/discard"),
         json!({ "reason": "again" }),
     )
     .await;
     assert_eq!(status, 409, "already resolved");
-    wait_for(
-        &t,
+    t.wait_count(
+        Duration::from_secs(60),
         "SELECT count(*) FROM consumer_dead_letters WHERE resolved_at IS NULL",
         0,
     )

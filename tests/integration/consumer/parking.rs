@@ -3,11 +3,11 @@
 //! order, while other keys (in the same partition) flow; a redrive or a
 //! discard releases them, and they are applied exactly once, in order. On
 //! Postgres and SQLite, with the embedded transport and with Kafka. The
-//! same with processes and SIGKILLs is in `consumer_redrive_kills.rs`.
+//! same with processes and SIGKILLs is in `redrive_kills.rs`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use outboxd::broker::MessageSource;
 use outboxd::broker::Publisher;
@@ -17,49 +17,15 @@ use outboxd::config::OnDead;
 use outboxd::consumer::Consumer;
 use outboxd::consumer::ConsumerConfig;
 use outboxd::consumer::ConsumerStats;
-use outboxd::consumer::Handler;
-use outboxd::consumer::HandlerError;
-use outboxd::message::Delivery;
 use outboxd::message::OutgoingMessage;
 use outboxd::message::headers;
 use outboxd::ops::consumer_dead::{self, ConsumerDeadError, Target};
-use outboxd::sql_values::SqlValue;
-use outboxd::store::InboxTx;
 
-use super::kafka::{bootstrap, create_topic, props, unique};
-use crate::support::TestDb;
+use crate::support::kafka::{bootstrap, create_topic, props, unique};
+use crate::support::ledger::{Ledger, applied, create_applied};
+use crate::support::{TestDb, eventually};
 
 const CONSUMER: &str = "ledger";
-
-/// Appends `(key, seq)` to `applied`; fails permanently on a payload that
-/// says `"poison": true` until the test sets `fixed`.
-#[derive(Default)]
-struct Ledger {
-    fixed: AtomicBool,
-}
-
-impl Handler for Ledger {
-    async fn handle(&self, tx: &mut InboxTx, d: &Delivery) -> Result<(), HandlerError> {
-        let v: serde_json::Value = serde_json::from_slice(&d.payload)
-            .map_err(|e| HandlerError::Permanent(e.to_string()))?;
-        if v["poison"] == true && !self.fixed.load(Ordering::SeqCst) {
-            return Err(HandlerError::Permanent(format!(
-                "seq {} is poison",
-                v["seq"]
-            )));
-        }
-        let key = String::from_utf8(d.key.clone().unwrap_or_default()).expect("utf-8 key");
-        tx.execute(
-            "INSERT INTO applied (k, seq) VALUES ($1, $2)",
-            vec![
-                SqlValue::Text(key),
-                SqlValue::Int(v["seq"].as_i64().expect("seq")),
-            ],
-        )
-        .await?;
-        Ok(())
-    }
-}
 
 fn msg(topic: &str, key: &str, seq: i64, poison: bool) -> OutgoingMessage {
     let id = uuid::Uuid::new_v4();
@@ -86,21 +52,6 @@ async fn publish<P: Publisher>(p: &P, topic: &str, list: &[(&str, i64, bool)]) {
     }
 }
 
-/// The seqs applied for `key`, in the order their effects committed.
-async fn applied(t: &TestDb, key: &str) -> Vec<i64> {
-    let sql = format!("SELECT seq FROM applied WHERE k = '{key}' ORDER BY id");
-    match &t.db {
-        outboxd::store::Db::Postgres(p) => sqlx::query_scalar::<_, i64>(&sql)
-            .fetch_all(p)
-            .await
-            .expect("applied"),
-        outboxd::store::Db::Sqlite(p) => sqlx::query_scalar::<_, i64>(&sql)
-            .fetch_all(p)
-            .await
-            .expect("applied"),
-    }
-}
-
 /// Steps the consumer until `done` holds (or fails after 60 s).
 async fn step_until<S: MessageSource>(
     consumer: &mut Consumer<S, Ledger>,
@@ -108,19 +59,20 @@ async fn step_until<S: MessageSource>(
     what: &str,
     done: impl Fn(&ConsumerStats) -> bool,
 ) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !done(stats) {
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}: handled {}, parked {}, dead {}, redriven {}",
+    eventually(Duration::from_secs(60), what, async || {
+        if done(stats) {
+            return Ok(());
+        }
+        consumer.step().await.expect("step");
+        Err(format!(
+            "handled {}, parked {}, dead {}, redriven {}",
             stats.handled.load(Ordering::SeqCst),
             stats.parked.load(Ordering::SeqCst),
             stats.dead_lettered.load(Ordering::SeqCst),
             stats.redriven.load(Ordering::SeqCst)
-        );
-        consumer.step().await.expect("step");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        ))
+    })
+    .await
 }
 
 fn n(c: &std::sync::atomic::AtomicU64) -> u64 {
@@ -133,12 +85,7 @@ async fn a_dead_letter_parks_its_key_until_redriven<S: MessageSource, P: Publish
     source: S,
     publisher: P,
 ) {
-    t.exec_app(if t.is_postgres() {
-        "CREATE TABLE applied (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, k text NOT NULL, seq bigint NOT NULL)"
-    } else {
-        "CREATE TABLE applied (id INTEGER PRIMARY KEY AUTOINCREMENT, k TEXT NOT NULL, seq INTEGER NOT NULL)"
-    })
-    .await;
+    create_applied(&t).await;
     let handler = Arc::new(Ledger::default());
     let config = ConsumerConfig {
         name: CONSUMER.into(),
@@ -369,12 +316,7 @@ mod a_dead_letter_parks_its_key_until_redriven {
 /// `on_dead = "skip"`: the key moves on after a dead letter (the behaviour
 /// before parking), and the dead letter can still be redriven.
 async fn skip_lets_the_key_move_on_and_a_redrive_still_applies(t: TestDb) {
-    t.exec_app(if t.is_postgres() {
-        "CREATE TABLE applied (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, k text NOT NULL, seq bigint NOT NULL)"
-    } else {
-        "CREATE TABLE applied (id INTEGER PRIMARY KEY AUTOINCREMENT, k TEXT NOT NULL, seq INTEGER NOT NULL)"
-    })
-    .await;
+    create_applied(&t).await;
     let (source, publisher) = embedded(&t);
     let handler = Arc::new(Ledger::default());
     let config = ConsumerConfig {
@@ -406,4 +348,4 @@ async fn skip_lets_the_key_move_on_and_a_redrive_still_applies(t: TestDb) {
     .await;
     assert_eq!(applied(&t, "a").await, [1, 3, 2]);
 }
-crate::on_both!(skip_lets_the_key_move_on_and_a_redrive_still_applies);
+crate::support::on_both!(skip_lets_the_key_move_on_and_a_redrive_still_applies);

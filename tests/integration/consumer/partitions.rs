@@ -105,7 +105,8 @@ async fn a_consumer_handles_no_more_partitions_at_once_than_its_bound() {
     };
     let mut consumer = Consumer::new(t.db.clone(), source, handler.clone(), config);
 
-    let (done, failed) = consumer.step().await.expect("step");
+    let step = consumer.step().await.expect("step");
+    let (done, failed) = (step.handled(), step.failed());
     assert_eq!((done, failed), (PARTITIONS as usize, false));
     let most = handler.most.load(Ordering::SeqCst);
     assert!(

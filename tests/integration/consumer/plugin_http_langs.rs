@@ -17,12 +17,10 @@ use outboxd::plugin::StubResponse;
 use outboxd::plugin::Traced;
 use outboxd::plugin::Transport;
 use outboxd::plugin::bindings::transformer::outbox::plugin::types::Message;
-use outboxd::store::InboxTx;
 
-use crate::on_both;
-use crate::outbound_server::Server;
-use crate::plugins::{engine, plugin_path};
-use crate::support::TestDb;
+use crate::support::outbound_server::Server;
+use crate::support::plugins::{engine, handle_once, plugin_path};
+use crate::support::{TestDb, on_both};
 
 const PROVIDER: &str = "https://pay.example.com";
 const ORDER: &[u8] = br#"{"order_id":"o-1","amount_cents":1250}"#;
@@ -47,26 +45,15 @@ async fn charge(t: &TestDb, provider: &str, transport: Transport) -> (String, Tr
     spec.config
         .insert("provider_url".into(), provider.to_string());
     let plugin = ConsumerPlugin::load(engine(), &spec).expect("load js-charge");
-    let id = uuid::Uuid::new_v4();
-    let mut tx = InboxTx::begin(&t.db).await.expect("begin");
-    assert!(tx.mark("charge", id, None).await.expect("mark"));
     let message = Message {
-        id: id.to_string(),
+        id: String::new(),
         topic: "order.confirmed".into(),
         key: Some(b"o-1".to_vec()),
         payload: ORDER.to_vec(),
         headers: vec![],
         attempt: 0,
     };
-    let traced = plugin
-        .handle_traced(&mut tx, &message, &policy(), Some(&t.db), transport)
-        .await;
-    if traced.result.is_ok() {
-        tx.commit().await.expect("commit");
-    } else {
-        tx.rollback().await.expect("rollback");
-    }
-    (id.to_string(), traced)
+    handle_once(t, &plugin, "charge", message, &policy(), transport).await
 }
 
 fn answer(status: u16, body: &str) -> Transport {

@@ -18,9 +18,8 @@ use outboxd::message::headers;
 use outboxd::plugin::ConsumerPlugin;
 use outboxd::store::Db;
 
-use crate::on_both;
-use crate::plugins::{engine, plugin_path};
-use crate::support::TestDb;
+use crate::support::plugins::{self, billing_plugin, engine, plugin_path};
+use crate::support::{TestDb, on_both};
 
 const LANGS: [&str; 2] = ["py-ledger", "js-ledger"];
 
@@ -190,8 +189,8 @@ async fn an_uncaught_database_error_is_a_plugin_error_not_a_trap(t: TestDb) {
     let err = process(
         &t.db,
         "billing",
-        &crate::consumer_plugins::order(1, "o-1"),
-        &crate::consumer_plugins::billing_plugin(),
+        &plugins::order(1, "o-1"),
+        &billing_plugin(),
     )
     .await
     .expect_err("no invoices table");

@@ -2,16 +2,15 @@
 //! the Postgres role, the statement timeout, the row budget, and JSON values
 //! that keep their precision.
 
-use super::consumer_plugins::{counts, handler, order};
-use crate::on_both;
-use crate::support::TestDb;
+use crate::support::plugins::{counts, handler, order};
+use crate::support::{TestDb, on_both};
 use outboxd::config::TxnPolicy;
 use outboxd::consumer::batch::process_batch;
 use outboxd::consumer::{ConsumerHandler, Processed, process};
 use outboxd_demo::billing;
 
 /// The host's tables are refused before they reach the database (the
-/// role's own wall is tested without the gate in plugin_sql_walls.rs), and
+/// role's own wall is tested without the gate in plugin/sql_walls.rs), and
 /// within its rights the plugin works under its role.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_role_limits_what_a_plugin_can_touch() {

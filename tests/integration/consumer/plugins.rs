@@ -10,55 +10,11 @@ use outboxd::config::PluginSpec;
 use outboxd::config::TxnPolicy;
 use outboxd::consumer::batch::process_batch;
 use outboxd::consumer::{HandlerError, PluginHandler, Processed, process};
-use outboxd::message::Delivery;
-use outboxd::message::headers;
 use outboxd::plugin::ConsumerPlugin;
 use outboxd_demo::billing;
 
-use crate::on_both;
-use crate::plugins::{engine, plugin_path};
-use crate::support::TestDb;
-
-pub(crate) fn handler(name: &str, config: &[(&str, &str)], policy: TxnPolicy) -> PluginHandler {
-    let mut spec = PluginSpec::new(name, plugin_path(name));
-    spec.version = Some("test-1".into());
-    // Database round trips count against the deadline; a busy CI machine
-    // needs room.
-    spec.limits.timeout = std::time::Duration::from_millis(2_000);
-    for (k, v) in config {
-        spec.config.insert((*k).into(), (*v).into());
-    }
-    let plugin = ConsumerPlugin::load(engine(), &spec).expect("load consumer plugin");
-    PluginHandler::new(Arc::new(plugin), policy)
-}
-
-pub(crate) fn billing_plugin() -> PluginHandler {
-    handler("billing", &[], crate::support::plugin_policy())
-}
-
-pub fn order(offset: i64, order_id: &str) -> Delivery {
-    Delivery {
-        attempt: 0,
-        topic: "order.confirmed".into(),
-        partition: 0,
-        offset,
-        key: Some(order_id.as_bytes().to_vec()),
-        payload: format!(r#"{{"order_id":"{order_id}","customer_id":"c1","total_cents":500}}"#)
-            .into_bytes(),
-        headers: vec![(
-            headers::MESSAGE_ID.into(),
-            uuid::Uuid::new_v4().to_string().into_bytes(),
-        )],
-    }
-}
-
-pub async fn counts(t: &TestDb) -> (i64, i64, i64) {
-    (
-        t.count("SELECT count(*) FROM invoices").await,
-        t.count("SELECT count(*) FROM inbox").await,
-        t.count("SELECT count(*) FROM outbox").await,
-    )
-}
+use crate::support::plugins::{billing_plugin, counts, engine, handler, order, plugin_path};
+use crate::support::{TestDb, on_both};
 
 async fn duplicate_delivery_is_discarded_with_the_billing_plugin(t: TestDb) {
     billing::create_schema(&t.db).await.expect("billing schema");

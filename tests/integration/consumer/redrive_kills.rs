@@ -9,53 +9,21 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::process::{kill_at_fault, outboxd_with_billing, terminate, wait_until};
-use crate::on_both;
-use crate::support::TestDb;
 use outboxd::event::NewEvent;
 
-/// Where the messages go: the embedded transport, or Kafka (a topic and a
-/// group of the test's own, so runs sharing a broker never meet).
-#[derive(Clone)]
-struct Transport {
-    kafka: Option<String>,
-    event_type: String,
-    consumer: String,
-}
+use crate::support::kafka::Way;
+use crate::support::process::{kill_at_fault, outboxd_with_billing, terminate};
+use crate::support::{TestDb, on_both};
 
-impl Transport {
-    fn embedded() -> Self {
-        Self {
-            kafka: None,
-            event_type: "order.confirmed".into(),
-            consumer: "billing".into(),
-        }
-    }
-
-    fn kafka() -> Self {
-        Self {
-            kafka: Some(super::kafka::bootstrap()),
-            event_type: super::kafka::unique("order.confirmed"),
-            consumer: super::kafka::unique("billing"),
-        }
-    }
-
-    fn consumers(&self) -> String {
-        format!(
-            r#"[{{name = "{}", topics = ["{}"], handler = "builtin:billing", max_attempts = 2}}]"#,
-            self.consumer, self.event_type
-        )
-    }
-
-    fn configure(&self, cmd: &mut tokio::process::Command) {
-        cmd.env("OUTBOXD__CONSUMERS", self.consumers());
-        if let Some(bootstrap) = &self.kafka {
-            cmd.env("OUTBOXD__TRANSPORT__KIND", "kafka")
-                .env("OUTBOXD__TRANSPORT__KAFKA__bootstrap.servers", bootstrap)
-                // A killed member's partitions move on after 6 s, not 45.
-                .env("OUTBOXD__TRANSPORT__KAFKA__session.timeout.ms", "\"6000\"");
-        }
-    }
+/// `cmd` with the consumer of `via` (`billing` of `order.confirmed`, on
+/// the embedded transport or Kafka) and, on Kafka, the cluster.
+fn configure(via: &Way, cmd: &mut tokio::process::Command) {
+    let consumers = format!(
+        r#"[{{name = "{}", topics = ["{}"], handler = "builtin:billing", max_attempts = 2}}]"#,
+        via.consumer, via.topic
+    );
+    cmd.env("OUTBOXD__CONSUMERS", consumers);
+    via.configure_transport(cmd);
 }
 
 /// Invoices of `order` by amount, in the order they were written.
@@ -68,10 +36,10 @@ async fn amounts(t: &TestDb, order: &str) -> Vec<i64> {
     .expect("invoices")
 }
 
-fn run(t: &TestDb, via: &Transport, fault: Option<&str>) -> tokio::process::Child {
+fn run(t: &TestDb, via: &Way, fault: Option<&str>) -> tokio::process::Child {
     let mut cmd = outboxd_with_billing(t);
     cmd.arg("run");
-    via.configure(&mut cmd);
+    configure(via, &mut cmd);
     match fault {
         // Errors only, so the unread pipe never fills before the fault.
         Some(f) => cmd
@@ -84,7 +52,7 @@ fn run(t: &TestDb, via: &Transport, fault: Option<&str>) -> tokio::process::Chil
 }
 
 async fn a_redrive_survives_sigkills_of_the_cli_and_of_the_consumer(t: TestDb) {
-    redrive_with_kills(t, Transport::embedded()).await
+    redrive_with_kills(t, Way::embedded("order.confirmed", "billing")).await
 }
 on_both!(a_redrive_survives_sigkills_of_the_cli_and_of_the_consumer);
 
@@ -92,24 +60,19 @@ mod a_redrive_survives_sigkills_on_kafka {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn postgres() {
         let t = crate::support::TestDb::postgres().await;
-        super::redrive_with_kills(t, super::Transport::kafka()).await
+        super::redrive_with_kills(t, super::Way::kafka("order.confirmed", "billing")).await
     }
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn sqlite() {
         let t = crate::support::TestDb::sqlite().await;
-        super::redrive_with_kills(t, super::Transport::kafka()).await
+        super::redrive_with_kills(t, super::Way::kafka("order.confirmed", "billing")).await
     }
 }
 
-async fn redrive_with_kills(t: TestDb, via: Transport) {
+async fn redrive_with_kills(t: TestDb, via: Way) {
     let consumer = via.consumer.as_str();
-    if let Some(bootstrap) = &via.kafka {
-        // The broker does not create topics; two partitions, so the keys
-        // may land apart or together.
-        super::kafka::create_topic(bootstrap, &via.event_type, 2).await;
-        // Where a dead letter is also published (it stays until it is).
-        super::kafka::create_topic(bootstrap, &format!("{}.dlq", via.event_type), 1).await;
-    }
+    // Two partitions, so the keys may land apart or together.
+    via.create_topics(2).await;
     outboxd_demo::billing::create_schema(&t.db)
         .await
         .expect("billing schema");
@@ -133,7 +96,7 @@ async fn redrive_with_kills(t: TestDb, via: Transport) {
         for order in ["order-x", "order-y"] {
             t.enqueue(NewEvent::new(
                 order,
-                via.event_type.as_str(),
+                via.topic.as_str(),
                 json!({ "order_id": order, "customer_id": "c", "total_cents": amount }),
             ))
             .await;
@@ -142,14 +105,14 @@ async fn redrive_with_kills(t: TestDb, via: Transport) {
     // The consumer runs with the redrive fault armed from the start: it
     // fires only once a redriven message is about to commit.
     let child = run(&t, &via, Some("redrive-before-commit:hang:3"));
-    wait_until(
-        &t,
+    t.wait_count(
+        Duration::from_secs(90),
         "SELECT count(*) FROM invoices WHERE order_id = 'order-y'",
         10,
     )
     .await;
-    wait_until(
-        &t,
+    t.wait_count(
+        Duration::from_secs(90),
         "SELECT count(*) FROM consumer_dead_letters WHERE resolved_at IS NULL",
         7,
     )
@@ -181,7 +144,7 @@ async fn redrive_with_kills(t: TestDb, via: Transport) {
         "--key",
         "order-x",
     ]);
-    via.configure(&mut cli);
+    configure(&via, &mut cli);
     let cli = cli
         .env("OUTBOXD_FAULT", "redrive-release-before-commit")
         .stderr(Stdio::piped())
@@ -206,7 +169,7 @@ async fn redrive_with_kills(t: TestDb, via: Transport) {
         "--key",
         "order-x",
     ]);
-    via.configure(&mut cli);
+    configure(&via, &mut cli);
     let out = cli.output().await.expect("run the CLI");
     assert!(
         out.status.success(),
@@ -227,14 +190,14 @@ async fn redrive_with_kills(t: TestDb, via: Transport) {
     kill_at_fault(child).await;
     assert_eq!(amounts(&t, "order-x").await, [10, 11, 12, 13, 14, 15, 16]);
     let mut child = run(&t, &via, None);
-    wait_until(
-        &t,
+    t.wait_count(
+        Duration::from_secs(90),
         "SELECT count(*) FROM invoices WHERE order_id = 'order-x'",
         10,
     )
     .await;
-    wait_until(
-        &t,
+    t.wait_count(
+        Duration::from_secs(90),
         "SELECT count(*) FROM consumer_dead_letters WHERE resolved_at IS NULL",
         0,
     )

@@ -10,17 +10,17 @@ use outboxd::broker::embedded::{EmbeddedConsumer, EmbeddedConsumerConfig, Embedd
 use outboxd::config::OnDead;
 use outboxd::consumer::Consumer;
 use outboxd::consumer::ConsumerConfig;
+use outboxd::consumer::ConsumerStep;
 use outboxd::message::Delivery;
-use outboxd::plugin::registry::{Deployed, Registry};
-use outboxd::plugin::rollout::Rollout;
+use outboxd::plugin::lifecycle::registry::{Deployed, Registry};
+use outboxd::plugin::lifecycle::rollout::Rollout;
 use outboxd_demo::billing;
 use serde_json::json;
 
-use crate::consumer_swap::{consumer_host, deploy, pairs, registry_spec, wasm};
-use crate::hot_swap_refusals::with_custom_section;
-use crate::on_both;
-use crate::plugins::engine;
-use crate::support::TestDb;
+use crate::support::db::pairs;
+use crate::support::plugins::{engine, registry_spec, wasm, with_custom_section};
+use crate::support::swap::{consumer_host, deploy};
+use crate::support::{TestDb, on_both};
 
 // ---- deploy checks ---------------------------------------------------------
 
@@ -155,7 +155,10 @@ async fn a_dead_letter_names_the_registry_version_that_failed(t: TestDb) {
     let poison = json!({"specversion": "9", "data": {"order_id": "x", "customer_id": "c", "total_cents": 1}});
     send(poison.clone()).await;
     for _ in 0..3 {
-        assert_eq!(consumer.step().await.expect("step"), (0, true));
+        assert_eq!(
+            consumer.step().await.expect("step"),
+            ConsumerStep::Failed { handled: 0 }
+        );
     }
     assert_eq!(
         t.count("SELECT count(*) FROM consumer_dead_letters").await,

@@ -1,15 +1,19 @@
 //! A consumer message in flight during a swap finishes on the version it
 //! started with (Postgres, where a table lock can hold it mid-statement).
 
-use super::consumer_swap::{consumer_host, deploy, pairs, wasm};
-use crate::support::TestDb;
+use std::sync::Arc;
+use std::time::Duration;
+
 use outboxd::message::Delivery;
-use outboxd::plugin::registry::Registry;
+use outboxd::plugin::lifecycle::registry::Registry;
 use outboxd::store::Db;
 use outboxd_demo::billing;
 use serde_json::json;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+
+use crate::support::db::pairs;
+use crate::support::plugins::wasm;
+use crate::support::swap::{consumer_host, deploy};
+use crate::support::{TestDb, eventually};
 
 // ---- in flight -----------------------------------------------------------------
 
@@ -56,18 +60,16 @@ async fn a_message_in_flight_finishes_on_the_version_it_started_with_postgres() 
         })
     };
     // The call is in flight once its INSERT waits on the lock.
-    let started = Instant::now();
-    while t
-        .count("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'INSERT INTO invoices%'")
-        .await
-        == 0
-    {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "the call never reached its INSERT"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    eventually(
+        Duration::from_secs(10),
+        "the call never reached its INSERT",
+        async || {
+            t.count("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'INSERT INTO invoices%'")
+                .await
+                != 0
+        },
+    )
+    .await;
     reg.activate("c", v2, "test").await.expect("activate v2");
     host.refresh().await.expect("refresh");
     assert_eq!(

@@ -2,7 +2,7 @@
 //! with the route's transformer swapped at the same moments, while the relay
 //! and a consumer are both busy: nothing is lost or handled twice, and each
 //! message ran on a version that was active during its call. The two
-//! versions, `billing` and `invoicing`, are described in `consumer_swap.rs`.
+//! versions, `billing` and `invoicing`, are described in `support/swap.rs`.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,8 +17,8 @@ use outboxd::consumer::HandlerError;
 use outboxd::consumer::Pinned;
 use outboxd::consumer::PluginHandler;
 use outboxd::message::Delivery;
-use outboxd::plugin::registry::Registry;
-use outboxd::plugin::rollout::Rollout;
+use outboxd::plugin::lifecycle::registry::Registry;
+use outboxd::plugin::lifecycle::rollout::Rollout;
 use outboxd::relay::Relay;
 use outboxd::relay::RelayConfig;
 use outboxd::relay::StepOutcome;
@@ -28,12 +28,10 @@ use outboxd::store::InboxTx;
 use outboxd_demo::billing;
 use tokio::sync::watch;
 
-use crate::consumer_swap::{deploy, pairs, put_order, registry_spec, wasm};
-use crate::hot_swap::Timeline;
-use crate::hot_swap_refusals::with_custom_section;
-use crate::on_both;
-use crate::plugins::engine;
-use crate::support::TestDb;
+use crate::support::db::pairs;
+use crate::support::plugins::{engine, registry_spec, wasm, with_custom_section};
+use crate::support::swap::{Timeline, deploy, put_order};
+use crate::support::{TestDb, eventually, on_both};
 
 /// One call of the consumer's handler, as the test saw it from outside.
 pub(crate) struct Call {
@@ -195,15 +193,19 @@ async fn twenty_consumer_swaps_under_load_lose_nothing_and_handle_nothing_twice(
     let mut rolled_back = false;
     for i in 0..SWAPS {
         let target = (i + 1) * EVENTS / (SWAPS + 5);
-        let wait = Instant::now();
-        while handled() < target {
-            assert!(
-                wait.elapsed() < Duration::from_secs(120),
-                "consumer stalled at swap {i}: {} handled",
-                handled()
-            );
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
+        eventually(
+            Duration::from_secs(120),
+            format!("consumer stalled at swap {i}"),
+            async || {
+                let handled = handled();
+                if handled >= target {
+                    Ok(())
+                } else {
+                    Err(format!("{handled} handled"))
+                }
+            },
+        )
+        .await;
         assert!(
             producing.load(Ordering::SeqCst),
             "the producer finished before swap {i}: not under load"
@@ -229,15 +231,19 @@ async fn twenty_consumer_swaps_under_load_lose_nothing_and_handle_nothing_twice(
     }
     assert!(rolled_back);
     producer.await.expect("producer");
-    let wait = Instant::now();
-    while t.count("SELECT count(*) FROM inbox").await < EVENTS as i64 {
-        assert!(
-            wait.elapsed() < Duration::from_secs(120),
-            "not every event was handled: {} of {EVENTS}",
-            t.count("SELECT count(*) FROM inbox").await
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(
+        Duration::from_secs(120),
+        "not every event was handled",
+        async || {
+            let handled = t.count("SELECT count(*) FROM inbox").await;
+            if handled >= EVENTS as i64 {
+                Ok(())
+            } else {
+                Err(format!("{handled} of {EVENTS}"))
+            }
+        },
+    )
+    .await;
     let _ = stop.send(true);
     relaying.await.expect("relay task");
     consuming.await.expect("consumer task");

@@ -3,7 +3,7 @@
 //! consumer's database. Run against librdkafka's mock cluster, so they need
 //! no broker; the chaos soak runs them against tansu.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use outboxd::broker::MessageSource;
 use outboxd::broker::kafka::{KafkaConsumer, KafkaConsumerConfig};
@@ -11,8 +11,8 @@ use outboxd::message::Delivery;
 use outboxd::store::inbox::offsets;
 use rdkafka::mocking::MockCluster;
 
-use super::kafka::{produce, props};
-use crate::support::TestDb;
+use crate::support::kafka::{produce, props};
+use crate::support::{TestDb, eventually};
 
 fn assigned(topic: &str, partitions: &[i32]) -> KafkaConsumerConfig {
     let mut cfg = KafkaConsumerConfig::new("ledger", vec![topic.to_string()]);
@@ -26,14 +26,21 @@ async fn fetch_both(
     b: &mut KafkaConsumer,
     want: usize,
 ) -> (Vec<Delivery>, Vec<Delivery>) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let got_a = a.fetch(1000).await.expect("fetch a");
-        let got_b = b.fetch(1000).await.expect("fetch b");
-        if got_a.len() + got_b.len() >= want || Instant::now() > deadline {
-            return (got_a, got_b);
-        }
-    }
+    eventually(
+        Duration::from_secs(30),
+        format!("{want} messages from both"),
+        async || {
+            let got_a = a.fetch(1000).await.expect("fetch a");
+            let got_b = b.fetch(1000).await.expect("fetch b");
+            let got = got_a.len() + got_b.len();
+            if got >= want {
+                Ok((got_a, got_b))
+            } else {
+                Err(got)
+            }
+        },
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -95,13 +102,19 @@ async fn assigned_partitions_are_read_alone_and_resume_from_offsets_in_the_datab
     let mut again = KafkaConsumer::assigned(&props(&bootstrap), assigned("t", &[0]), db.db.clone())
         .await
         .expect("restarted consumer of partition 0");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let rest = loop {
-        let got = again.fetch(1000).await.expect("fetch");
-        if got.len() >= got0.len() - cut || Instant::now() > deadline {
-            break got;
-        }
-    };
+    let rest = eventually(
+        Duration::from_secs(30),
+        "the rest of partition 0",
+        async || {
+            let got = again.fetch(1000).await.expect("fetch");
+            if got.len() >= got0.len() - cut {
+                Ok(got)
+            } else {
+                Err(got.len())
+            }
+        },
+    )
+    .await;
     let rest: Vec<i64> = rest.iter().map(|d| d.offset).collect();
     assert_eq!(
         rest,

@@ -16,7 +16,7 @@ use rdkafka::mocking::MockCluster;
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use sqlx::Row;
 
-use super::kafka::{Outbox, attempts_of_all, mock_rig};
+use crate::support::kafka::{Outbox, attempts_of_all, mock_rig};
 
 async fn last_errors(outbox: &Outbox) -> Vec<String> {
     sqlx::query(

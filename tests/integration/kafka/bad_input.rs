@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use outboxd::broker::MessageSource;
 use outboxd::broker::Publisher;
@@ -31,10 +31,8 @@ use rdkafka::mocking::MockCluster;
 use serde_json::json;
 use sqlx::Row;
 
-use crate::bad_input::{read_only, set_read_only};
-use crate::on_both;
-use crate::plugin_chains::put;
-use crate::support::TestDb;
+use crate::support::db::{put, read_only, set_read_only};
+use crate::support::{TestDb, eventually, on_both};
 
 fn props(bootstrap: &str) -> BTreeMap<String, String> {
     BTreeMap::from([("bootstrap.servers".to_string(), bootstrap.to_string())])
@@ -144,7 +142,7 @@ async fn bad_kafka_messages_are_dead_lettered_and_the_partition_moves_on(t: Test
         name: "billing".into(),
         handler_id: "builtin:billing".into(),
         // Every message has key `k`: this test is about the partition
-        // moving on past bad input (parking is consumer_parking.rs's).
+        // moving on past bad input (parking is consumer/parking.rs's).
         on_dead: OnDead::Skip,
         ..ConsumerConfig::default()
     };
@@ -154,15 +152,20 @@ async fn bad_kafka_messages_are_dead_lettered_and_the_partition_moves_on(t: Test
             Box::pin(async move { dlq.publish(m).await })
         }));
     let stats = consumer.stats();
-    let deadline = Instant::now() + Duration::from_secs(30);
     use std::sync::atomic::Ordering::SeqCst;
-    while stats.handled.load(SeqCst) + stats.dead_lettered.load(SeqCst) < 7 {
-        assert!(
-            Instant::now() < deadline,
-            "the consumer did not get through the partition"
-        );
-        consumer.step().await.expect("step");
-    }
+    eventually(
+        Duration::from_secs(30),
+        "the consumer did not get through the partition",
+        async || {
+            let through = stats.handled.load(SeqCst) + stats.dead_lettered.load(SeqCst);
+            if through >= 7 {
+                return Ok(());
+            }
+            consumer.step().await.expect("step");
+            Err(format!("{through} of 7 handled or dead-lettered"))
+        },
+    )
+    .await;
     assert_eq!(
         stats.handled.load(SeqCst),
         2,
@@ -216,22 +219,26 @@ async fn bad_kafka_messages_are_dead_lettered_and_the_partition_moves_on(t: Test
         KafkaConsumerConfig::new("dlq-reader", vec!["orders.dlq".into()]),
     )
     .expect("dlq reader");
-    let mut seen = Vec::new();
-    while seen.len() < 5 {
-        assert!(
-            Instant::now() < deadline,
-            "orders.dlq has {} of 5",
-            seen.len()
-        );
-        seen = dlq_source.fetch(100).await.expect("fetch dlq");
-    }
+    let seen = eventually(
+        Duration::from_secs(30),
+        "the five dead letters on orders.dlq",
+        async || {
+            let seen = dlq_source.fetch(100).await.expect("fetch dlq");
+            if seen.len() >= 5 {
+                Ok(seen)
+            } else {
+                Err(format!("orders.dlq has {} of 5", seen.len()))
+            }
+        },
+    )
+    .await;
     assert_eq!(seen.len(), 5);
     assert_eq!(seen[3].key.as_deref(), Some(&[0xc3, 0x28][..]));
     for (m, d) in seen.iter().zip(&dead) {
         assert_eq!(m.header("dlq-error"), Some(d.error.as_bytes()));
     }
     // Every offset is committed: nothing is delivered again.
-    assert_eq!(consumer.step().await.expect("step").0, 0);
+    assert_eq!(consumer.step().await.expect("step").handled(), 0);
 }
 on_both!(bad_kafka_messages_are_dead_lettered_and_the_partition_moves_on);
 
@@ -317,15 +324,23 @@ async fn a_read_only_inbox_keeps_the_message_until_it_can_be_written(t: TestDb) 
         Consumer::new(db, source, Arc::new(BillingHandler), config.clone())
     };
     use std::sync::atomic::Ordering::SeqCst;
-    let deadline = Instant::now() + Duration::from_secs(30);
 
     let ro = read_only(&t).await;
     let mut consumer = consumer_on(ro.clone());
     let stats = consumer.stats();
-    while stats.failed.load(SeqCst) < 4 {
-        assert!(Instant::now() < deadline, "the message was not delivered");
-        consumer.step().await.expect("step");
-    }
+    eventually(
+        Duration::from_secs(30),
+        "the message was not delivered",
+        async || {
+            let failed = stats.failed.load(SeqCst);
+            if failed >= 4 {
+                return Ok(());
+            }
+            consumer.step().await.expect("step");
+            Err(format!("{failed} failed attempts"))
+        },
+    )
+    .await;
     assert_eq!(stats.handled.load(SeqCst), 0);
     assert_eq!(
         stats.dead_lettered.load(SeqCst),
@@ -341,11 +356,18 @@ async fn a_read_only_inbox_keeps_the_message_until_it_can_be_written(t: TestDb) 
     let rw = Db::connect(&t.url, 2).await.expect("connect");
     let mut consumer = consumer_on(rw);
     let stats = consumer.stats();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while stats.handled.load(SeqCst) < 1 {
-        assert!(Instant::now() < deadline, "the message was not redelivered");
-        consumer.step().await.expect("step");
-    }
+    eventually(
+        Duration::from_secs(60),
+        "the message was not redelivered",
+        async || {
+            if stats.handled.load(SeqCst) >= 1 {
+                return true;
+            }
+            consumer.step().await.expect("step");
+            false
+        },
+    )
+    .await;
     assert_eq!(t.count("SELECT count(*) FROM invoices").await, 1);
     assert_eq!(
         t.count("SELECT count(*) FROM consumer_dead_letters").await,

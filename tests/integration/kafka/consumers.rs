@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use outboxd::broker::MessageSource;
 use outboxd::broker::kafka::{KafkaConsumer, KafkaConsumerConfig};
@@ -17,17 +17,24 @@ use outboxd::message::Delivery;
 use outboxd::store::InboxTx;
 use rdkafka::mocking::MockCluster;
 
-use super::kafka::{Outbox, bootstrap, create_topic, produce, props, unique};
+use crate::support::eventually;
+use crate::support::kafka::{Outbox, bootstrap, create_topic, produce, props, unique};
 
 /// Fetches (without committing) until the source holds `want` messages.
 async fn fetch_until(source: &mut KafkaConsumer, want: usize) -> Vec<Delivery> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let got = source.fetch(1000).await.expect("fetch");
-        if got.len() >= want || Instant::now() > deadline {
-            return got;
-        }
-    }
+    eventually(
+        Duration::from_secs(30),
+        format!("{want} messages fetched"),
+        async || {
+            let got = source.fetch(1000).await.expect("fetch");
+            if got.len() >= want {
+                Ok(got)
+            } else {
+                Err(got.len())
+            }
+        },
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -121,12 +128,17 @@ async fn kafka_consumer_redelivers_after_a_handler_failure() {
             ..ConsumerConfig::default()
         },
     );
-    let deadline = Instant::now() + Duration::from_secs(30);
     let mut failures = 0;
-    while handler.handled.lock().expect("lock").len() < 9 && Instant::now() < deadline {
-        let (_, failed) = consumer.step().await.expect("step");
+    eventually(Duration::from_secs(30), "9 messages handled", async || {
+        let handled = handler.handled.lock().expect("lock").len();
+        if handled >= 9 {
+            return Ok(());
+        }
+        let failed = consumer.step().await.expect("step").failed();
         failures += usize::from(failed);
-    }
+        Err(format!("{handled} handled"))
+    })
+    .await;
     let handled = handler.handled.lock().expect("lock").clone();
     assert!(handler.broken.load(Ordering::SeqCst));
     assert!(failures >= 1);
@@ -169,14 +181,18 @@ async fn mock_consumer_pauses_a_full_partition_and_resumes_after_commits() {
         assert_eq!(again, first, "a paused partition only re-serves its buffer");
     }
     let mut seen = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while seen.len() < 30 && Instant::now() < deadline {
+    eventually(Duration::from_secs(30), "30 offsets read", async || {
+        if seen.len() >= 30 {
+            return Ok(());
+        }
         let batch = source.fetch(100).await.expect("fetch");
         if let Some(last) = batch.last() {
             source.commit(last).await.expect("commit");
         }
         seen.extend(batch.into_iter().map(|d| d.offset));
-    }
+        Err(seen.len())
+    })
+    .await;
     assert_eq!(
         seen,
         (0..30).collect::<Vec<i64>>(),
@@ -196,22 +212,30 @@ async fn read_in_full_fetches(
     let limit = cfg.partition_limit;
     let mut source = KafkaConsumer::new(&props(bootstrap), cfg).expect("consumer");
     let mut seen: BTreeMap<i32, Vec<i64>> = BTreeMap::new();
-    let deadline = Instant::now() + Duration::from_secs(60);
     let mut got = 0;
-    while got < want && Instant::now() < deadline {
-        let batch = source.fetch(limit).await.expect("fetch");
-        let mut ends: BTreeMap<i32, &Delivery> = BTreeMap::new();
-        for d in &batch {
-            ends.insert(d.partition, d);
-        }
-        for d in ends.values() {
-            source.commit(d).await.expect("commit");
-        }
-        got += batch.len();
-        for d in &batch {
-            seen.entry(d.partition).or_default().push(d.offset);
-        }
-    }
+    eventually(
+        Duration::from_secs(60),
+        format!("{want} messages read"),
+        async || {
+            if got >= want {
+                return Ok(());
+            }
+            let batch = source.fetch(limit).await.expect("fetch");
+            let mut ends: BTreeMap<i32, &Delivery> = BTreeMap::new();
+            for d in &batch {
+                ends.insert(d.partition, d);
+            }
+            for d in ends.values() {
+                source.commit(d).await.expect("commit");
+            }
+            got += batch.len();
+            for d in &batch {
+                seen.entry(d.partition).or_default().push(d.offset);
+            }
+            Err(got)
+        },
+    )
+    .await;
     (seen, source.pauses())
 }
 
@@ -281,14 +305,20 @@ async fn kafka_consumer_hands_revoked_partitions_over_uncommitted() {
 
     // A second member joins; both poll until the group has split the topic.
     let mut b = KafkaConsumer::new(&props(&bootstrap), cfg).expect("consumer b");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let (held_a, held_b) = loop {
-        let got_a = a.fetch(1000).await.expect("fetch a");
-        let got_b = b.fetch(1000).await.expect("fetch b");
-        if (!got_b.is_empty() && got_a.len() + got_b.len() == 12) || Instant::now() > deadline {
-            break (got_a, got_b);
-        }
-    };
+    let (held_a, held_b) = eventually(
+        Duration::from_secs(60),
+        "the group split the topic between both members",
+        async || {
+            let got_a = a.fetch(1000).await.expect("fetch a");
+            let got_b = b.fetch(1000).await.expect("fetch b");
+            if !got_b.is_empty() && got_a.len() + got_b.len() == 12 {
+                Ok((got_a, got_b))
+            } else {
+                Err(format!("a holds {}, b {}", got_a.len(), got_b.len()))
+            }
+        },
+    )
+    .await;
     assert!(!held_b.is_empty(), "the new member got partitions");
     let parts = |v: &[Delivery]| v.iter().map(|d| d.partition).collect::<HashSet<_>>();
     assert!(

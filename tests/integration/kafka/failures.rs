@@ -5,7 +5,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use outboxd::broker::kafka::KafkaPublisher;
 use outboxd::relay::{Relay, StepOutcome};
@@ -14,10 +14,11 @@ use rdkafka::mocking::MockCluster;
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use sqlx::Row;
 
-use super::kafka::{
+use crate::support::eventually;
+use crate::support::kafka::{
     Outbox, attempts_of_all, create_topic, drain, mock_publisher, mock_rig, props, read_all, unique,
 };
-use crate::private_kafka::{Tansu, TansuOptions};
+use crate::support::private_kafka::{Tansu, TansuOptions, free_port};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn mock_permanent_produce_error_kills_the_event() {
@@ -97,8 +98,10 @@ async fn publish_all<P: outboxd::broker::Publisher>(
     relay: &Relay<SqliteStore, P>,
     within: Duration,
 ) {
-    let deadline = Instant::now() + within;
-    while outbox.count("published_at IS NULL").await > 0 {
+    eventually(within, "every row published", async || {
+        if outbox.count("published_at IS NULL").await == 0 {
+            return Ok(());
+        }
         let errors: Vec<String> = sqlx::query(
             "SELECT last_error FROM outbox WHERE last_error IS NOT NULL AND published_at IS NULL",
         )
@@ -108,10 +111,6 @@ async fn publish_all<P: outboxd::broker::Publisher>(
         .iter()
         .map(|r| r.get(0))
         .collect();
-        assert!(
-            Instant::now() < deadline,
-            "still unpublished; last errors: {errors:?}"
-        );
         outbox.clock.advance(600);
         relay.step().await.expect("step");
         let dead: Vec<String> =
@@ -123,15 +122,14 @@ async fn publish_all<P: outboxd::broker::Publisher>(
                 .map(|r| r.get(0))
                 .collect();
         assert!(dead.is_empty(), "no event may die: {dead:?}");
-    }
+        Err(format!("still unpublished; last errors: {errors:?}"))
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kafka_broker_restart_keeps_rows_until_published() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port();
+    let port = free_port();
     let bootstrap = format!("127.0.0.1:{port}");
     let topic = unique("restart");
     let broker = Tansu::start(TansuOptions::on(port)).await;

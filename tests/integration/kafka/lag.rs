@@ -2,14 +2,15 @@
 //! message before the group's first commit, then what lies past its
 //! commits, read without joining the group.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use outboxd::broker::MessageSource;
 use outboxd::broker::kafka::{GroupLag, KafkaConsumer, KafkaConsumerConfig};
 
 use rdkafka::mocking::MockCluster;
 
-use super::kafka::{produce, props, unique};
+use crate::support::eventually;
+use crate::support::kafka::{produce, props, unique};
 
 async fn lag_of(reader: &std::sync::Arc<GroupLag>) -> i64 {
     let reader = reader.clone();
@@ -17,6 +18,12 @@ async fn lag_of(reader: &std::sync::Arc<GroupLag>) -> i64 {
         .await
         .expect("lag task")
         .expect("lag")
+}
+
+/// `Ok(want)` once the group's lag is `want`, else `Err(lag)`.
+async fn lag_at(reader: &std::sync::Arc<GroupLag>, want: i64) -> Result<i64, i64> {
+    let lag = lag_of(reader).await;
+    if lag == want { Ok(lag) } else { Err(lag) }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -33,12 +40,10 @@ async fn a_groups_lag_is_what_lies_past_its_commits() {
     let reader = std::sync::Arc::new(
         GroupLag::new(&props(&bootstrap), group.clone(), vec![topic.clone()]).expect("reader"),
     );
-    let start = Instant::now();
-    let mut lag = lag_of(&reader).await;
-    while lag != 16 && start.elapsed() < Duration::from_secs(10) {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        lag = lag_of(&reader).await;
-    }
+    let lag = eventually(Duration::from_secs(10), "a lag of 16", async || {
+        lag_at(&reader, 16).await
+    })
+    .await;
     assert_eq!(lag, 16, "nothing committed yet");
 
     let mut source = KafkaConsumer::new(
@@ -46,11 +51,15 @@ async fn a_groups_lag_is_what_lies_past_its_commits() {
         KafkaConsumerConfig::new(group, vec![topic]),
     )
     .expect("consumer");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut got = Vec::new();
-    while got.len() < 16 && Instant::now() < deadline {
-        got = source.fetch(1000).await.expect("fetch");
-    }
+    let got = eventually(Duration::from_secs(30), "16 messages fetched", async || {
+        let got = source.fetch(1000).await.expect("fetch");
+        if got.len() >= 16 {
+            Ok(got)
+        } else {
+            Err(got.len())
+        }
+    })
+    .await;
     assert_eq!(got.len(), 16);
     // Commit everything but the last message of one partition.
     let mut last: std::collections::BTreeMap<i32, _> = Default::default();
@@ -72,11 +81,9 @@ async fn a_groups_lag_is_what_lies_past_its_commits() {
             source.commit(&m).await.expect("commit");
         }
     }
-    let start = Instant::now();
-    let mut lag = lag_of(&reader).await;
-    while lag != 1 && start.elapsed() < Duration::from_secs(15) {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        lag = lag_of(&reader).await;
-    }
+    let lag = eventually(Duration::from_secs(15), "a lag of 1", async || {
+        lag_at(&reader, 1).await
+    })
+    .await;
     assert_eq!(lag, 1, "one message past the commits");
 }

@@ -21,9 +21,9 @@ use rdkafka::mocking::MockCluster;
 use serde_json::json;
 use tokio::process::Child;
 
-use super::kafka::{bootstrap, create_topic, produce, props, unique};
-use super::process::outboxd_with_billing;
-use crate::support::TestDb;
+use crate::support::kafka::{bootstrap, create_topic, produce, props, unique};
+use crate::support::process::outboxd_with_billing;
+use crate::support::{TestDb, eventually};
 
 /// The group's session timeout in these tests: how long a killed member's
 /// partitions wait before the coordinator moves them.
@@ -102,26 +102,32 @@ async fn orders(t: &TestDb, topic: &str, first: usize, n: usize) {
 /// at once rather than after the relay's backoff.
 async fn publish_all(t: &TestDb, publisher: &Arc<KafkaPublisher>) {
     let relay = t.relay(publisher.clone());
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        match relay.step().await.expect("relay step") {
-            StepOutcome::Published(r) => assert_eq!(r.dead, 0, "{r:?}"),
-            StepOutcome::Idle => {
-                let left = t
-                    .count("SELECT count(*) FROM outbox WHERE published_at IS NULL")
-                    .await;
-                if left == 0 {
-                    return;
+    eventually(
+        Duration::from_secs(60),
+        "every event published",
+        async || {
+            match relay.step().await.expect("relay step") {
+                StepOutcome::Published(r) => {
+                    assert_eq!(r.dead, 0, "{r:?}");
+                    Err("publishing".to_string())
                 }
-                assert!(
-                    Instant::now() < deadline,
-                    "{left} events still unpublished after 60 s"
-                );
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                t.make_all_due().await;
+                StepOutcome::Idle => {
+                    let left = t
+                        .count("SELECT count(*) FROM outbox WHERE published_at IS NULL")
+                        .await;
+                    if left == 0 {
+                        return Ok(());
+                    }
+                    // What the broker refused is retried at this pace, not
+                    // after the relay's backoff.
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    t.make_all_due().await;
+                    Err(format!("{left} events still unpublished"))
+                }
             }
-        }
-    }
+        },
+    )
+    .await
 }
 
 /// Two members of one group; during `KILL_PHASE` one of them is SIGKILLed
@@ -402,7 +408,7 @@ async fn mock_member_rejoins_when_a_partition_with_lag_makes_no_progress() {
     );
 
     let started = Instant::now();
-    let recovered = loop {
+    let recovered = eventually(Duration::from_secs(40), "no recovery", async || {
         // Everything this member gets, it handles and commits at once.
         let batch = member.fetch(100).await.expect("fetch");
         let mut last = std::collections::BTreeMap::new();
@@ -413,14 +419,12 @@ async fn mock_member_rejoins_when_a_partition_with_lag_makes_no_progress() {
             member.commit(d).await.expect("commit");
         }
         if metrics.consumer("g").recoveries.get("stalled") > 0 {
-            break started.elapsed();
+            Ok(started.elapsed())
+        } else {
+            Err(format!("/metrics says:\n{}", metrics.render(None)))
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(40),
-            "no recovery within 40 s; /metrics says:\n{}",
-            metrics.render(None)
-        );
-    };
+    })
+    .await;
     stop.store(true, Ordering::SeqCst);
     poller.await.expect("poller");
     assert!(

@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use outboxd::broker::kafka::{KafkaConsumer, KafkaConsumerConfig};
 use outboxd::broker::{ConsumeError, MessageSource};
@@ -18,9 +18,8 @@ use outboxd::consumer::{Consumer, ConsumerConfig};
 use rdkafka::mocking::MockCluster;
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 
-use crate::kafka::{bootstrap, create_topic, produce, props, unique};
-use crate::kafka_secure::Accept;
-use crate::support::TestDb;
+use crate::support::kafka::{Accept, bootstrap, create_topic, produce, props, unique};
+use crate::support::{TestDb, eventually};
 
 fn member(bootstrap: &str, group: &str, topic: &str, instance: Option<&str>) -> KafkaConsumer {
     let mut cfg = KafkaConsumerConfig::new(group, vec![topic.to_string()]);
@@ -41,11 +40,12 @@ async fn drive(
     what: &str,
     done: impl Fn(&[&mut KafkaConsumer], &BTreeMap<(i32, i64), usize>) -> bool,
 ) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !done(members, handled) {
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}; assignments {:?}, {} handled",
+    eventually(Duration::from_secs(60), what, async || {
+        if done(members, handled) {
+            return Ok(());
+        }
+        let seen = format!(
+            "assignments {:?}, {} handled",
             members.iter().map(|m| m.assignment()).collect::<Vec<_>>(),
             handled.len()
         );
@@ -63,7 +63,9 @@ async fn drive(
                 let _ = m.commit(d).await;
             }
         }
-    }
+        Err(seen)
+    })
+    .await
 }
 
 fn sizes(members: &[&mut KafkaConsumer]) -> Vec<usize> {
@@ -166,11 +168,14 @@ async fn a_fenced_static_member_stops_and_names_its_instance_id() {
     mock.create_topic("orders", 2, 1).expect("topic");
     let bootstrap = mock.bootstrap_servers();
     let mut fenced = member(&bootstrap, "billing", "orders", Some("billing-7"));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while fenced.assignment().is_empty() {
-        assert!(Instant::now() < deadline, "no assignment");
+    eventually(Duration::from_secs(30), "no assignment", async || {
+        if !fenced.assignment().is_empty() {
+            return true;
+        }
         fenced.fetch(10).await.expect("fetch");
-    }
+        false
+    })
+    .await;
     // The coordinator's answer when another process joined with the same
     // group.instance.id.
     mock.request_errors(

@@ -11,7 +11,7 @@ use outboxd::broker::kafka::KafkaPublisher;
 use outboxd::fault::{FaultAction, FaultPoint, Faults};
 use outboxd::relay::RelayError;
 
-use super::kafka::{Outbox, bootstrap, create_topic, drain, props, read_all, unique};
+use crate::support::kafka::{Outbox, bootstrap, create_topic, drain, props, read_all, unique};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kafka_relay_sets_key_headers_and_keeps_aggregate_order() {

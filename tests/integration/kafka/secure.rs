@@ -11,99 +11,17 @@
 use std::time::{Duration, Instant};
 
 use outboxd::config::Config;
-use outboxd::consumer::Handler;
-use outboxd::consumer::HandlerError;
 use outboxd::daemon::Daemon;
-use outboxd::event::NewEvent;
 use outboxd::fault::Faults;
-use outboxd::message::Delivery;
-use outboxd::store::InboxTx;
-use serde_json::json;
 
-use crate::kafka::unique;
-use crate::private_kafka::{Tansu, TansuOptions, TestCa, TlsProxy, free_port};
 use crate::support::TestDb;
+use crate::support::kafka::{flows_end_to_end, pipeline_toml, unique};
+use crate::support::private_kafka::{Tansu, TansuOptions, TlsProxy, free_port};
+use crate::support::process::outboxd;
+use crate::support::tls::TestCa;
 
 const USER: &str = "relay";
 const PASSWORD: &str = "s3cr3t-kafka-pw";
-
-/// Handles every message (the inbox records it).
-pub(crate) struct Accept;
-
-impl Handler for Accept {
-    async fn handle(&self, _tx: &mut InboxTx, _d: &Delivery) -> Result<(), HandlerError> {
-        Ok(())
-    }
-}
-
-/// A config over the cluster `kafka` (TOML lines of `[transport.kafka]`)
-/// that creates its topic: one route and one consumer, `ledger`.
-pub(crate) fn pipeline_toml(url: &str, topic: &str, kafka: &str) -> String {
-    format!(
-        r#"
-[database]
-url = "{url}"
-[relay]
-poll_interval = "50ms"
-[transport]
-kind = "kafka"
-[transport.kafka]
-{kafka}
-[transport.topics]
-create = true
-partitions = 2
-replication = 1
-[[routes]]
-event_type = "*"
-topic = "{topic}"
-[[consumers]]
-name = "ledger"
-topics = ["{topic}"]
-handler = "builtin:accept"
-"#
-    )
-}
-
-/// Runs `config`'s relay and consumer until `events` events are published
-/// and handled once each.
-pub(crate) async fn flows_end_to_end(t: &TestDb, config: &Config, events: usize) {
-    for i in 0..events {
-        t.enqueue(NewEvent::new(
-            format!("order-{}", i % 5),
-            "order.confirmed",
-            json!({ "n": i }),
-        ))
-        .await;
-    }
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let (set, _handles) = Daemon::builder()
-        .handler("accept", Accept)
-        .build()
-        .spawn_pipeline(config, &t.db, Faults::none(), stop_rx)
-        .await
-        .expect("the pipeline starts");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let published = t
-            .count("SELECT count(*) FROM outbox WHERE published_at IS NOT NULL")
-            .await;
-        let handled = t
-            .count("SELECT count(*) FROM inbox WHERE consumer = 'ledger'")
-            .await;
-        if published == events as i64 && handled == events as i64 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "published {published}, handled {handled} of {events}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    stop_tx.send(true).expect("stop");
-    outboxd::daemon::join_all_workers(set)
-        .await
-        .expect("clean stop");
-}
 
 /// A private tansu demanding SASL, with `USER` for both SCRAM mechanisms.
 /// Users are made while the broker runs without `--authentication` (an
@@ -285,7 +203,7 @@ topic = "orders"
     let started = Instant::now();
     let out = tokio::time::timeout(
         Duration::from_secs(60),
-        crate::process::outboxd(&t)
+        outboxd(&t)
             .args(["run", "--config"])
             .arg(&file)
             .env("TEST_KAFKA_PASSWORD", wrong)

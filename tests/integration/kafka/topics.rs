@@ -20,9 +20,10 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::mocking::MockCluster;
 
-use crate::kafka::{bootstrap, create_topic, props, unique};
-use crate::kafka_secure::{flows_end_to_end, pipeline_toml};
 use crate::support::TestDb;
+use crate::support::kafka::{
+    bootstrap, create_topic, flows_end_to_end, pipeline_toml, props, unique,
+};
 
 /// The partition count of `topic` on the cluster (0: no such topic).
 fn partitions_of(bootstrap: &str, topic: &str) -> usize {

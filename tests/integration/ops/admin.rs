@@ -7,110 +7,21 @@ use std::time::Duration;
 
 use outboxd::config::Config;
 use outboxd::daemon::Daemon;
-use outboxd::event::NewEvent;
-use outboxd::fault::Faults;
-use outboxd::store::{Db, enqueue};
-use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::on_both;
-use crate::support::{ScriptedPublisher, TestDb};
-
-pub(crate) const TOKEN: &str = "test-token-0123456789";
-
-/// A minimal HTTP/1.1 client: enough for these tests without another crate.
-pub async fn http(
-    addr: std::net::SocketAddr,
-    method: &str,
-    path: &str,
-    token: Option<&str>,
-    body: Option<&str>,
-) -> (u16, String) {
-    let mut stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .expect("connect to the admin API");
-    let auth = token
-        .map(|t| format!("Authorization: Bearer {t}\r\n"))
-        .unwrap_or_default();
-    let body = body.unwrap_or("");
-    let ctype = if body.is_empty() {
-        String::new()
-    } else {
-        "Content-Type: application/json\r\n".to_string()
-    };
-    let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{auth}{ctype}Content-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(req.as_bytes()).await.expect("write");
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).await.expect("read");
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let status = text
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("status line");
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    // Chunked bodies carry size lines; tests only look for substrings or parse
-    // JSON, so strip a leading size line if present.
-    let body = match body.split_once("\r\n") {
-        Some((size, rest))
-            if usize::from_str_radix(size.trim(), 16).is_ok() && !size.is_empty() =>
-        {
-            rest.rsplit_once("\r\n0\r\n")
-                .map(|(b, _)| b.to_string())
-                .unwrap_or(rest.to_string())
-        }
-        _ => body,
-    };
-    (status, body)
-}
-
-pub fn admin_config(url: &str) -> Config {
-    let mut c = Config::from_toml("(test)", "", std::iter::empty()).expect("defaults");
-    c.database.url = url.to_string();
-    c.admin.enabled = true;
-    c.admin.listen = "127.0.0.1:0".into();
-    c.admin.token = Some(TOKEN.into());
-    c.admin.sample_seconds = 1;
-    c.relay.poll_interval = std::time::Duration::from_millis(20);
-    c
-}
-
-pub(crate) async fn put(db: &Db, agg: &str) {
-    let ev = NewEvent::new(agg, "order.confirmed", json!({"n": 1}));
-    match db {
-        Db::Postgres(p) => {
-            let mut tx = p.begin().await.expect("begin");
-            enqueue(&mut tx, ev).await.expect("enqueue");
-            tx.commit().await.expect("commit");
-        }
-        Db::Sqlite(p) => {
-            let mut tx = p.begin().await.expect("begin");
-            enqueue(&mut tx, ev).await.expect("enqueue");
-            tx.commit().await.expect("commit");
-        }
-    }
-}
+use crate::support::admin::{TOKEN, admin_config, http, put_confirmed};
+use crate::support::pipeline::Pipeline;
+use crate::support::{ScriptedPublisher, TestDb, on_both};
 
 async fn admin_api_probes_auth_metrics_and_dead_letters(t: TestDb) {
     // Two events die through a permanent broker error before the daemon starts.
-    put(&t.db, "a1").await;
-    put(&t.db, "a2").await;
+    put_confirmed(&t.db, "a1").await;
+    put_confirmed(&t.db, "a2").await;
     let broker = ScriptedPublisher::failing();
     broker.permanent.store(true, Ordering::SeqCst);
     t.relay(broker.clone()).step().await.expect("step");
 
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let (set, handles) = Daemon::default()
-        .spawn_pipeline(&admin_config(&t.url), &t.db, Faults::none(), stop_rx)
-        .await
-        .expect("pipeline");
-    let addr = handles.admin_addr.expect("admin enabled");
+    let pipeline = Pipeline::start(Daemon::default(), &admin_config(&t.url), &t.db).await;
+    let addr = pipeline.addr();
 
     assert_eq!(http(addr, "GET", "/healthz", None, None).await.0, 200);
     assert_eq!(http(addr, "GET", "/readyz", None, None).await.0, 200);
@@ -190,17 +101,12 @@ async fn admin_api_probes_auth_metrics_and_dead_letters(t: TestDb) {
         (200, true),
         "{body}"
     );
-    for _ in 0..500 {
-        if t.count(&format!(
-            "SELECT count(*) FROM outbox WHERE seq = {s1} AND published_at IS NOT NULL"
-        ))
-        .await
-            == 1
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    t.wait_count(
+        Duration::from_secs(10),
+        &format!("SELECT count(*) FROM outbox WHERE seq = {s1} AND published_at IS NOT NULL"),
+        1,
+    )
+    .await;
     assert_eq!(
         t.count(&format!(
             "SELECT count(*) FROM outbox WHERE seq = {s1} AND published_at IS NOT NULL"
@@ -260,22 +166,15 @@ async fn admin_api_probes_auth_metrics_and_dead_letters(t: TestDb) {
         );
     }
 
-    stop_tx.send(true).expect("stop");
-    outboxd::daemon::join_all_workers(set)
-        .await
-        .expect("clean stop");
+    pipeline.stop().await;
 }
 on_both!(admin_api_probes_auth_metrics_and_dead_letters);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_reports_an_unreachable_database() {
     let t = TestDb::postgres().await;
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let (set, handles) = Daemon::default()
-        .spawn_pipeline(&admin_config(&t.url), &t.db, Faults::none(), stop_rx)
-        .await
-        .expect("pipeline");
-    let addr = handles.admin_addr.expect("admin");
+    let pipeline = Pipeline::start(Daemon::default(), &admin_config(&t.url), &t.db).await;
+    let addr = pipeline.addr();
     assert_eq!(http(addr, "GET", "/readyz", None, None).await.0, 200);
     t.db.close().await;
     let (status, body) = http(addr, "GET", "/readyz", None, None).await;
@@ -289,8 +188,8 @@ async fn readyz_reports_an_unreachable_database() {
         stats["readiness"]["checks"]["database"]["ok"], false,
         "{stats}"
     );
-    stop_tx.send(true).expect("stop");
-    let _ = outboxd::daemon::join_all_workers(set).await;
+    pipeline.stop_tx.send(true).expect("stop");
+    let _ = outboxd::daemon::join_all_workers(pipeline.set).await;
 }
 
 #[test]

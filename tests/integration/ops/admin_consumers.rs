@@ -3,14 +3,14 @@
 //! backlog past its cursors, on both databases.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use outboxd::broker::embedded::EmbeddedPublisher;
+use outboxd::config::Config;
 use outboxd::consumer::Handler;
 use outboxd::consumer::HandlerError;
 use outboxd::daemon::Daemon;
 use outboxd::event::NewEvent;
-use outboxd::fault::Faults;
 use outboxd::message::Delivery;
 use outboxd::relay::Relay;
 use outboxd::relay::RelayConfig;
@@ -21,9 +21,10 @@ use outboxd::store::InboxTx;
 use outboxd::store::transport::backlog::embedded_backlog;
 use serde_json::{Value, json};
 
-use crate::admin::{TOKEN, admin_config, http};
-use crate::on_both;
-use crate::support::TestDb;
+use crate::support::admin::{TOKEN, admin_config, http};
+use crate::support::kafka::props;
+use crate::support::pipeline::Pipeline;
+use crate::support::{TestDb, eventually, on_both};
 
 /// Handles every message but those of key `bad`, which fail for good.
 struct RefusesBad;
@@ -46,34 +47,41 @@ async fn billing(addr: std::net::SocketAddr) -> Value {
         .unwrap_or_else(|| panic!("no billing in {body}"))
 }
 
-async fn the_consumers_api_reports_counters_dead_letters_parking_and_backlog(t: TestDb) {
+/// Enqueues `a`, `bad` twice and `b`, runs `config`'s pipeline with the
+/// consumer `billing` (`builtin:refuses-bad`) of `orders`, and returns
+/// billing's row once (within `within`) it has processed two, parked the
+/// bad key's second message and has nothing left behind its cursors.
+async fn run_until_settled(t: &TestDb, mut config: Config, within: Duration) -> (Value, Pipeline) {
     for (key, n) in [("a", 1), ("bad", 1), ("bad", 2), ("b", 1)] {
         t.enqueue(NewEvent::new(key, "order.confirmed", json!({ "n": n })))
             .await;
     }
-    let mut config = admin_config(&t.url);
     config.routes = vec![Route::new("order.*", "orders")];
     config.consumers = vec![outboxd::config::ConsumerSection::new(
         "billing",
         vec!["orders".into()],
         "builtin:refuses-bad",
     )];
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let (set, handles) = Daemon::builder()
-        .handler("refuses-bad", RefusesBad)
-        .build()
-        .spawn_pipeline(&config, &t.db, Faults::none(), stop_rx)
-        .await
-        .expect("pipeline");
-    let addr = handles.admin_addr.expect("admin");
-    let start = Instant::now();
-    let mut row = billing(addr).await;
-    // The cursor moves just after the commit the counters report.
-    while row["processed_total"] != 2 || row["parked_messages"] != 1 || row["lag"] != 0 {
-        assert!(start.elapsed() < Duration::from_secs(30), "{row}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        row = billing(addr).await;
-    }
+    let daemon = Daemon::builder().handler("refuses-bad", RefusesBad).build();
+    let running = Pipeline::start(daemon, &config, &t.db).await;
+    let addr = running.addr();
+    let row = eventually(within, "billing's row settled", async || {
+        let row = billing(addr).await;
+        // The cursor moves just after the commit the counters report.
+        if row["processed_total"] == 2 && row["parked_messages"] == 1 && row["lag"] == 0 {
+            Ok(row)
+        } else {
+            Err(row)
+        }
+    })
+    .await;
+    (row, running)
+}
+
+async fn the_consumers_api_reports_counters_dead_letters_parking_and_backlog(t: TestDb) {
+    let config = admin_config(&t.url);
+    let partitions = config.transport.partitions;
+    let (row, running) = run_until_settled(&t, config, Duration::from_secs(30)).await;
     assert_eq!(row["in_this_process"], true);
     assert_eq!(row["dead_letters"], 1, "{row}");
     assert_eq!(row["parked_keys"], 1, "{row}");
@@ -83,10 +91,7 @@ async fn the_consumers_api_reports_counters_dead_letters_parking_and_backlog(t: 
         row["oldest_unhandled_age_seconds"].as_f64().expect("age") < 60.0,
         "{row}"
     );
-    stop_tx.send(true).expect("stop");
-    outboxd::daemon::join_all_workers(set)
-        .await
-        .expect("clean stop");
+    running.stop().await;
 
     // Published while no consumer runs: the backlog past billing's cursors.
     for key in ["c", "d", "e"] {
@@ -95,11 +100,8 @@ async fn the_consumers_api_reports_counters_dead_letters_parking_and_backlog(t: 
     }
     let relay = Relay::new(
         t.store(),
-        Arc::new(EmbeddedPublisher::new(
-            t.db.clone(),
-            config.transport.partitions,
-        )),
-        Router::new(config.routes.clone()),
+        Arc::new(EmbeddedPublisher::new(t.db.clone(), partitions)),
+        Router::new(vec![Route::new("order.*", "orders")]),
         RelayConfig::default(),
         Arc::new(outboxd::clock::SystemClock),
     );
@@ -126,38 +128,11 @@ async fn on_kafka_the_consumers_api_reads_the_groups_lag_from_the_broker() {
     let t = TestDb::sqlite().await;
     let mock = rdkafka::mocking::MockCluster::new(1).expect("mock cluster");
     mock.create_topic("orders", 2, 1).expect("topic");
-    for (key, n) in [("a", 1), ("bad", 1), ("bad", 2), ("b", 1)] {
-        t.enqueue(NewEvent::new(key, "order.confirmed", json!({ "n": n })))
-            .await;
-    }
     let mut config = admin_config(&t.url);
     config.transport.kind = outboxd::config::TransportKind::Kafka;
-    config.transport.kafka = crate::kafka::props(&mock.bootstrap_servers());
-    config.routes = vec![Route::new("order.*", "orders")];
-    config.consumers = vec![outboxd::config::ConsumerSection::new(
-        "billing",
-        vec!["orders".into()],
-        "builtin:refuses-bad",
-    )];
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let (set, handles) = Daemon::builder()
-        .handler("refuses-bad", RefusesBad)
-        .build()
-        .spawn_pipeline(&config, &t.db, Faults::none(), stop_rx)
-        .await
-        .expect("pipeline");
-    let addr = handles.admin_addr.expect("admin");
-    let start = Instant::now();
-    let mut row = billing(addr).await;
-    while row["processed_total"] != 2 || row["parked_messages"] != 1 || row["lag"] != 0 {
-        assert!(start.elapsed() < Duration::from_secs(60), "{row}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        row = billing(addr).await;
-    }
+    config.transport.kafka = props(&mock.bootstrap_servers());
+    let (row, running) = run_until_settled(&t, config, Duration::from_secs(60)).await;
     assert_eq!(row["lag_error"], Value::Null, "{row}");
     assert_eq!(row["dead_letters"], 1, "{row}");
-    stop_tx.send(true).expect("stop");
-    outboxd::daemon::join_all_workers(set)
-        .await
-        .expect("clean stop");
+    running.stop().await;
 }

@@ -5,11 +5,11 @@
 use std::time::Duration;
 
 use outboxd::daemon::Daemon;
-use outboxd::fault::Faults;
 
-use super::admin::{TOKEN, admin_config, http, put};
-use crate::on_both;
-use crate::support::TestDb;
+use crate::support::admin::{TOKEN, admin_config, http, put_confirmed};
+use crate::support::pipeline::Pipeline;
+use crate::support::plugins::plugin_path;
+use crate::support::{TestDb, eventually, on_both};
 
 /// Retention and reconciliation run on their schedules inside the daemon,
 /// and report through the metrics.
@@ -22,7 +22,7 @@ async fn scheduled_retention_and_reconciliation_run_inside_the_daemon(t: TestDb)
         .expect("order");
     t.exec("UPDATE orders SET status = 'confirmed' WHERE id = 'o1'")
         .await;
-    put(&t.db, "old").await;
+    put_confirmed(&t.db, "old").await;
     let long_ago = if t.is_postgres() {
         "now() - interval '30 days'"
     } else {
@@ -41,22 +41,23 @@ async fn scheduled_retention_and_reconciliation_run_inside_the_daemon(t: TestDb)
             .into(),
         enqueue_missing: false,
     }];
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let (set, handles) = Daemon::default()
-        .spawn_pipeline(&config, &t.db, Faults::none(), stop_rx)
-        .await
-        .expect("pipeline");
-    let addr = handles.admin_addr.expect("admin");
-    let mut metrics = String::new();
-    for _ in 0..100 {
-        metrics = http(addr, "GET", "/metrics", Some(TOKEN), None).await.1;
-        if metrics.contains("outboxd_reconcile_missing{rule=\"confirmed-orders\"} 1")
-            && metrics.contains("outboxd_retention_deleted_total{table=\"outbox\"} 1")
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let pipeline = Pipeline::start(Daemon::default(), &config, &t.db).await;
+    let addr = pipeline.addr();
+    let metrics = eventually(
+        Duration::from_secs(10),
+        "retention and reconciliation in /metrics",
+        async || {
+            let metrics = http(addr, "GET", "/metrics", Some(TOKEN), None).await.1;
+            if metrics.contains("outboxd_reconcile_missing{rule=\"confirmed-orders\"} 1")
+                && metrics.contains("outboxd_retention_deleted_total{table=\"outbox\"} 1")
+            {
+                Ok(metrics)
+            } else {
+                Err(metrics)
+            }
+        },
+    )
+    .await;
     assert!(
         metrics.contains("outboxd_reconcile_missing{rule=\"confirmed-orders\"} 1"),
         "{metrics}"
@@ -66,10 +67,7 @@ async fn scheduled_retention_and_reconciliation_run_inside_the_daemon(t: TestDb)
         "{metrics}"
     );
     assert_eq!(t.count("SELECT count(*) FROM outbox").await, 0);
-    stop_tx.send(true).expect("stop");
-    outboxd::daemon::join_all_workers(set)
-        .await
-        .expect("clean stop");
+    pipeline.stop().await;
 }
 on_both!(scheduled_retention_and_reconciliation_run_inside_the_daemon);
 
@@ -78,30 +76,23 @@ on_both!(scheduled_retention_and_reconciliation_run_inside_the_daemon);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plugin_metrics_and_list_are_served() {
     let t = TestDb::sqlite().await;
-    put(&t.db, "o1").await;
+    put_confirmed(&t.db, "o1").await;
     let mut config = admin_config(&t.url);
     config.plugins = vec![outboxd::config::PluginSpec::new(
         "cloudevents",
-        crate::plugins::plugin_path("cloudevents"),
+        plugin_path("cloudevents"),
     )];
     let mut route = outboxd::route::Route::new("order.*", "orders");
     route.transformers = vec!["cloudevents".into()];
     config.routes = vec![route];
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let (set, handles) = Daemon::default()
-        .spawn_pipeline(&config, &t.db, Faults::none(), stop_rx)
-        .await
-        .expect("pipeline");
-    let addr = handles.admin_addr.expect("admin");
-    for _ in 0..300 {
-        if t.count("SELECT count(*) FROM outbox WHERE published_at IS NOT NULL")
-            .await
-            == 1
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let pipeline = Pipeline::start(Daemon::default(), &config, &t.db).await;
+    let addr = pipeline.addr();
+    t.wait_count(
+        Duration::from_secs(15),
+        "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL",
+        1,
+    )
+    .await;
     let (_, list) = http(addr, "GET", "/api/plugins/loaded", Some(TOKEN), None).await;
     let list: Vec<serde_json::Value> = serde_json::from_str(&list).expect("json");
     assert_eq!(list.len(), 1);
@@ -125,8 +116,5 @@ async fn plugin_metrics_and_list_are_served() {
         .and_then(|v| v.parse().ok())
         .expect("memory gauge");
     assert!(high_water > 0, "the instance's memory is recorded");
-    stop_tx.send(true).expect("stop");
-    outboxd::daemon::join_all_workers(set)
-        .await
-        .expect("clean stop");
+    pipeline.stop().await;
 }

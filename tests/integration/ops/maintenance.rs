@@ -6,31 +6,17 @@ use std::sync::atomic::Ordering;
 use chrono::Utc;
 use outboxd::config::ReconcileRule;
 use outboxd::config::RetentionConfig;
-use outboxd::event::NewEvent;
 use outboxd::ops::dead::{self, DeadFilter, DiscardError};
 use outboxd::ops::reconcile::run_rule;
 use outboxd::ops::retention::cleanup;
 use outboxd::relay::StepOutcome;
-use outboxd::store::{Db, enqueue};
+use outboxd::store::Db;
 use serde_json::json;
 
-use crate::on_both;
-use crate::support::{ScriptedPublisher, TestDb};
+use crate::support::{ScriptedPublisher, TestDb, db, on_both};
 
 async fn put(db: &Db, agg: &str, ty: &str) {
-    let ev = NewEvent::new(agg, ty, json!({"email": "a@example.com"}));
-    match db {
-        Db::Postgres(p) => {
-            let mut tx = p.begin().await.expect("begin");
-            enqueue(&mut tx, ev).await.expect("enqueue");
-            tx.commit().await.expect("commit");
-        }
-        Db::Sqlite(p) => {
-            let mut tx = p.begin().await.expect("begin");
-            enqueue(&mut tx, ev).await.expect("enqueue");
-            tx.commit().await.expect("commit");
-        }
-    }
+    db::put(db, agg, ty, json!({"email": "a@example.com"})).await;
 }
 
 /// SQL for "N days ago" on either database.

@@ -11,38 +11,13 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use outboxd::config::Config;
-use outboxd::daemon::{Daemon, PipelineHandles};
-use outboxd::fault::Faults;
-use tokio::sync::watch;
-use tokio::task::JoinSet;
+use outboxd::daemon::Daemon;
 
-use super::admin::{TOKEN, admin_config, http};
-use crate::on_both;
-use crate::support::{TestDb, pg_admin_url};
+use crate::support::admin::{TOKEN, admin_config, http};
+use crate::support::pipeline::Pipeline;
+use crate::support::{TestDb, on_both, pg_admin_url};
 
 const METRICS_TOKEN: &str = "scrape-token-9876543210";
-
-type Running = (
-    watch::Sender<bool>,
-    JoinSet<Result<(), String>>,
-    PipelineHandles,
-);
-
-async fn start(t: &TestDb, config: &Config) -> Running {
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let (set, handles) = Daemon::default()
-        .spawn_pipeline(config, &t.db, Faults::none(), stop_rx)
-        .await
-        .expect("pipeline");
-    (stop_tx, set, handles)
-}
-
-async fn stop((stop_tx, set, _): Running) {
-    stop_tx.send(true).expect("stop");
-    outboxd::daemon::join_all_workers(set)
-        .await
-        .expect("clean stop");
-}
 
 /// The admin API off, the metrics listener on (port 0).
 fn metrics_only_config(url: &str) -> Config {
@@ -70,14 +45,22 @@ async fn assert_probes_answer(addr: SocketAddr, which: &str) {
 /// probes answer without a token wherever they are served; the metrics
 /// listener serves `/metrics` without a token and nothing of the admin API.
 async fn probes_answer_without_a_token_with_the_admin_api_on_and_off(t: TestDb) {
-    let admin_only = start(&t, &admin_config(&t.url)).await;
-    assert_eq!(admin_only.2.metrics_addr, None, "no [metrics] listen");
-    assert_probes_answer(admin_only.2.admin_addr.expect("admin on"), "admin API").await;
-    stop(admin_only).await;
+    let admin_only = Pipeline::start(Daemon::default(), &admin_config(&t.url), &t.db).await;
+    assert_eq!(admin_only.handles.metrics_addr, None, "no [metrics] listen");
+    assert_probes_answer(
+        admin_only.handles.admin_addr.expect("admin on"),
+        "admin API",
+    )
+    .await;
+    admin_only.stop().await;
 
-    let metrics_only = start(&t, &metrics_only_config(&t.url)).await;
-    assert_eq!(metrics_only.2.admin_addr, None, "the admin API is off");
-    let addr = metrics_only.2.metrics_addr.expect("[metrics] listen");
+    let metrics_only =
+        Pipeline::start(Daemon::default(), &metrics_only_config(&t.url), &t.db).await;
+    assert_eq!(
+        metrics_only.handles.admin_addr, None,
+        "the admin API is off"
+    );
+    let addr = metrics_only.handles.metrics_addr.expect("[metrics] listen");
     assert_probes_answer(addr, "metrics listener").await;
     let (status, metrics) = http(addr, "GET", "/metrics", None, None).await;
     assert_eq!(
@@ -92,14 +75,14 @@ async fn probes_answer_without_a_token_with_the_admin_api_on_and_off(t: TestDb) 
             "the metrics listener serves no {path}"
         );
     }
-    stop(metrics_only).await;
+    metrics_only.stop().await;
 
     let mut config = admin_config(&t.url);
     config.metrics.listen = Some("127.0.0.1:0".into());
-    let both = start(&t, &config).await;
+    let both = Pipeline::start(Daemon::default(), &config, &t.db).await;
     let (admin, metrics) = (
-        both.2.admin_addr.expect("admin on"),
-        both.2.metrics_addr.expect("metrics on"),
+        both.handles.admin_addr.expect("admin on"),
+        both.handles.metrics_addr.expect("metrics on"),
     );
     assert_ne!(admin, metrics);
     assert_probes_answer(admin, "admin API").await;
@@ -110,7 +93,7 @@ async fn probes_answer_without_a_token_with_the_admin_api_on_and_off(t: TestDb) 
         401,
         "the admin listener's /metrics still needs a token"
     );
-    stop(both).await;
+    both.stop().await;
 }
 on_both!(probes_answer_without_a_token_with_the_admin_api_on_and_off);
 
@@ -165,7 +148,11 @@ async fn readyz_shows_no_error_text_when_the_database_is_down() {
         .to_string();
     let mut config = admin_config(&t.url);
     config.metrics.listen = Some("127.0.0.1:0".into());
-    let (stop_tx, set, handles) = start(&t, &config).await;
+    let Pipeline {
+        stop_tx,
+        set,
+        handles,
+    } = Pipeline::start(Daemon::default(), &config, &t.db).await;
     let admin = handles.admin_addr.expect("admin");
     let metrics = handles.metrics_addr.expect("metrics");
     assert_probes_answer(admin, "admin API").await;
@@ -323,8 +310,8 @@ async fn metrics_take_the_read_only_token_and_every_api_route_refuses_it() {
     let t = TestDb::sqlite().await;
     let mut config = admin_config(&t.url);
     config.admin.metrics_token = Some(METRICS_TOKEN.into());
-    let running = start(&t, &config).await;
-    let addr = running.2.admin_addr.expect("admin on");
+    let running = Pipeline::start(Daemon::default(), &config, &t.db).await;
+    let addr = running.handles.admin_addr.expect("admin on");
 
     for (token, want) in [
         (Some(METRICS_TOKEN), 200),
@@ -363,7 +350,7 @@ async fn metrics_take_the_read_only_token_and_every_api_route_refuses_it() {
             route.method
         );
     }
-    stop(running).await;
+    running.stop().await;
 }
 
 fn refusal(toml: &str, env: &[(&str, &str)]) -> (String, String) {

@@ -7,27 +7,25 @@
 use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use outboxd::event::NewEvent;
-use outboxd::plugin::chains::build_chains;
-use outboxd::relay::Relay;
 use outboxd::relay::RelayConfig;
 use outboxd::relay::StepOutcome;
 use outboxd::route::Route;
-use outboxd::route::Router;
-use outboxd::store::{Db, enqueue};
+use outboxd::store::Db;
 use prost::Message as _;
 use serde_json::json;
 
-use super::plugins::{engine, spec};
-use super::process::{outboxd, wait_until};
-use super::process_consumers::billing_plugin_consumer;
-use crate::on_both;
-use crate::support::{ScriptedPublisher, TestDb};
+use crate::support::db::enqueue_on;
+use crate::support::kafka::{bootstrap, create_topic, unique};
+use crate::support::plugins::{chained_relay, plugin_path, spec};
+use crate::support::process::{billing_plugin_consumer, outboxd, terminate};
+use crate::support::tls::TestCa;
+use crate::support::{ScriptedPublisher, TestDb, eventually, on_both};
 
 /// One span as received, with the `service.name` of the process that sent it.
 #[derive(Debug, Clone)]
@@ -133,22 +131,21 @@ impl Receiver {
 
     /// Waits until `want` holds of the spans received so far.
     async fn wait_for(&self, what: &str, want: impl Fn(&[Received]) -> bool) -> Vec<Received> {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
+        eventually(Duration::from_secs(60), what, async || {
             let spans = self.spans();
             if want(&spans) {
-                return spans;
+                Ok(spans)
+            } else {
+                Err(format!(
+                    "received: {:#?}",
+                    spans
+                        .iter()
+                        .map(|r| (&r.service, &r.span.name))
+                        .collect::<Vec<_>>()
+                ))
             }
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {what}; received: {:#?}",
-                spans
-                    .iter()
-                    .map(|r| (&r.service, &r.span.name))
-                    .collect::<Vec<_>>()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        })
+        .await
     }
 }
 
@@ -198,9 +195,9 @@ on_both!(one_events_spans_form_one_trace_across_a_relay_and_a_consumer_process);
 /// the message's headers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_events_trace_crosses_kafka_in_the_message_headers() {
-    let bootstrap = super::kafka::bootstrap();
-    let topic = super::kafka::unique("traced-orders");
-    super::kafka::create_topic(&bootstrap, &topic, 1).await;
+    let bootstrap = bootstrap();
+    let topic = unique("traced-orders");
+    create_topic(&bootstrap, &topic, 1).await;
     traced_across_processes(TestDb::sqlite().await, Some((bootstrap, topic))).await;
 }
 
@@ -245,7 +242,7 @@ transformers = ["cloudevents"]
 otlp_endpoint = "{}"
 service_name = "relay"
 "#,
-            super::plugins::plugin_path("cloudevents").display(),
+            plugin_path("cloudevents").display(),
             topic,
             receiver.endpoint
         ),
@@ -323,7 +320,8 @@ service_name = "relay"
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn the relay process");
-    wait_until(&t, "SELECT count(*) FROM invoices", 2).await;
+    t.wait_count(Duration::from_secs(90), "SELECT count(*) FROM invoices", 2)
+        .await;
 
     // The relay exports periodically: its spans come while it runs.
     receiver
@@ -340,7 +338,7 @@ service_name = "relay"
         "the consumer exports only at shutdown here"
     );
     for child in [&mut relay, &mut consumer] {
-        super::process::terminate(child).await;
+        terminate(child).await;
     }
     let spans = receiver
         .wait_for("the consumer's commit span", |s| {
@@ -451,33 +449,20 @@ async fn put_with_headers(
     for (k, v) in headers {
         ev = ev.with_header(*k, *v);
     }
-    match db {
-        Db::Postgres(p) => {
-            let mut tx = p.begin().await.expect("begin");
-            enqueue(&mut tx, ev).await.expect("enqueue");
-            tx.commit().await.expect("commit");
-        }
-        Db::Sqlite(p) => {
-            let mut tx = p.begin().await.expect("begin");
-            enqueue(&mut tx, ev).await.expect("enqueue");
-            tx.commit().await.expect("commit");
-        }
-    }
+    enqueue_on(db, ev).await;
 }
 
 /// The `traceparent` each published message carried, by aggregate.
 async fn relayed_traceparents(t: &TestDb, route: Route) -> BTreeMap<String, Option<String>> {
     let broker = ScriptedPublisher::new();
     let routes = vec![route];
-    let chains = build_chains(engine(), &[spec("hostile-misbehave")], &routes).expect("chains");
-    let relay = Relay::new(
-        t.store(),
+    let relay = chained_relay(
+        t,
         broker.clone(),
-        Router::new(routes),
+        &[spec("hostile-misbehave")],
+        routes,
         RelayConfig::default(),
-        Arc::new(outboxd::clock::SystemClock),
-    )
-    .with_chains(chains);
+    );
     assert!(matches!(
         relay.step().await.expect("step"),
         StepOutcome::Published(r) if r.published == 3
@@ -618,108 +603,6 @@ impl axum::serve::Listener for TlsListener {
     }
 }
 
-/// Runs `openssl` with `args` in `dir`, failing the test with how to get it.
-fn openssl(dir: &std::path::Path, args: &[&str]) {
-    let out = std::process::Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap_or_else(|e| {
-            panic!("cannot run the openssl CLI ({e}); install it (apt-get install openssl) to generate the test's certificates")
-        });
-    assert!(
-        out.status.success(),
-        "openssl {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// A private CA (`ca.pem`) and a certificate for `localhost` it signs
-/// (`server.pem`, `server.key`), P-256, valid for two days.
-fn private_ca_and_localhost_cert(dir: &std::path::Path) {
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-    ];
-    let mut ca = vec!["req", "-x509"];
-    ca.extend(ec);
-    ca.extend([
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.pem",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=outboxd test CA",
-        "-addext",
-        "basicConstraints=critical,CA:TRUE",
-        "-addext",
-        "keyUsage=critical,keyCertSign,cRLSign",
-    ]);
-    openssl(dir, &ca);
-    let mut csr = vec!["req"];
-    csr.extend(ec);
-    csr.extend([
-        "-keyout",
-        "server.key",
-        "-out",
-        "server.csr",
-        "-subj",
-        "/CN=localhost",
-    ]);
-    openssl(dir, &csr);
-    std::fs::write(
-        dir.join("server.ext"),
-        "subjectAltName=DNS:localhost\nbasicConstraints=critical,CA:FALSE\n\
-         keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n",
-    )
-    .expect("server.ext");
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "server.pem",
-            "-days",
-            "2",
-            "-extfile",
-            "server.ext",
-        ],
-    );
-}
-
-fn tls_acceptor(dir: &std::path::Path) -> tokio_rustls::TlsAcceptor {
-    use tokio_rustls::rustls::pki_types::pem::PemObject;
-    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let chain = CertificateDer::pem_file_iter(dir.join("server.pem"))
-        .expect("server.pem")
-        .collect::<Result<Vec<_>, _>>()
-        .expect("server.pem certificates");
-    let key = PrivateKeyDer::from_pem_file(dir.join("server.key")).expect("server.key");
-    let config = tokio_rustls::rustls::ServerConfig::builder_with_provider(Arc::new(
-        tokio_rustls::rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("TLS 1.2 and 1.3")
-    .with_no_client_auth()
-    .with_single_cert(chain, key)
-    .expect("the server certificate and key");
-    tokio_rustls::TlsAcceptor::from(Arc::new(config))
-}
-
 /// `outboxd enqueue` of one traced event, sending its span to `endpoint`
 /// with `ca_file` (when given); its exit status and log.
 async fn enqueue_traced(
@@ -754,14 +637,15 @@ async fn enqueue_traced(
 /// handshake when it reads the client's alert, which may come after the
 /// client exits).
 async fn wait_for_count(what: &str, counter: &std::sync::atomic::AtomicUsize, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while Seen::get(counter) < n {
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what} to reach {n}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(
+        Duration::from_secs(30),
+        format!("{what} reaching {n}"),
+        async || {
+            let got = Seen::get(counter);
+            if got >= n { Ok(()) } else { Err(got) }
+        },
+    )
+    .await
 }
 
 /// An https collector whose certificate a private CA signed: with
@@ -773,10 +657,10 @@ async fn wait_for_count(what: &str, counter: &std::sync::atomic::AtomicUsize, n:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spans_go_to_an_https_collector_only_over_verified_tls() {
     let t = TestDb::sqlite().await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    private_ca_and_localhost_cert(dir.path());
-    let ca = dir.path().join("ca.pem");
-    let (receiver, seen) = Receiver::start_tls(tls_acceptor(dir.path())).await;
+    // A certificate for localhost only: not for 127.0.0.1.
+    let private_ca = TestCa::for_names("DNS:localhost");
+    let ca = private_ca.ca_file();
+    let (receiver, seen) = Receiver::start_tls(private_ca.acceptor()).await;
 
     let sent = enqueue_traced(&t, &receiver.endpoint, Some(&ca)).await;
     assert!(
@@ -826,7 +710,7 @@ async fn spans_go_to_an_https_collector_only_over_verified_tls() {
         "each export began with a TLS handshake"
     );
 
-    let missing = dir.path().join("missing-ca.pem");
+    let missing = private_ca.dir.path().join("missing-ca.pem");
     let refused = enqueue_traced(&t, &receiver.endpoint, Some(&missing)).await;
     let log = String::from_utf8_lossy(&refused.stderr);
     assert!(

@@ -2,46 +2,27 @@
 //! deterministic ids, re-key, permanent errors and traps, and plain routes
 //! beside chained ones.
 
-use super::plugins::{engine, json_of, spec};
-use crate::on_both;
-use crate::support::{ScriptedPublisher, TestDb};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
 use outboxd::config::Limits;
 use outboxd::config::PluginSpec;
-use outboxd::event::NewEvent;
 use outboxd::message::output_message_id;
-use outboxd::plugin::chains::build_chains;
+use outboxd::plugin::lifecycle::chains::build_chains;
 use outboxd::relay::Relay;
 use outboxd::relay::RelayConfig;
 use outboxd::relay::StepOutcome;
 use outboxd::route::Route;
-use outboxd::route::Router;
-use outboxd::store::{AnyStore, Db, enqueue};
-use serde_json::{Value, json};
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use outboxd::store::AnyStore;
+use serde_json::json;
+
+use crate::support::db::put;
+use crate::support::plugins::{chained_relay, engine, json_of, spec};
+use crate::support::{ScriptedPublisher, TestDb, on_both};
 
 // ---- the relay with chains ---------------------------------------------
 
-pub async fn put(db: &Db, agg: &str, ty: &str, payload: Value) -> uuid::Uuid {
-    let ev = NewEvent::new(agg, ty, payload);
-    let r = match db {
-        Db::Postgres(p) => {
-            let mut tx = p.begin().await.expect("begin");
-            let r = enqueue(&mut tx, ev).await.expect("enqueue");
-            tx.commit().await.expect("commit");
-            r
-        }
-        Db::Sqlite(p) => {
-            let mut tx = p.begin().await.expect("begin");
-            let r = enqueue(&mut tx, ev).await.expect("enqueue");
-            tx.commit().await.expect("commit");
-            r
-        }
-    };
-    r.id().0
-}
-
-pub(crate) fn relay_with_chain(
+fn relay_with_chain(
     t: &TestDb,
     broker: Arc<ScriptedPublisher>,
     plugins: Vec<PluginSpec>,
@@ -53,18 +34,10 @@ pub(crate) fn relay_with_chain(
             .with_transformers(chain)
             .allowing_topics(&["orders.large"]),
     ];
-    let chains = build_chains(engine(), &plugins, &routes).expect("chains");
-    Relay::new(
-        t.store(),
-        broker,
-        Router::new(routes),
-        config,
-        Arc::new(outboxd::clock::SystemClock),
-    )
-    .with_chains(chains)
+    chained_relay(t, broker, &plugins, routes, config)
 }
 
-pub(crate) fn amount_spec() -> PluginSpec {
+fn amount_spec() -> PluginSpec {
     let mut s = spec("route-by-amount");
     s.config = BTreeMap::from([("threshold".to_string(), "100".to_string())]);
     s
@@ -233,15 +206,7 @@ async fn chain_of_two_plugins_and_plain_routes_side_by_side(t: TestDb) {
         Route::new("order.*", "orders").with_transformers(&["redact-pii", "cloudevents"]),
         Route::new("*", "other"),
     ];
-    let chains = build_chains(engine(), &plugins, &routes).expect("chains");
-    let relay = Relay::new(
-        t.store(),
-        broker.clone(),
-        Router::new(routes),
-        RelayConfig::default(),
-        Arc::new(outboxd::clock::SystemClock),
-    )
-    .with_chains(chains);
+    let relay = chained_relay(&t, broker.clone(), &plugins, routes, RelayConfig::default());
     let id = put(&t.db, "o5", "order.placed", json!({"email": "x@y", "n": 1})).await;
     put(&t.db, "u1", "user.created", json!({"email": "x@y"})).await;
     relay.step().await.expect("step");
@@ -267,7 +232,7 @@ async fn chain_of_two_plugins_and_plain_routes_side_by_side(t: TestDb) {
 on_both!(chain_of_two_plugins_and_plain_routes_side_by_side);
 
 #[test]
-pub(crate) fn unknown_plugin_in_a_route_names_the_key() {
+fn unknown_plugin_in_a_route_names_the_key() {
     let routes = vec![Route::new("order.*", "orders").with_transformers(&["nope"])];
     let err = build_chains(engine(), &[], &routes).expect_err("unknown plugin");
     assert!(err.contains("routes[0].transformers[0]"), "{err}");

@@ -18,9 +18,8 @@ use outboxd::plugin::bindings::transformer::outbox::plugin::types::Message;
 use outboxd::store::InboxTx;
 use serde_json::{Value, json};
 
-use crate::on_both;
-use crate::plugins::{engine, plugin_path};
-use crate::support::TestDb;
+use crate::support::plugins::{engine, plugin_path};
+use crate::support::{TestDb, on_both};
 
 const PROVIDER: &str = "https://pay.example.com";
 

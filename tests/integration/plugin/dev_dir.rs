@@ -5,20 +5,20 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
-use outboxd::plugin::dev_dir;
-use outboxd::plugin::registry::Registry;
-use outboxd::plugin::rollout::Refreshed;
+use outboxd::plugin::lifecycle::dev_dir;
+use outboxd::plugin::lifecycle::registry::Registry;
+use outboxd::plugin::lifecycle::rollout::Refreshed;
 use outboxd::relay::StepOutcome;
 use outboxd::store::registry::PluginRecord;
 use serde_json::json;
 
-use super::hot_swap::{active_label, json_of, put, registry_spec, relay, rollout, routes, wasm};
-use super::hot_swap_refusals::{hand_built_component, with_custom_section};
-use crate::on_both;
-use crate::plugins::engine;
-use crate::support::{ScriptedPublisher, TestDb};
+use crate::support::plugins::{
+    engine, hand_built_component, json_of, registry_spec, wasm, with_custom_section,
+};
+use crate::support::swap::{active_label, put_placed, relay, rollout, routes};
+use crate::support::{ScriptedPublisher, TestDb, eventually, on_both};
 
 /// Writes `bytes` to `path` with modification time `second` (since the
 /// epoch): the scan tells a changed file by its time, and two writes within
@@ -87,7 +87,7 @@ async fn a_dev_dir_file_is_deployed_and_a_broken_one_changes_nothing(t: TestDb) 
     }
     let broker = ScriptedPublisher::new();
     let relay = relay(&t, broker.clone(), &host, routes());
-    put(&t.db, "o1", json!({"n": 1})).await;
+    put_placed(&t.db, "o1", json!({"n": 1})).await;
     assert!(
         matches!(relay.step().await.expect("step"), StepOutcome::Published(r) if r.published == 1)
     );
@@ -142,18 +142,15 @@ async fn a_dev_dir_file_is_deployed_and_a_broken_one_changes_nothing(t: TestDb) 
 /// Waits, up to a minute (compiling a component under load is slow), until
 /// the registry offers `name@version` as active.
 async fn wait_for_active(reg: &Registry, name: &str, version: i64) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    let what = format!("the watcher did not activate {name}@{version}");
+    eventually(Duration::from_secs(60), what, async || {
         if reg.desired().await.expect("desired").active(name) == Some(version) {
-            return;
+            Ok(())
+        } else {
+            Err(format!("{:?}", reg.list().await.expect("list")))
         }
-        assert!(
-            Instant::now() < deadline,
-            "the watcher did not activate {name}@{version}: {:?}",
-            reg.list().await.expect("list")
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await
 }
 on_both!(a_dev_dir_file_is_deployed_and_a_broken_one_changes_nothing);
 

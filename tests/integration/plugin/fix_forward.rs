@@ -11,32 +11,30 @@
 //! Each stamps the header `amount-cents-by` with its build.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use outboxd::config::Config;
 use outboxd::config::PluginSource;
 use outboxd::config::PluginSpec;
 use outboxd::daemon::Daemon;
-use outboxd::fault::Faults;
 use outboxd::message::OutgoingMessage;
 use outboxd::ops::dead::DeadFilter;
 use outboxd::ops::fix_forward::{self, DryRunOutcome, FixForwardError, Pipeline};
-use outboxd::plugin::registry::{Deployed, Registry};
+use outboxd::plugin::lifecycle::registry::{Deployed, Registry};
 use outboxd::relay::Relay;
 use outboxd::relay::StepOutcome;
 use outboxd::route::Route;
 use outboxd::store::AnyStore;
 use serde_json::{Value, json};
 
-use crate::admin::{TOKEN, admin_config, http};
-use crate::consumer_swap::pairs;
-use crate::hot_swap::{
-    active_label, deploy, json_of, put, registry_spec, relay, rollout, routes, transformed_by, wasm,
+use crate::support::admin::{TOKEN, admin_config, http};
+use crate::support::db::pairs;
+use crate::support::plugins::{engine, json_of, registry_spec, wasm, with_custom_section};
+use crate::support::process::outboxd;
+use crate::support::swap::{
+    active_label, deploy, deploy_t, put_placed, relay, rollout, routes, transformed_by,
 };
-use crate::hot_swap_refusals::with_custom_section;
-use crate::on_both;
-use crate::plugins::engine;
-use crate::support::{ScriptedPublisher, TestDb};
+use crate::support::{self, ScriptedPublisher, TestDb, eventually, on_both};
 
 const POISON: &str = "12.50";
 
@@ -47,8 +45,8 @@ struct Versions {
 }
 
 async fn deploy_both(reg: &Registry) -> Versions {
-    let v1 = deploy(reg, "amount-cents").await;
-    let v2 = deploy(reg, "amount-cents-v2").await;
+    let v1 = deploy_t(reg, "amount-cents").await;
+    let v2 = deploy_t(reg, "amount-cents-v2").await;
     reg.activate("t", v1, "test").await.expect("activate v1");
     Versions { v1, v2 }
 }
@@ -59,13 +57,12 @@ fn specs() -> Vec<PluginSpec> {
 
 /// Steps until nothing is due.
 async fn drain(relay: &Relay<AnyStore, std::sync::Arc<ScriptedPublisher>>) {
-    let started = Instant::now();
-    while relay.step().await.expect("step") != StepOutcome::Idle {
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "the relay never went idle"
-        );
-    }
+    eventually(
+        Duration::from_secs(60),
+        "the relay never went idle",
+        async || relay.step().await.expect("step") == StepOutcome::Idle,
+    )
+    .await;
 }
 
 fn header<'a>(m: &'a OutgoingMessage, name: &str) -> &'a str {
@@ -127,9 +124,9 @@ async fn a_poison_event_dead_on_v1_is_published_by_a_v2_candidate_while_live_tra
     let broker = ScriptedPublisher::new();
     let relay = relay(&t, broker.clone(), &host, routes());
 
-    let poison = put(&t.db, "a", json!({"order_id": "o-1", "amount": POISON})).await;
-    let held = put(&t.db, "a", json!({"order_id": "o-2", "amount": 3})).await;
-    let other = put(&t.db, "b", json!({"order_id": "o-3", "amount": 5})).await;
+    let poison = put_placed(&t.db, "a", json!({"order_id": "o-1", "amount": POISON})).await;
+    let held = put_placed(&t.db, "a", json!({"order_id": "o-2", "amount": 3})).await;
+    let other = put_placed(&t.db, "b", json!({"order_id": "o-3", "amount": 5})).await;
     drain(&relay).await;
     let dead = dead_seqs(&t).await;
     assert_eq!(dead.len(), 1, "the poison event died on v1");
@@ -155,7 +152,7 @@ async fn a_poison_event_dead_on_v1_is_published_by_a_v2_candidate_while_live_tra
     .expect("redrive through the candidate");
     assert_eq!(n, 1);
     // Live traffic keeps arriving after the redrive.
-    let live = put(&t.db, "c", json!({"order_id": "o-4", "amount": 7})).await;
+    let live = put_placed(&t.db, "c", json!({"order_id": "o-4", "amount": 7})).await;
     drain(&relay).await;
 
     let sent = broker.sent();
@@ -217,7 +214,7 @@ async fn a_redrive_through_a_version_that_cannot_run_there_is_refused_and_change
         Deployed::Unchanged(r) => panic!("{} was already stored", r.label()),
     };
     reg.retire("t", retired).await.expect("retire");
-    let consumer = crate::consumer_swap::deploy(&reg, "c", wasm("billing")).await;
+    let consumer = deploy(&reg, "c", wasm("billing")).await;
     let routes = vec![
         Route::new("order.*", "orders").with_transformers(&["t"]),
         Route::new("misc.*", "misc"),
@@ -226,7 +223,7 @@ async fn a_redrive_through_a_version_that_cannot_run_there_is_refused_and_change
     host.refresh().await.expect("refresh");
     // The order dies on v1 (its amount is text); the misc event, which no
     // plugin runs on, dies on a broker that refuses everything.
-    put(&t.db, "a", json!({"order_id": "o-1", "amount": POISON})).await;
+    put_placed(&t.db, "a", json!({"order_id": "o-1", "amount": POISON})).await;
     let misc = outboxd::event::NewEvent::new("m", "misc.thing", json!({"n": 1}));
     t.enqueue(misc).await;
     let broker = ScriptedPublisher::failing();
@@ -343,8 +340,8 @@ async fn a_redriven_event_whose_version_was_retired_meanwhile_dies_again_with_th
     let host = rollout(&t.db, specs(), routes());
     host.refresh().await.expect("refresh");
     let broker = ScriptedPublisher::new();
-    put(&t.db, "a", json!({"order_id": "o-1", "amount": POISON})).await;
-    let held = put(&t.db, "a", json!({"order_id": "o-2", "amount": 3})).await;
+    put_placed(&t.db, "a", json!({"order_id": "o-1", "amount": POISON})).await;
+    let held = put_placed(&t.db, "a", json!({"order_id": "o-2", "amount": 3})).await;
     drain(&relay(&t, broker.clone(), &host, routes())).await;
     let dead = dead_seqs(&t).await;
     let pipeline = Pipeline {
@@ -391,8 +388,8 @@ async fn a_dry_run_shows_what_the_version_would_publish_and_commits_nothing(t: T
     host.refresh().await.expect("refresh");
     let broker = ScriptedPublisher::new();
     let relay = relay(&t, broker.clone(), &host, routes());
-    let poison = put(&t.db, "a", json!({"order_id": "o-1", "amount": POISON})).await;
-    put(&t.db, "a", json!({"order_id": "o-2", "amount": 3})).await;
+    let poison = put_placed(&t.db, "a", json!({"order_id": "o-1", "amount": POISON})).await;
+    put_placed(&t.db, "a", json!({"order_id": "o-2", "amount": 3})).await;
     drain(&relay).await;
     let dead = dead_seqs(&t).await;
     let before = outbox_rows(&t).await;
@@ -486,31 +483,18 @@ fn pipeline_config(url: &str) -> Config {
     c
 }
 
-async fn wait_for(t: &TestDb, sql: &str, want: i64) {
-    let started = Instant::now();
-    while t.count(sql).await != want {
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "`{sql}` never reached {want}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 async fn the_admin_api_redrives_through_a_version_and_the_running_relay_publishes_with_it(
     t: TestDb,
 ) {
     let reg = Registry::new(t.db.clone());
     let Versions { v1, v2 } = deploy_both(&reg).await;
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let (set, handles) = Daemon::default()
-        .spawn_pipeline(&pipeline_config(&t.url), &t.db, Faults::none(), stop_rx)
-        .await
-        .expect("pipeline");
-    let addr = handles.admin_addr.expect("admin enabled");
-    let poison = put(&t.db, "a", json!({"order_id": "o-1", "amount": POISON})).await;
-    wait_for(
-        &t,
+    let running =
+        support::pipeline::Pipeline::start(Daemon::default(), &pipeline_config(&t.url), &t.db)
+            .await;
+    let addr = running.addr();
+    let poison = put_placed(&t.db, "a", json!({"order_id": "o-1", "amount": POISON})).await;
+    t.wait_count(
+        Duration::from_secs(60),
         "SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL",
         1,
     )
@@ -555,9 +539,9 @@ async fn the_admin_api_redrives_through_a_version_and_the_running_relay_publishe
     )
     .await;
     assert_eq!((status, body.as_str()), (200, r#"{"redriven":1}"#));
-    let live = put(&t.db, "b", json!({"order_id": "o-2", "amount": 4})).await;
-    wait_for(
-        &t,
+    let live = put_placed(&t.db, "b", json!({"order_id": "o-2", "amount": 4})).await;
+    t.wait_count(
+        Duration::from_secs(60),
         "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL",
         2,
     )
@@ -592,10 +576,7 @@ async fn the_admin_api_redrives_through_a_version_and_the_running_relay_publishe
     )
     .await;
     assert_eq!((status, body.as_str()), (200, r#"{"redriven":0}"#));
-    stop_tx.send(true).expect("stop");
-    outboxd::daemon::join_all_workers(set)
-        .await
-        .expect("clean stop");
+    running.stop().await;
 }
 on_both!(the_admin_api_redrives_through_a_version_and_the_running_relay_publishes_with_it);
 
@@ -604,7 +585,7 @@ async fn the_command_line_dry_runs_and_redrives_through_a_version(t: TestDb) {
     let Versions { v1, v2 } = deploy_both(&reg).await;
     let host = rollout(&t.db, specs(), routes());
     host.refresh().await.expect("refresh");
-    put(&t.db, "a", json!({"order_id": "o-1", "amount": POISON})).await;
+    put_placed(&t.db, "a", json!({"order_id": "o-1", "amount": POISON})).await;
     drain(&relay(&t, ScriptedPublisher::new(), &host, routes())).await;
     let seq = dead_seqs(&t).await[0].to_string();
     let dir = tempfile::tempdir().expect("dir");
@@ -625,7 +606,7 @@ source = "registry"
     .expect("config");
     let config = config.to_str().expect("path");
     let run = |args: Vec<String>| {
-        let mut cmd = crate::process::outboxd(&t);
+        let mut cmd = outboxd(&t);
         cmd.arg("--config").arg(config).args(args);
         async move {
             let out = cmd.output().await.expect("run outboxd");

@@ -19,16 +19,16 @@ use outboxd::consumer::Processed;
 use outboxd::message::Delivery;
 use outboxd::plugin::ConsumerPlugin;
 use outboxd::plugin::host::transaction::StatementKind;
-use outboxd::plugin::registry::Registry;
+use outboxd::plugin::lifecycle::registry::Registry;
 use outboxd::store::InboxTx;
 use outboxd_demo::billing;
 use serde_json::json;
 
-use crate::consumer_swap::{consumer_host, deploy, pairs, registry_spec, wasm};
-use crate::hot_swap_refusals::with_custom_section;
-use crate::on_both;
-use crate::plugins::{engine, plugin_path};
-use crate::support::{TestDb, plugin_policy};
+use crate::support::db::pairs;
+use crate::support::plugins::{engine, plugin_path, registry_spec, wasm, with_custom_section};
+use crate::support::process::outboxd;
+use crate::support::swap::{consumer_host, deploy};
+use crate::support::{TestDb, eventually, on_both, plugin_policy};
 
 fn delivery(order: &str) -> Delivery {
     Delivery {
@@ -504,7 +504,7 @@ write = ["invoices"]
         ),
     )
     .expect("config");
-    let out = crate::process::outboxd(&t)
+    let out = outboxd(&t)
         .arg("--config")
         .arg(&config)
         .args([
@@ -649,15 +649,19 @@ async fn a_consumer_message_dead_on_v1_is_applied_by_a_v2_candidate_while_live_t
     .expect("release through v2");
     assert_eq!(n, 1);
     let live = send("other", order("o-live")).await;
-    let started = std::time::Instant::now();
-    while t.count("SELECT count(*) FROM invoices").await < 3 {
-        assert!(
-            started.elapsed() < std::time::Duration::from_secs(30),
-            "not applied: {:?}",
-            invoices(&t).await
-        );
-        consumer.step().await.expect("step");
-    }
+    eventually(
+        std::time::Duration::from_secs(30),
+        "not applied",
+        async || {
+            if t.count("SELECT count(*) FROM invoices").await >= 3 {
+                return Ok(());
+            }
+            let applied = format!("{:?}", invoices(&t).await);
+            consumer.step().await.expect("step");
+            Err(applied)
+        },
+    )
+    .await;
     let id = |u: uuid::Uuid| u.to_string();
     let by = pairs(
         &t.db,

@@ -6,7 +6,7 @@
 
 use outboxd::plugin::validate;
 
-use crate::plugins::{engine, plugin_path};
+use crate::support::plugins::{engine, plugin_path};
 
 const OUTGOING_HANDLER: &str = "wasi:http/outgoing-handler@0.2.12";
 

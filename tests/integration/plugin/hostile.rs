@@ -1,28 +1,22 @@
-//! Hostile transformer plugins beyond the sandbox pairs of `plugins.rs`:
+//! Hostile transformer plugins beyond the sandbox pairs of `limits.rs`:
 //! fork-bomb recursion, stack overflow, ten thousand host calls in one
 //! message, outputs that are not UTF-8, and a plugin sending to a topic its
 //! route does not allow. Each is tested on the plugin alone and in one relay
 //! run with good events: the host stays up, the bad event is retried or
 //! dead-lettered with the reason, and the other events are published.
 
-use std::sync::Arc;
-
 use outboxd::config::PluginSpec;
 use outboxd::plugin::ErrorKind;
 use outboxd::plugin::PluginError;
 use outboxd::plugin::TransformerPlugin;
-use outboxd::plugin::chains::build_chains;
-use outboxd::relay::Relay;
 use outboxd::relay::RelayConfig;
 use outboxd::relay::StepOutcome;
 use outboxd::route::Route;
-use outboxd::route::Router;
 use serde_json::{Value, json};
 
-use crate::on_both;
-use crate::plugin_chains::put;
-use crate::plugins::{engine, event, spec};
-use crate::support::{ScriptedPublisher, TestDb};
+use crate::support::db::put;
+use crate::support::plugins::{chained_relay, engine, event, spec};
+use crate::support::{ScriptedPublisher, TestDb, on_both};
 
 fn misbehave(timeout_ms: u64) -> TransformerPlugin {
     let mut s = spec("hostile-misbehave");
@@ -190,18 +184,11 @@ async fn hostile_events_fail_alone_and_good_events_keep_flowing(t: TestDb) {
         Route::new("order.*", "orders").with_transformers(&["cloudevents"]),
         Route::new("*", "other"),
     ];
-    let chains = build_chains(engine(), &plugins, &routes).expect("chains");
-    let relay = Relay::new(
-        t.store(),
-        broker.clone(),
-        Router::new(routes),
-        RelayConfig {
-            max_attempts: 2,
-            ..RelayConfig::default()
-        },
-        Arc::new(outboxd::clock::SystemClock),
-    )
-    .with_chains(chains);
+    let config = RelayConfig {
+        max_attempts: 2,
+        ..RelayConfig::default()
+    };
+    let relay = chained_relay(&t, broker.clone(), &plugins, routes, config);
 
     put_bad(&t, "fork", json!({"fork": 64})).await;
     put_bad(&t, "stack", json!({"recurse": 100_000_000u64})).await;

@@ -1,4 +1,4 @@
-//! Hostile consumer plugins, beyond `consumer_plugins.rs`: fork-bomb
+//! Hostile consumer plugins, beyond `consumer/plugins.rs`: fork-bomb
 //! recursion, stack overflow, a giant allocation, SQL text that is not
 //! UTF-8, and ten thousand host calls in one message. Each failing message
 //! is rolled back (its invoice vanishes) and retried, with a reason that
@@ -14,10 +14,8 @@ use outboxd::plugin::ConsumerPlugin;
 use outboxd_demo::billing;
 use serde_json::{Value, json};
 
-use crate::consumer_plugins::{counts, order};
-use crate::on_both;
-use crate::plugins::{engine, plugin_path};
-use crate::support::TestDb;
+use crate::support::plugins::{counts, engine, order, plugin_path};
+use crate::support::{TestDb, on_both};
 
 fn misbehaving() -> PluginHandler {
     let name = "hostile-consumer-misbehave";

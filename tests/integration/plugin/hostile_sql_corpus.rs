@@ -9,16 +9,15 @@
 //! left, nothing forged.
 
 use std::process::Stdio;
+use std::time::Duration;
 
 use outboxd::config::{ConsumerSection, TableGrants};
 use outboxd::event::NewEvent;
-use outboxd_demo::billing;
 use serde_json::{Value, json};
 
-use crate::on_both;
-use crate::plugins::plugin_path;
-use crate::process::{outboxd, wait_until};
-use crate::support::TestDb;
+use crate::support::plugins::{doubling_bomb, plugin_path, seed_tables};
+use crate::support::process::outboxd;
+use crate::support::{TestDb, on_both};
 
 /// One attack: its class, the statement, and whether it is sent with
 /// `query` (rows back to the plugin) rather than `execute`.
@@ -34,18 +33,6 @@ fn a(class: &'static str, sql: &str, query: bool) -> Attack {
         sql: sql.to_string(),
         query,
     }
-}
-
-/// A literal of `bytes` doubled `levels` times through nested subqueries:
-/// no function and no recursion, but the planners inline each level, so
-/// the gate refuses it as a planner bomb (its expansion bound weighs the
-/// literal's copies too).
-pub(crate) fn doubling_bomb(levels: usize, bytes: usize) -> String {
-    let mut sql = format!("SELECT '{}' AS c0", "x".repeat(bytes));
-    for i in 1..=levels {
-        sql = format!("SELECT c{p} || c{p} AS c{i} FROM ({sql}) t{i}", p = i - 1);
-    }
-    sql
 }
 
 fn corpus() -> Vec<Attack> {
@@ -288,33 +275,6 @@ const STOPPED: &[&str] = &[
     "too big",
 ];
 
-pub(crate) async fn seed_tables(t: &TestDb) {
-    billing::create_schema(&t.db).await.expect("billing schema");
-    t.exec_app("CREATE TABLE customers (id text PRIMARY KEY, name text NOT NULL)")
-        .await;
-    t.exec_app("CREATE TABLE secrets (id integer PRIMARY KEY, secret text NOT NULL)")
-        .await;
-    t.exec("INSERT INTO secrets (id, secret) VALUES (1, 'the crown jewels')")
-        .await;
-    // One 100 MB value, granted to the plugin: a statement that passes the
-    // gate can still build 300 MB from it (`b || b || b`).
-    t.exec_app("CREATE TABLE blobs (id integer PRIMARY KEY, b text NOT NULL)")
-        .await;
-    if t.is_postgres() {
-        t.exec("INSERT INTO blobs (id, b) SELECT 1, repeat('x', 100000000)")
-            .await;
-    } else {
-        t.exec("INSERT INTO blobs (id, b) VALUES (1, zeroblob(100000000))")
-            .await;
-    }
-    for i in 0..60 {
-        t.exec(&format!(
-            "INSERT INTO customers (id, name) VALUES ('c{i}', 'customer {i}')"
-        ))
-        .await;
-    }
-}
-
 async fn send(t: &TestDb, aggregate: String, payload: Value) {
     t.enqueue(NewEvent::new(aggregate, "attack.msg", payload))
         .await;
@@ -364,14 +324,14 @@ async fn every_attack_is_stopped_and_the_next_messages_run_exactly_once(t: TestD
             )
             .await;
         }
-        wait_until(
-            &t,
+        t.wait_count(
+            Duration::from_secs(90),
             "SELECT count(*) FROM consumer_dead_letters WHERE consumer = 'attacked'",
             k as i64 + 1,
         )
         .await;
-        wait_until(
-            &t,
+        t.wait_count(
+            Duration::from_secs(90),
             &format!("SELECT count(*) FROM invoices WHERE order_id LIKE '{k}-%'"),
             20,
         )
@@ -406,8 +366,8 @@ async fn every_attack_is_stopped_and_the_next_messages_run_exactly_once(t: TestD
     );
     // The relay kept publishing every event once, and nothing was forged.
     let events = innocents + attacks.len() as i64;
-    wait_until(
-        &t,
+    t.wait_count(
+        Duration::from_secs(90),
         "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL",
         events,
     )

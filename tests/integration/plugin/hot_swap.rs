@@ -10,180 +10,24 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use outboxd::config::PluginSource;
-use outboxd::config::PluginSpec;
-use outboxd::event::NewEvent;
-use outboxd::plugin::registry::{Deployed, Registry};
-use outboxd::plugin::rollout::Rollout;
-use outboxd::relay::Relay;
-use outboxd::relay::RelayConfig;
+use outboxd::plugin::lifecycle::registry::Registry;
 use outboxd::relay::StepOutcome;
-use outboxd::route::Route;
-use outboxd::route::Router;
-use outboxd::store::{Db, enqueue};
-use serde_json::{Value, json};
-use sqlx::Row;
+use serde_json::json;
 
-use crate::on_both;
-use crate::plugins::{engine, plugin_path};
-use crate::support::{ScriptedPublisher, TestDb};
-
-/// The registry plugin `t`, with a roomy deadline: these tests are about
-/// versions, not limits, and run under load.
-pub(crate) fn registry_spec(name: &str) -> PluginSpec {
-    let mut s = PluginSpec::new(name, "");
-    s.source = PluginSource::Registry;
-    s.limits.timeout = std::time::Duration::from_millis(5_000);
-    s
-}
-
-pub(crate) fn wasm(name: &str) -> Vec<u8> {
-    std::fs::read(plugin_path(name)).expect("read component")
-}
-
-pub(crate) async fn deploy(reg: &Registry, component: &str) -> i64 {
-    match reg
-        .deploy(engine(), &registry_spec("t"), &wasm(component), &[], "test")
-        .await
-        .expect("deploy")
-    {
-        Deployed::Created(r) => r.version,
-        Deployed::Unchanged(r) => panic!("{} was already stored", r.label()),
-    }
-}
-
-pub(crate) fn routes() -> Vec<Route> {
-    vec![Route::new("order.*", "orders").with_transformers(&["t"])]
-}
-
-pub(crate) fn rollout(db: &Db, specs: Vec<PluginSpec>, routes: Vec<Route>) -> Rollout {
-    Rollout::new(engine().clone(), Registry::new(db.clone()), specs, routes).expect("rollout")
-}
-
-/// The label of route 0's active chain on a host.
-pub(crate) fn active_label(r: &Rollout) -> String {
-    r.chains().snapshot().by_route[0]
-        .as_ref()
-        .expect("route 0 has a chain")
-        .active
-        .label()
-}
-
-pub(crate) async fn put(db: &Db, agg: &str, payload: Value) -> uuid::Uuid {
-    let ev = NewEvent::new(agg, "order.placed", payload);
-    let r = match db {
-        Db::Postgres(p) => {
-            let mut tx = p.begin().await.expect("begin");
-            let r = enqueue(&mut tx, ev).await.expect("enqueue");
-            tx.commit().await.expect("commit");
-            r
-        }
-        Db::Sqlite(p) => {
-            let mut tx = p.begin().await.expect("begin");
-            let r = enqueue(&mut tx, ev).await.expect("enqueue");
-            tx.commit().await.expect("commit");
-            r
-        }
-    };
-    r.id().0
-}
-
-/// `transformed_by` of every outbox row, by id.
-pub(crate) async fn transformed_by(db: &Db) -> BTreeMap<String, Option<String>> {
-    let sql = "SELECT CAST(id AS TEXT), transformed_by FROM outbox";
-    match db {
-        Db::Postgres(p) => sqlx::query(sql)
-            .fetch_all(p)
-            .await
-            .expect(sql)
-            .iter()
-            .map(|r| (r.get(0), r.get(1)))
-            .collect(),
-        Db::Sqlite(p) => sqlx::query(sql)
-            .fetch_all(p)
-            .await
-            .expect(sql)
-            .iter()
-            .map(|r| (r.get(0), r.get(1)))
-            .collect(),
-    }
-}
-
-pub(crate) fn relay(
-    t: &TestDb,
-    broker: Arc<ScriptedPublisher>,
-    r: &Rollout,
-    routes: Vec<Route>,
-) -> Relay<outboxd::store::AnyStore, Arc<ScriptedPublisher>> {
-    Relay::new(
-        t.store(),
-        broker,
-        Router::new(routes),
-        RelayConfig {
-            batch_size: 25,
-            ..RelayConfig::default()
-        },
-        Arc::new(outboxd::clock::SystemClock),
-    )
-    .with_chains(r.chains())
-}
-
-pub(crate) fn json_of(payload: &[u8]) -> Value {
-    serde_json::from_slice(payload).expect("payload is JSON")
-}
+use crate::support::plugins::{json_of, registry_spec};
+use crate::support::swap::{
+    Timeline, active_label, deploy_t, put_placed, relay, rollout, routes, transformed_by,
+};
+use crate::support::{ScriptedPublisher, TestDb, eventually, on_both};
 
 // ---- swaps under load -----------------------------------------------------
-
-/// When each version was active: from the start of the change that swapped
-/// it in to the end of the refresh that swapped it out (the swap itself
-/// happens at one instant inside that window). The swap-under-load tests
-/// check every call against it.
-pub(crate) struct Timeline(Vec<Active>);
-
-struct Active {
-    from: Instant,
-    until: Option<Instant>,
-    label: String,
-}
-
-impl Timeline {
-    pub(crate) fn new(from: Instant, label: String) -> Self {
-        Timeline(vec![Active {
-            from,
-            until: None,
-            label,
-        }])
-    }
-
-    /// `label` replaced the active version by a change that began at
-    /// `from` and whose refresh ended at `until`.
-    pub(crate) fn swapped(&mut self, from: Instant, until: Instant, label: String) {
-        if let Some(last) = self.0.last_mut() {
-            last.until = Some(until);
-        }
-        self.0.push(Active {
-            from,
-            until: None,
-            label,
-        });
-    }
-
-    /// The versions active at some moment between `start` and `end`.
-    pub(crate) fn active_during(&self, start: Instant, end: Instant) -> Vec<&str> {
-        self.0
-            .iter()
-            .filter(|a| a.from <= end && a.until.is_none_or(|u| u >= start))
-            .map(|a| a.label.as_str())
-            .collect()
-    }
-}
 
 async fn twenty_swaps_under_load_lose_nothing_and_process_nothing_twice(t: TestDb) {
     const EVENTS: usize = 1_000;
     const SWAPS: usize = 20;
     let reg = Registry::new(t.db.clone());
-    let v_ce = deploy(&reg, "cloudevents").await;
-    let v_pii = deploy(&reg, "redact-pii").await;
+    let v_ce = deploy_t(&reg, "cloudevents").await;
+    let v_pii = deploy_t(&reg, "redact-pii").await;
     reg.activate("t", v_ce, "test").await.expect("activate");
     let host = Arc::new(rollout(&t.db, vec![registry_spec("t")], routes()));
     let t0 = Instant::now();
@@ -197,7 +41,7 @@ async fn twenty_swaps_under_load_lose_nothing_and_process_nothing_twice(t: TestD
         let (db, producing) = (t.db.clone(), producing.clone());
         tokio::spawn(async move {
             for i in 0..EVENTS {
-                put(
+                put_placed(
                     &db,
                     &format!("agg-{}", i % 50),
                     json!({"n": i, "email": "a@b"}),
@@ -235,14 +79,19 @@ async fn twenty_swaps_under_load_lose_nothing_and_process_nothing_twice(t: TestD
     let mut rolled_back = false;
     for i in 0..SWAPS {
         let target_count = (i + 1) * EVENTS / (SWAPS + 5);
-        let wait = Instant::now();
-        while broker.sent.lock().expect("lock").len() < target_count {
-            assert!(
-                wait.elapsed() < Duration::from_secs(60),
-                "relay stalled at swap {i}"
-            );
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
+        eventually(
+            Duration::from_secs(60),
+            format!("relay stalled at swap {i}"),
+            async || {
+                let sent = broker.sent.lock().expect("lock").len();
+                if sent >= target_count {
+                    Ok(())
+                } else {
+                    Err(format!("{sent} sent"))
+                }
+            },
+        )
+        .await;
         let from = Instant::now();
         let record = if i == SWAPS / 2 {
             rolled_back = true;
@@ -302,8 +151,8 @@ on_both!(twenty_swaps_under_load_lose_nothing_and_process_nothing_twice);
 
 async fn an_event_in_flight_finishes_on_the_version_it_started_with(t: TestDb) {
     let reg = Registry::new(t.db.clone());
-    let slow = deploy(&reg, "hostile-spin").await;
-    let next = deploy(&reg, "redact-pii").await;
+    let slow = deploy_t(&reg, "hostile-spin").await;
+    let next = deploy_t(&reg, "redact-pii").await;
     reg.activate("t", slow, "test").await.expect("activate");
     let host = rollout(&t.db, vec![registry_spec("t")], routes());
     host.refresh().await.expect("refresh");
@@ -314,7 +163,7 @@ async fn an_event_in_flight_finishes_on_the_version_it_started_with(t: TestDb) {
         .plugins()[0]
         .clone();
     let relay = relay(&t, ScriptedPublisher::new(), &host, routes());
-    let first = put(&t.db, "o1", json!({"spin_ms": 1000})).await;
+    let first = put_placed(&t.db, "o1", json!({"spin_ms": 1000})).await;
     let started = Instant::now();
     let in_flight = tokio::spawn(async move {
         let outcome = relay.step().await.expect("step");
@@ -323,13 +172,12 @@ async fn an_event_in_flight_finishes_on_the_version_it_started_with(t: TestDb) {
     // The call has begun once its Store is being instantiated. It spins for
     // a second (blocking one runtime thread, as a busy plugin does), which
     // leaves the swap ample time to finish first.
-    while slow_plugin.metrics().snapshot().instantiations == 0 {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "the call never started"
-        );
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    eventually(
+        Duration::from_secs(10),
+        "the call never started",
+        async || slow_plugin.metrics().snapshot().instantiations != 0,
+    )
+    .await;
     let swap = Instant::now();
     reg.activate("t", next, "test").await.expect("activate");
     host.refresh().await.expect("refresh");
@@ -341,7 +189,7 @@ async fn an_event_in_flight_finishes_on_the_version_it_started_with(t: TestDb) {
     let overlapped = !in_flight.is_finished();
     let (relay, outcome, call_took) = in_flight.await.expect("in flight");
     assert!(matches!(outcome, StepOutcome::Published(r) if r.published == 1));
-    let second = put(&t.db, "o2", json!({"spin_ms": 0})).await;
+    let second = put_placed(&t.db, "o2", json!({"spin_ms": 0})).await;
     relay.step().await.expect("step");
     let by = transformed_by(&t.db).await;
     assert_eq!(

@@ -2,91 +2,18 @@
 //! imports or exports, broken or hostile code), while the active version
 //! keeps running.
 
-use super::hot_swap::{deploy, json_of, put, registry_spec, relay, rollout, routes, wasm};
-use crate::on_both;
-use crate::plugins::engine;
-use crate::support::{ScriptedPublisher, TestDb};
-use outboxd::plugin::registry::{Registry, RegistryError};
+use crate::support::plugins::{engine, hand_built_component, json_of, registry_spec, wasm};
+use crate::support::swap::{deploy_t, put_placed, relay, rollout, routes};
+use crate::support::{ScriptedPublisher, TestDb, on_both};
+use outboxd::plugin::lifecycle::registry::{Registry, RegistryError};
 use outboxd::relay::StepOutcome;
 use serde_json::json;
-
-// ---- hand-built hostile components --------------------------------------
-
-/// A component that imports instance `import` (one function `get: func()`)
-/// and exports a lifted no-op `func()` as `export`: enough for the checks,
-/// which refuse it before anything runs.
-pub(crate) fn hand_built_component(import: &str, export: &str) -> Vec<u8> {
-    use wasm_encoder::{
-        Alias, CanonicalFunctionSection, CodeSection, Component, ComponentAliasSection,
-        ComponentExportKind, ComponentExportSection, ComponentImportSection, ComponentTypeRef,
-        ComponentTypeSection, ComponentValType, ExportKind, ExportSection, Function,
-        FunctionSection, InstanceSection, InstanceType, Instruction, Module, ModuleArg,
-        ModuleSection, TypeSection,
-    };
-    let mut core = Module::new();
-    let mut core_types = TypeSection::new();
-    core_types.ty().function([], []);
-    let mut funcs = FunctionSection::new();
-    funcs.function(0);
-    let mut core_exports = ExportSection::new();
-    core_exports.export("f", ExportKind::Func, 0);
-    let mut code = CodeSection::new();
-    let mut body = Function::new([]);
-    body.instruction(&Instruction::End);
-    code.function(&body);
-    core.section(&core_types)
-        .section(&funcs)
-        .section(&core_exports)
-        .section(&code);
-
-    let mut instance = InstanceType::new();
-    let no_params: [(&str, ComponentValType); 0] = [];
-    instance.ty().function().params(no_params).result(None);
-    instance.export("get", ComponentTypeRef::Func(0));
-    let mut types = ComponentTypeSection::new();
-    types.instance(&instance);
-    types.function().params(no_params).result(None);
-    let mut imports = ComponentImportSection::new();
-    imports.import(import, ComponentTypeRef::Instance(0));
-    let mut core_instances = InstanceSection::new();
-    core_instances.instantiate(0, Vec::<(&str, ModuleArg)>::new());
-    let mut aliases = ComponentAliasSection::new();
-    aliases.alias(Alias::CoreInstanceExport {
-        instance: 0,
-        kind: ExportKind::Func,
-        name: "f",
-    });
-    let mut canon = CanonicalFunctionSection::new();
-    canon.lift(0, 1, []);
-    let mut exports = ComponentExportSection::new();
-    exports.export(export, ComponentExportKind::Func, 0, None);
-    let mut c = Component::new();
-    c.section(&types)
-        .section(&imports)
-        .section(&ModuleSection(&core))
-        .section(&core_instances)
-        .section(&aliases)
-        .section(&canon)
-        .section(&exports);
-    c.finish()
-}
-
-/// The same component with a custom section appended: identical behaviour,
-/// different bytes, so a new version.
-pub(crate) fn with_custom_section(mut wasm: Vec<u8>, tag: &str) -> Vec<u8> {
-    let body: Vec<u8> = [&[tag.len() as u8][..], tag.as_bytes()].concat();
-    assert!(body.len() < 128, "one-byte LEB sizes only");
-    wasm.push(0);
-    wasm.push(body.len() as u8);
-    wasm.extend(body);
-    wasm
-}
 
 // ---- refusals -----------------------------------------------------------
 
 async fn broken_deploys_are_refused_and_the_active_version_keeps_running(t: TestDb) {
     let reg = Registry::new(t.db.clone());
-    let v1 = deploy(&reg, "cloudevents").await;
+    let v1 = deploy_t(&reg, "cloudevents").await;
     reg.activate("t", v1, "test").await.expect("activate");
     let host = rollout(&t.db, vec![registry_spec("t")], routes());
     host.refresh().await.expect("refresh");
@@ -153,10 +80,10 @@ async fn broken_deploys_are_refused_and_the_active_version_keeps_running(t: Test
     );
     assert_eq!(
         host.refresh().await.expect("refresh"),
-        outboxd::plugin::rollout::Refreshed::Unchanged
+        outboxd::plugin::lifecycle::rollout::Refreshed::Unchanged
     );
 
-    put(&t.db, "o1", json!({"n": 1})).await;
+    put_placed(&t.db, "o1", json!({"n": 1})).await;
     assert!(
         matches!(relay.step().await.expect("step"), StepOutcome::Published(r) if r.published == 1)
     );

@@ -2,15 +2,12 @@
 //! host, shadow runs that report mismatches and publish nothing, and
 //! automatic promotion of a clean shadow.
 
-use super::hot_swap::{
-    active_label, deploy, json_of, put, registry_spec, relay, rollout, routes, wasm,
-};
-use super::hot_swap_refusals::with_custom_section;
-use crate::on_both;
-use crate::plugins::{engine, plugin_path};
-use crate::support::{ScriptedPublisher, TestDb};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
 use outboxd::config::PluginSpec;
-use outboxd::plugin::registry::Registry;
+use outboxd::plugin::lifecycle::registry::Registry;
 use outboxd::relay::Relay;
 use outboxd::relay::RelayConfig;
 use outboxd::relay::StepOutcome;
@@ -18,17 +15,20 @@ use outboxd::route::Route;
 use outboxd::route::Router;
 use outboxd::store::Db;
 use serde_json::json;
-use std::collections::BTreeSet;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
 use tokio::sync::watch;
+
+use crate::support::plugins::{
+    engine, json_of, plugin_path, registry_spec, wasm, with_custom_section,
+};
+use crate::support::swap::{active_label, deploy_t, put_placed, relay, rollout, routes};
+use crate::support::{ScriptedPublisher, TestDb, eventually, on_both};
 
 // ---- a second host --------------------------------------------------------
 
 async fn an_activation_reaches_another_host_within_two_seconds(t: TestDb) {
     let reg_a = Registry::new(t.db.clone());
-    let v1 = deploy(&reg_a, "cloudevents").await;
-    let v2 = deploy(&reg_a, "redact-pii").await;
+    let v1 = deploy_t(&reg_a, "cloudevents").await;
+    let v2 = deploy_t(&reg_a, "redact-pii").await;
     reg_a.activate("t", v1, "host-a").await.expect("activate");
     // Host B: its own pool (as a second process would have) and its own loop.
     let db_b = Db::connect(&t.url, 4).await.expect("connect host B");
@@ -44,14 +44,19 @@ async fn an_activation_reaches_another_host_within_two_seconds(t: TestDb) {
         if i > 0 {
             reg_a.activate("t", v, "host-a").await.expect("activate");
         }
-        while active_label(&host_b) != format!("t@{v}") {
-            assert!(
-                start.elapsed() < Duration::from_secs(5),
-                "host B still runs {}",
-                active_label(&host_b)
-            );
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        eventually(
+            Duration::from_secs(5),
+            format!("host B running t@{v}"),
+            async || {
+                let running = active_label(&host_b);
+                if running == format!("t@{v}") {
+                    Ok(())
+                } else {
+                    Err(format!("host B still runs {running}"))
+                }
+            },
+        )
+        .await;
         if i > 0 {
             latencies.push(start.elapsed());
         }
@@ -79,7 +84,7 @@ async fn an_activation_reaches_another_host_within_two_seconds(t: TestDb) {
         Arc::new(outboxd::clock::SystemClock),
     )
     .with_chains(host_b.chains());
-    put(&t.db, "o1", json!({"n": 1})).await;
+    put_placed(&t.db, "o1", json!({"n": 1})).await;
     relay_b.step().await.expect("step");
     assert_eq!(
         t.count(&format!(
@@ -133,7 +138,7 @@ async fn shadow_reports_exactly_the_mismatching_events_and_publishes_nothing(t: 
         } else {
             json!({"spin_ms": 0, "n": i})
         };
-        let id = put(&t.db, "o1", payload).await;
+        let id = put_placed(&t.db, "o1", payload).await;
         if i % 3 == 0 {
             differing.insert(id.to_string());
         }
@@ -188,7 +193,7 @@ on_both!(shadow_reports_exactly_the_mismatching_events_and_publishes_nothing);
 
 async fn a_clean_shadow_is_promoted_after_n_events(t: TestDb) {
     let reg = Registry::new(t.db.clone());
-    let v1 = deploy(&reg, "cloudevents").await;
+    let v1 = deploy_t(&reg, "cloudevents").await;
     let same = with_custom_section(wasm("cloudevents"), "rebuild-2");
     let v2 = reg
         .deploy(engine(), &registry_spec("t"), &same, &[], "test")
@@ -203,7 +208,7 @@ async fn a_clean_shadow_is_promoted_after_n_events(t: TestDb) {
     host.refresh().await.expect("refresh");
     let relay = relay(&t, ScriptedPublisher::new(), &host, routes());
     for i in 0..5 {
-        put(&t.db, "o1", json!({"n": i})).await;
+        put_placed(&t.db, "o1", json!({"n": i})).await;
     }
     while relay.step().await.expect("step") != StepOutcome::Idle {}
     host.refresh().await.expect("refresh promotes");

@@ -2,10 +2,12 @@
 //! `_violated` test: deadline, memory cap, trap, output cap, fan-out cap and
 //! the sandbox itself (no files, no sockets).
 
-use super::plugins::{event, json_of, load, roomy, spec};
+use std::time::{Duration, Instant};
+
 use outboxd::plugin::{ErrorKind, PluginError};
 use serde_json::json;
-use std::time::{Duration, Instant};
+
+use crate::support::plugins::{event, json_of, load, roomy, spec};
 
 // ---- deadline ----------------------------------------------------------
 

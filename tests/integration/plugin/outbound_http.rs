@@ -8,34 +8,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outboxd::config::HttpLimits;
-use outboxd::config::PluginSpec;
 use outboxd::config::TxnPolicy;
-use outboxd::metrics::PluginReport;
 use outboxd::plugin::ConsumerPlugin;
 use outboxd::plugin::HttpStub;
 use outboxd::plugin::StubResponse;
 use outboxd::plugin::Traced;
 use outboxd::plugin::Transport;
 use outboxd::plugin::bindings::transformer::outbox::plugin::types::Message;
+use outboxd::plugin::metrics::PluginReport;
 use outboxd::store::InboxTx;
 use serde_json::{Value, json};
 
-use crate::on_both;
-use crate::outbound_server::{BIG_BODY, Server};
-use crate::plugins::{engine, plugin_path};
-use crate::support::{TestDb, plugin_policy};
-
-pub(crate) fn http_spec(hosts: &[String], http: HttpLimits) -> PluginSpec {
-    let mut spec = PluginSpec::new(
-        "hostile-consumer-http",
-        plugin_path("hostile-consumer-http"),
-    );
-    spec.version = Some("test-1".into());
-    spec.limits.timeout = Duration::from_secs(20);
-    spec.allowed_outbound_hosts = hosts.to_vec();
-    spec.http = http;
-    spec
-}
+use crate::support::outbound_server::{BIG_BODY, Server};
+use crate::support::plugins::{engine, handle_once, http_spec};
+use crate::support::{TestDb, on_both, plugin_policy};
 
 fn plugin(hosts: &[String], http: HttpLimits) -> Arc<ConsumerPlugin> {
     Arc::new(ConsumerPlugin::load(engine(), &http_spec(hosts, http)).expect("load"))
@@ -57,26 +43,15 @@ async fn attempt(
     payload: Value,
     policy: &TxnPolicy,
 ) -> (String, Traced) {
-    let id = uuid::Uuid::new_v4();
-    let mut tx = InboxTx::begin(&t.db).await.expect("begin");
-    assert!(tx.mark("test", id, None).await.expect("mark"));
     let message = Message {
-        id: id.to_string(),
+        id: String::new(),
         topic: "t".into(),
         key: None,
         payload: payload.to_string().into_bytes(),
         headers: vec![],
         attempt: 0,
     };
-    let traced = p
-        .handle_traced(&mut tx, &message, policy, Some(&t.db), Transport::Live)
-        .await;
-    if traced.result.is_ok() {
-        tx.commit().await.expect("commit");
-    } else {
-        tx.rollback().await.expect("rollback");
-    }
-    (id.to_string(), traced)
+    handle_once(t, p, "test", message, policy, Transport::Live).await
 }
 
 fn req(method: &str, url: &str) -> Value {

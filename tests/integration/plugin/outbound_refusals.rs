@@ -14,11 +14,9 @@ use outboxd::plugin::TransformerPlugin;
 use outboxd::plugin::validate::{self, Verdict};
 use serde_json::json;
 
-use crate::on_both;
-use crate::outbound_http::http_spec;
-use crate::outbound_server::Server;
-use crate::plugins::{engine, plugin_path};
-use crate::support::{TestDb, plugin_policy};
+use crate::support::outbound_server::Server;
+use crate::support::plugins::{engine, http_spec, order, plugin_path};
+use crate::support::{TestDb, on_both, plugin_policy};
 
 fn key_error(toml: &str) -> (String, String) {
     match Config::from_toml("t.toml", toml, Vec::new()) {
@@ -140,7 +138,7 @@ async fn consumer_before_commit_leaves_the_intent_open(t: TestDb) {
             FaultAction::Error,
             1,
         ));
-    let mut d = super::consumer_plugins::order(0, "o1");
+    let mut d = order(0, "o1");
     d.payload = json!({"requests": [{"method": "POST", "url": server.url("/charges")}]})
         .to_string()
         .into_bytes();

@@ -17,10 +17,9 @@ use outboxd::store::backend::sqlite_plugin_guard;
 use outboxd::store::backend::sqlite_plugin_guard::PluginPolicy;
 use serde_json::json;
 
-use super::consumer_plugins::{handler, order};
-use super::hostile_sql_corpus::{doubling_bomb, seed_tables};
-use crate::on_both;
-use crate::support::TestDb;
+use crate::support::plugins::{doubling_bomb, engine, handler, order, plugin_path, seed_tables};
+use crate::support::process::outboxd;
+use crate::support::{TestDb, on_both};
 
 fn grants() -> TableGrants {
     TableGrants {
@@ -164,13 +163,13 @@ async fn an_unsafe_role_is_refused_with_the_key_and_the_sql() {
     .to_string();
     assert!(missing.contains("does not exist"), "{missing}");
     // The same refusal stops `outboxd run` before any consumer starts.
-    let out = crate::process::outboxd(&t)
+    let out = outboxd(&t)
         .arg("run")
         .env(
             "OUTBOXD__PLUGINS",
             format!(
                 r#"[{{name = "attack", path = "{}"}}]"#,
-                crate::plugins::plugin_path("hostile-consumer-attack").display()
+                plugin_path("hostile-consumer-attack").display()
             ),
         )
         .env(
@@ -326,11 +325,10 @@ async fn giant_values_never_reach_the_hosts_memory(t: TestDb) {
     // the test is about where the value stops, not about the deadline.
     let mut spec = outboxd::config::PluginSpec::new(
         "hostile-consumer-attack",
-        crate::plugins::plugin_path("hostile-consumer-attack"),
+        plugin_path("hostile-consumer-attack"),
     );
     spec.limits.timeout = std::time::Duration::from_millis(20_000);
-    let plugin = outboxd::plugin::ConsumerPlugin::load(crate::plugins::engine(), &spec)
-        .expect("load the plugin");
+    let plugin = outboxd::plugin::ConsumerPlugin::load(engine(), &spec).expect("load the plugin");
     let h = outboxd::consumer::PluginHandler::new(std::sync::Arc::new(plugin), policy.clone());
     let innocent = |offset: i64| {
         let mut d = order(offset, &format!("i{offset}"));
@@ -421,11 +419,10 @@ async fn the_wall_deadline_cancels_the_statement_on_the_server() {
     };
     let mut spec = outboxd::config::PluginSpec::new(
         "hostile-consumer-attack",
-        crate::plugins::plugin_path("hostile-consumer-attack"),
+        plugin_path("hostile-consumer-attack"),
     );
     spec.limits.timeout = std::time::Duration::from_millis(300);
-    let plugin = outboxd::plugin::ConsumerPlugin::load(crate::plugins::engine(), &spec)
-        .expect("load the plugin");
+    let plugin = outboxd::plugin::ConsumerPlugin::load(engine(), &spec).expect("load the plugin");
     // The role is what `outboxd run` requires on Postgres; setting it also
     // reads the backend's pid, which the cancel needs.
     let mut c = attacked();

@@ -2,81 +2,19 @@
 //! their parameters and rows, the emitted event and the outcome, on a
 //! scratch SQLite database or a Postgres database that it leaves as it
 //! was; refused statements; `--setup`; traps and timeouts; `--config`.
-//! The helpers here serve the other `plugin_test_*` files too.
 
-use std::path::Path;
-use std::process::Output;
+use serde_json::json;
 
-use serde_json::{Value, json};
-
-use crate::plugins::plugin_path;
 use crate::support::TestDb;
-
-pub(crate) const INVOICES_SQLITE: &str = "CREATE TABLE invoices (
-  id INTEGER PRIMARY KEY AUTOINCREMENT, order_id TEXT NOT NULL, customer_id TEXT NOT NULL,
-  amount_cents INTEGER NOT NULL, message_id TEXT NOT NULL, issued_at INTEGER NOT NULL)";
+use crate::support::plugin_test::{
+    INVOICES_SQLITE, invoicing, order_files, plugin_test, plugin_test_within, report, scratch_dir,
+    text,
+};
+use crate::support::plugins::plugin_path;
 
 const INVOICES_PG: &str = "CREATE TABLE invoices (
   id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, order_id text NOT NULL, customer_id text NOT NULL,
   amount_cents bigint NOT NULL, message_id text NOT NULL, issued_at bigint NOT NULL)";
-
-/// `outboxd plugin test ARGS` in `dir`, with a call deadline a loaded
-/// test machine meets (the 50 ms default can be short for a fresh
-/// instance).
-pub(crate) async fn plugin_test(dir: &Path, args: &[&str]) -> Output {
-    plugin_test_within(dir, args, 5_000).await
-}
-
-async fn plugin_test_within(dir: &Path, args: &[&str], timeout_ms: u64) -> Output {
-    tokio::process::Command::new(env!("CARGO_BIN_EXE_outboxd"))
-        .args(["plugin", "test"])
-        .args(args)
-        .args(["--timeout-ms", &timeout_ms.to_string()])
-        .current_dir(dir)
-        // The scratch database goes here, so a test can see it is gone.
-        .env("TMPDIR", scratch_dir(dir))
-        .env_remove("OUTBOXD__DATABASE__URL")
-        .output()
-        .await
-        .expect("run outboxd plugin test")
-}
-
-fn scratch_dir(dir: &Path) -> std::path::PathBuf {
-    let tmp = dir.join("tmp");
-    std::fs::create_dir_all(&tmp).expect("create the scratch parent");
-    tmp
-}
-
-pub(crate) fn text(o: &Output) -> String {
-    format!(
-        "status {}\nstdout:\n{}\nstderr:\n{}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-pub(crate) fn report(o: &Output) -> Value {
-    serde_json::from_slice(&o.stdout)
-        .unwrap_or_else(|e| panic!("--json prints JSON ({e}): {}", text(o)))
-}
-
-/// A directory with the order message and the invoices table's setup.
-pub(crate) fn order_files(setup: &str) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let message = json!({
-        "key": "o-1",
-        "topic": "order.confirmed",
-        "payload": {"order_id": "o-1", "customer_id": "c-1", "total_cents": 1990},
-    });
-    std::fs::write(dir.path().join("message.json"), message.to_string()).expect("write message");
-    std::fs::write(dir.path().join("setup.sql"), setup).expect("write setup");
-    dir
-}
-
-pub(crate) fn invoicing() -> String {
-    plugin_path("invoicing").display().to_string()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_shows_its_statements_with_params_and_its_emitted_event() {

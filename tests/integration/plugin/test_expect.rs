@@ -4,8 +4,10 @@
 
 use serde_json::json;
 
-use crate::plugin_test_cmd::{INVOICES_SQLITE, invoicing, order_files, plugin_test, report, text};
-use crate::plugins::plugin_path;
+use crate::support::plugin_test::{
+    INVOICES_SQLITE, invoicing, order_files, plugin_test, report, text,
+};
+use crate::support::plugins::plugin_path;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expect_passes_on_the_matching_consumer_report_and_fails_on_a_changed_one() {

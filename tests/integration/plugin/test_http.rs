@@ -6,10 +6,10 @@
 
 use serde_json::{Value, json};
 
-use crate::outbound_server::Server;
-use crate::plugin_test_cmd::{plugin_test, report, text};
-use crate::plugins::plugin_path;
 use crate::support::TestDb;
+use crate::support::outbound_server::Server;
+use crate::support::plugin_test::{plugin_test, report, text};
+use crate::support::plugins::plugin_path;
 
 /// The hostile consumer-http plugin makes the requests its message lists,
 /// trying to set its own idempotency key, and ignores every refusal.

@@ -1,83 +1,13 @@
-//! The Wasm plugin host: every sandbox limit as an `_obeyed`/`_violated`
-//! pair, the example plugins' output, and the relay with transformer chains.
+//! The example transformer plugins' output: CloudEvents, PII redaction,
+//! and transformers written in Python and JavaScript. (Their sandbox limits
+//! are in `limits.rs`, chains in the relay in `chains.rs`.)
 //!
 //! The components come from `bash plugins/build.sh` (tests/run.sh runs it);
 //! a missing component fails the test with that instruction.
 
-use std::path::PathBuf;
-use std::sync::OnceLock;
+use serde_json::json;
 
-use outboxd::config::PluginSpec;
-use outboxd::plugin::EngineConfig;
-use outboxd::plugin::GuestEvent;
-use outboxd::plugin::PluginEngine;
-use outboxd::plugin::TransformerPlugin;
-use serde_json::{Value, json};
-
-pub fn plugin_path(name: &str) -> PathBuf {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../plugins/dist")
-        .join(format!("{name}.wasm"));
-    assert!(
-        path.exists(),
-        "{} is missing: build the plugins with `bash plugins/build.sh` (tests/run.sh does it)",
-        path.display()
-    );
-    path
-}
-
-/// One engine for the whole test binary, with an artifact cache so the
-/// Python component compiles once.
-pub fn engine() -> &'static PluginEngine {
-    static ENGINE: OnceLock<PluginEngine> = OnceLock::new();
-    ENGINE.get_or_init(|| {
-        PluginEngine::new(EngineConfig {
-            cache_dir: Some(
-                PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/plugin-cache"),
-            ),
-            pooling: false,
-        })
-        .expect("plugin engine")
-    })
-}
-
-pub fn spec(name: &str) -> PluginSpec {
-    let mut s = PluginSpec::new(name, plugin_path(name));
-    s.version = Some("test-1".into());
-    s
-}
-
-/// A spec whose deadline is generous, for tests about another limit (page
-/// faults of a fresh 64 MiB memory take tens of ms on a busy machine).
-pub(crate) fn roomy(name: &str) -> PluginSpec {
-    let mut s = spec(name);
-    s.limits.timeout = std::time::Duration::from_millis(5_000);
-    s
-}
-
-pub(crate) fn load(spec: &PluginSpec) -> TransformerPlugin {
-    TransformerPlugin::load(engine(), spec).expect("load plugin")
-}
-
-pub fn event(payload: Value) -> GuestEvent {
-    GuestEvent {
-        id: "6f1c1d2e-8a3b-4c5d-9e6f-0a1b2c3d4e5f".into(),
-        aggregate_id: "order-7".into(),
-        event_type: "order.confirmed".into(),
-        payload: serde_json::to_vec(&payload).expect("json"),
-        headers: vec![(
-            "traceparent".into(),
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
-        )],
-        created_at: "2026-11-29T12:00:00+00:00".into(),
-        key: b"order-7".to_vec(),
-        attempt: 0,
-    }
-}
-
-pub(crate) fn json_of(payload: &[u8]) -> Value {
-    serde_json::from_slice(payload).expect("payload is JSON")
-}
+use crate::support::plugins::{event, json_of, load, spec};
 
 #[tokio::test]
 async fn cloudevents_wraps_the_event_in_a_structured_envelope() {
@@ -142,7 +72,7 @@ async fn redact_pii_drops_and_masks_configured_fields() {
 
 /// A transformer in another language (`python-tag`, `js-tag`): adds
 /// `"tagged_by": <tag>` and refuses `"reject": true` permanently.
-pub(crate) async fn tagging_transformer_runs(plugin: &str, tag: &str) {
+async fn tagging_transformer_runs(plugin: &str, tag: &str) {
     let mut s = spec(plugin);
     s.limits.memory_mib = 256;
     s.limits.timeout = std::time::Duration::from_millis(1000);

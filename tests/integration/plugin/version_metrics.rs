@@ -7,21 +7,21 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use outboxd::config::ConsumerSection;
 use outboxd::config::PluginSpec;
 use outboxd::daemon::Daemon;
-use outboxd::fault::Faults;
-use outboxd::plugin::registry::Registry;
+use outboxd::plugin::lifecycle::registry::Registry;
 use outboxd::route::Route;
 use outboxd_demo::billing;
 
-use crate::admin::{TOKEN, admin_config, http};
-use crate::consumer_swap::{deploy, put_order, registry_spec, wasm};
-use crate::on_both;
-use crate::plugins::plugin_path;
-use crate::support::TestDb;
+use crate::support::admin::{TOKEN, admin_config, http};
+use crate::support::db::pairs;
+use crate::support::pipeline::Pipeline;
+use crate::support::plugins::{plugin_path, registry_spec, wasm};
+use crate::support::swap::{deploy, put_order};
+use crate::support::{TestDb, eventually, on_both};
 
 /// `outboxd_plugin_calls_total` and the latency count of each version, by
 /// `(plugin, version)`, from a `/metrics` text.
@@ -54,12 +54,12 @@ fn plugin_series(metrics: &str, family: &str) -> BTreeMap<(String, String), u64>
 /// What the consumer did, for a failure message: inbox rows per version,
 /// dead letters, and the plugin lines of /metrics.
 async fn diagnose(t: &TestDb, addr: std::net::SocketAddr) -> String {
-    let handled = crate::consumer_swap::pairs(
+    let handled = pairs(
         &t.db,
         "SELECT COALESCE(handled_by, '?'), CAST(count(*) AS TEXT) FROM inbox GROUP BY handled_by",
     )
     .await;
-    let dead = crate::consumer_swap::pairs(
+    let dead = pairs(
         &t.db,
         "SELECT handler, error FROM consumer_dead_letters ORDER BY id LIMIT 3",
     )
@@ -73,6 +73,24 @@ async fn diagnose(t: &TestDb, addr: std::net::SocketAddr) -> String {
         "inbox by version {handled:?}\ndead letters {dead:?}\n{}",
         plugins.join("\n")
     )
+}
+
+/// Waits (60 s at most) until `done` holds; on a timeout, says what the
+/// consumer did.
+async fn until(
+    t: &TestDb,
+    addr: std::net::SocketAddr,
+    what: &str,
+    mut done: impl AsyncFnMut() -> bool,
+) {
+    eventually(Duration::from_secs(60), what, async || {
+        if done().await {
+            Ok(())
+        } else {
+            Err(format!("\n{}", diagnose(t, addr).await))
+        }
+    })
+    .await
 }
 
 async fn a_consumer_version_activated_under_load_is_in_metrics_and_the_plugin_list(t: TestDb) {
@@ -92,12 +110,8 @@ async fn a_consumer_version_activated_under_load_is_in_metrics_and_the_plugin_li
     t.provision_plugin_role(&mut section).await;
     config.consumers = vec![section];
     config.plugin_runtime.registry_poll = Some(Duration::from_millis(100));
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let (set, handles) = Daemon::default()
-        .spawn_pipeline(&config, &t.db, Faults::none(), stop_rx)
-        .await
-        .expect("pipeline");
-    let addr = handles.admin_addr.expect("admin");
+    let pipeline = Pipeline::start(Daemon::default(), &config, &t.db).await;
+    let addr = pipeline.addr();
 
     // Orders flow from here to the end of the swap, at most 40 ahead of
     // the consumer.
@@ -105,7 +119,7 @@ async fn a_consumer_version_activated_under_load_is_in_metrics_and_the_plugin_li
     let producing = Arc::new(AtomicBool::new(true));
     let producer = {
         let (db, produced, producing) = (t.db.clone(), produced.clone(), producing.clone());
-        let stats = handles.consumer_stats[0].1.clone();
+        let stats = pipeline.handles.consumer_stats[0].1.clone();
         tokio::spawn(async move {
             let mut i = 0;
             while producing.load(Ordering::SeqCst) {
@@ -128,47 +142,26 @@ async fn a_consumer_version_activated_under_load_is_in_metrics_and_the_plugin_li
             .await
         }
     };
-    let until = |what: String, deadline: Duration| {
-        let start = Instant::now();
-        let t = &t;
-        move || {
-            let what = what.clone();
-            async move {
-                if start.elapsed() > deadline {
-                    panic!("timed out: {what}\n{}", diagnose(t, addr).await);
-                }
-            }
-        }
-    };
-    let check = until("v1 handles 20 orders".into(), Duration::from_secs(60));
-    while inbox("c@1").await < 20 {
-        check().await;
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until(&t, addr, "v1 handles 20 orders", async || {
+        inbox("c@1").await >= 20
+    })
+    .await;
 
     // Deployed after start: first a shadow candidate, then the active one.
     let v2 = deploy(&reg, "c", wasm("invoicing")).await;
     assert_eq!(v2, 2);
     reg.shadow("c", v2, true, None).await.expect("shadow v2");
-    let check = until(
-        "the candidate's shadow calls".into(),
-        Duration::from_secs(60),
-    );
-    loop {
+    until(&t, addr, "the candidate's shadow calls", async || {
         let (_, metrics) = http(addr, "GET", "/metrics", Some(TOKEN), None).await;
         let calls = plugin_series(&metrics, "outboxd_plugin_calls_total");
-        if calls.get(&("c".into(), "2".into())).copied().unwrap_or(0) > 0 {
-            break;
-        }
-        check().await;
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        calls.get(&("c".into(), "2".into())).copied().unwrap_or(0) > 0
+    })
+    .await;
     reg.activate("c", v2, "test").await.expect("activate v2");
-    let check = until("v2 handles 20 orders".into(), Duration::from_secs(60));
-    while inbox("c@2").await < 20 {
-        check().await;
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until(&t, addr, "v2 handles 20 orders", async || {
+        inbox("c@2").await >= 20
+    })
+    .await;
     assert!(
         producing.load(Ordering::SeqCst),
         "the orders stopped before the swap: not under load"
@@ -189,14 +182,13 @@ async fn a_consumer_version_activated_under_load_is_in_metrics_and_the_plugin_li
     producing.store(false, Ordering::SeqCst);
     producer.await.expect("producer");
     let total = produced.load(Ordering::SeqCst) as i64;
-    let check = until(
-        format!("all {total} orders handled"),
-        Duration::from_secs(60),
-    );
-    while t.count("SELECT count(*) FROM inbox").await < total {
-        check().await;
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until(
+        &t,
+        addr,
+        &format!("all {total} orders handled"),
+        async || t.count("SELECT count(*) FROM inbox").await >= total,
+    )
+    .await;
 
     // Settled: each version was called at least once per message it
     // handled (v2 also ran in shadow before it was active).
@@ -261,10 +253,7 @@ async fn a_consumer_version_activated_under_load_is_in_metrics_and_the_plugin_li
         calls.get(&("c".to_string(), "2".to_string())).copied(),
         "the list and /metrics count the same calls"
     );
-    stop_tx.send(true).expect("stop");
-    outboxd::daemon::join_all_workers(set)
-        .await
-        .expect("clean stop");
+    pipeline.stop().await;
     println!(
         "plugin metrics under load ({}): {total} orders, c@1 handled {by_v1}, c@2 handled {by_v2}; calls {calls:?}",
         if t.is_postgres() {
@@ -297,21 +286,12 @@ async fn a_file_consumer_plugin_is_in_metrics(t: TestDb) {
     for i in 0..3 {
         put_order(&t.db, i).await;
     }
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let (set, handles) = Daemon::default()
-        .spawn_pipeline(&config, &t.db, Faults::none(), stop_rx)
-        .await
-        .expect("pipeline");
-    let addr = handles.admin_addr.expect("admin");
-    let start = Instant::now();
-    while t.count("SELECT count(*) FROM inbox").await < 6 {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "{}",
-            diagnose(&t, addr).await
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let pipeline = Pipeline::start(Daemon::default(), &config, &t.db).await;
+    let addr = pipeline.addr();
+    until(&t, addr, "6 messages handled", async || {
+        t.count("SELECT count(*) FROM inbox").await >= 6
+    })
+    .await;
     let (_, metrics) = http(addr, "GET", "/metrics", Some(TOKEN), None).await;
     let calls = plugin_series(&metrics, "outboxd_plugin_calls_total");
     let of = |name: &str| {
@@ -327,9 +307,6 @@ async fn a_file_consumer_plugin_is_in_metrics(t: TestDb) {
         "one series, both consumers' calls:\n{metrics}"
     );
     assert_eq!(of("redact-pii"), vec![3], "{metrics}");
-    stop_tx.send(true).expect("stop");
-    outboxd::daemon::join_all_workers(set)
-        .await
-        .expect("clean stop");
+    pipeline.stop().await;
 }
 on_both!(a_file_consumer_plugin_is_in_metrics);

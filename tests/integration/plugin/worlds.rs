@@ -5,8 +5,7 @@
 use outboxd::plugin::validate::{self, Verdict};
 use outboxd::plugin::{ConsumerPlugin, PluginError, TransformerPlugin};
 
-use crate::hot_swap_refusals::hand_built_component;
-use crate::plugins::{engine, plugin_path, spec};
+use crate::support::plugins::{engine, hand_built_component, plugin_path, spec};
 
 const TRANSACTION: &str = "outbox:plugin/transaction@0.1.0";
 

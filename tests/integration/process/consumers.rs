@@ -1,15 +1,30 @@
 //! Consumer processes killed and started for real (`outboxd run` as a child
 //! process): a kill before the offset commit, a kill mid-batch with a plugin,
 //! processes starting together, and a consumer-only process
-//! (`relay.workers = 0`). The relay and producer cases are in `process.rs`.
+//! (`relay.workers = 0`). The relay and producer cases are in `crashes.rs`.
 
-use super::process::{kill_at_fault, outboxd, outboxd_with_billing, terminate, wait_until};
-use crate::on_both;
-use crate::support::TestDb;
-use outboxd::event::NewEvent;
-use outboxd::store::{Db, enqueue};
-use serde_json::json;
 use std::process::Stdio;
+use std::time::Duration;
+
+use outboxd::event::NewEvent;
+use serde_json::json;
+
+use crate::support::process::{
+    billing_plugin_consumer, kill_at_fault, outboxd, outboxd_with_billing, terminate,
+};
+use crate::support::{TestDb, on_both};
+
+/// Commits the `order.confirmed` events of orders `order-0` to `order-{n-1}`.
+async fn confirm_orders(t: &TestDb, n: usize) {
+    for i in 0..n {
+        t.enqueue(NewEvent::new(
+            format!("order-{i}"),
+            "order.confirmed",
+            json!({ "order_id": format!("order-{i}"), "customer_id": "c", "total_cents": 100 + i }),
+        ))
+        .await;
+    }
+}
 
 /// After a kill between the handler's commit and the offset's: more
 /// invoices are in than `billing`'s stored offsets cover, so those messages
@@ -36,25 +51,7 @@ async fn consumer_killed_before_offset_commit_has_no_double_effect(t: TestDb) {
     outboxd_demo::billing::create_schema(&t.db)
         .await
         .expect("billing");
-    for i in 0..120 {
-        let ev = NewEvent::new(
-            format!("order-{i}"),
-            "order.confirmed",
-            json!({ "order_id": format!("order-{i}"), "customer_id": "c", "total_cents": 100 + i }),
-        );
-        match &t.db {
-            Db::Postgres(p) => {
-                let mut tx = p.begin().await.expect("begin");
-                enqueue(&mut tx, ev).await.expect("enqueue");
-                tx.commit().await.expect("commit");
-            }
-            Db::Sqlite(p) => {
-                let mut tx = p.begin().await.expect("begin");
-                enqueue(&mut tx, ev).await.expect("enqueue");
-                tx.commit().await.expect("commit");
-            }
-        }
-    }
+    confirm_orders(&t, 120).await;
     let consumers =
         r#"[{name = "billing", topics = ["order.confirmed"], handler = "builtin:billing"}]"#;
     let child = outboxd_with_billing(&t)
@@ -73,7 +70,12 @@ async fn consumer_killed_before_offset_commit_has_no_double_effect(t: TestDb) {
         .stderr(Stdio::null())
         .spawn()
         .expect("restart");
-    wait_until(&t, "SELECT count(DISTINCT order_id) FROM invoices", 120).await;
+    t.wait_count(
+        Duration::from_secs(90),
+        "SELECT count(DISTINCT order_id) FROM invoices",
+        120,
+    )
+    .await;
     terminate(&mut child).await;
     assert_eq!(
         t.count("SELECT count(*) FROM invoices").await,
@@ -96,25 +98,7 @@ async fn plugin_consumer_killed_mid_batch_has_exactly_one_effect(t: TestDb) {
     outboxd_demo::billing::create_schema(&t.db)
         .await
         .expect("billing");
-    for i in 0..120 {
-        let ev = NewEvent::new(
-            format!("order-{i}"),
-            "order.confirmed",
-            json!({ "order_id": format!("order-{i}"), "customer_id": "c", "total_cents": 100 + i }),
-        );
-        match &t.db {
-            Db::Postgres(p) => {
-                let mut tx = p.begin().await.expect("begin");
-                enqueue(&mut tx, ev).await.expect("enqueue");
-                tx.commit().await.expect("commit");
-            }
-            Db::Sqlite(p) => {
-                let mut tx = p.begin().await.expect("begin");
-                enqueue(&mut tx, ev).await.expect("enqueue");
-                tx.commit().await.expect("commit");
-            }
-        }
-    }
+    confirm_orders(&t, 120).await;
     let (plugins, consumers) = billing_plugin_consumer(&t, ", batch_in_transaction = 10").await;
     let consumers = consumers.as_str();
     let child = outboxd(&t)
@@ -135,7 +119,12 @@ async fn plugin_consumer_killed_mid_batch_has_exactly_one_effect(t: TestDb) {
         .stderr(Stdio::null())
         .spawn()
         .expect("restart");
-    wait_until(&t, "SELECT count(DISTINCT order_id) FROM invoices", 120).await;
+    t.wait_count(
+        Duration::from_secs(90),
+        "SELECT count(DISTINCT order_id) FROM invoices",
+        120,
+    )
+    .await;
     terminate(&mut child).await;
     assert_eq!(
         t.count("SELECT count(*) FROM invoices").await,
@@ -221,8 +210,8 @@ async fn a_consumer_only_process_publishes_nothing(t: TestDb) {
             .await
             .expect("publish to the embedded transport");
     }
-    wait_until(
-        &t,
+    t.wait_count(
+        Duration::from_secs(90),
         "SELECT count(*) FROM invoices WHERE order_id LIKE 'direct-%'",
         5,
     )
@@ -244,27 +233,3 @@ async fn a_consumer_only_process_publishes_nothing(t: TestDb) {
     terminate(&mut child).await;
 }
 on_both!(a_consumer_only_process_publishes_nothing);
-
-/// `OUTBOXD__PLUGINS` and `OUTBOXD__CONSUMERS` for one `billing` consumer
-/// plugin of `order.confirmed` that may write `invoices` (`extra` adds keys
-/// to the consumer), with its Postgres role provisioned.
-pub(crate) async fn billing_plugin_consumer(t: &TestDb, extra: &str) -> (String, String) {
-    let plugins = format!(
-        r#"[{{name = "billing", path = "{}", limits = {{timeout_ms = 5000}}}}]"#,
-        crate::plugins::plugin_path("billing").display()
-    );
-    let mut section = outboxd::config::ConsumerSection::new(
-        "billing",
-        vec!["order.confirmed".into()],
-        "plugin:billing",
-    );
-    section.tables.write = vec!["invoices".into()];
-    let role = match t.provision_plugin_role(&mut section).await {
-        Some(r) => format!(", db_role = \"{r}\""),
-        None => String::new(),
-    };
-    let consumers = format!(
-        r#"[{{name = "billing", topics = ["order.confirmed"], handler = "plugin:billing"{extra}, tables = {{write = ["invoices"]}}{role}}}]"#
-    );
-    (plugins, consumers)
-}

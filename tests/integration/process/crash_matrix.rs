@@ -11,8 +11,7 @@ use outboxd::relay::{RelayError, StepOutcome};
 use outboxd_demo::billing::{self, BillingHandler};
 use outboxd_demo::orders::{self, ConfirmOrder, ConfirmOutcome, OrderError, OrderService};
 
-use crate::on_both;
-use crate::support::{ScriptedPublisher, TestDb};
+use crate::support::{ScriptedPublisher, TestDb, on_both};
 
 fn keyed(order: &str, key: &str) -> ConfirmOrder {
     ConfirmOrder {

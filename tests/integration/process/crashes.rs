@@ -3,133 +3,25 @@
 //! file or Postgres database.
 
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use outboxd::event::NewEvent;
-use outboxd::store::{Db, enqueue};
+use outboxd::store::Db;
 use serde_json::json;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
-use crate::on_both;
-use crate::support::TestDb;
+use crate::support::db::enqueue_on;
+use crate::support::process::{kill_at_fault, outboxd, outboxd_with_billing, terminate};
+use crate::support::{TestDb, on_both};
 
-pub(crate) fn outboxd(t: &TestDb) -> Command {
-    configured(Command::new(env!("CARGO_BIN_EXE_outboxd")), t)
-}
-
-/// `outboxd-demo`, the example's binary: outboxd's command line with the
-/// example's `BillingHandler` registered as `builtin:billing`, as a user's
-/// own binary registers its native handlers. Built here (a no-op when it is
-/// current), since it belongs to another package of the workspace.
-pub(crate) fn outboxd_with_billing(t: &TestDb) -> Command {
-    static BUILT: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
-    let bin = BUILT.get_or_init(|| {
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let status = std::process::Command::new(cargo)
-            .args([
-                "build",
-                "--quiet",
-                "-p",
-                "outboxd-demo",
-                "--bin",
-                "outboxd-demo",
-            ])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .status()
-            .expect("run cargo to build the example's binary (cargo build -p outboxd-demo)");
-        assert!(status.success(), "cargo build -p outboxd-demo failed");
-        std::path::Path::new(env!("CARGO_BIN_EXE_outboxd")).with_file_name("outboxd-demo")
-    });
-    configured(Command::new(bin), t)
-}
-
-fn configured(mut cmd: Command, t: &TestDb) -> Command {
-    cmd.env("OUTBOXD__DATABASE__URL", &t.url)
-        .env("OUTBOXD__RELAY__WORKERS", "1")
-        .env("OUTBOXD__RELAY__BATCH_SIZE", "20")
-        .env("OUTBOXD__RELAY__POLL_INTERVAL_MS", "20")
-        .env("OUTBOXD__RELAY__PUBLISH_TIMEOUT_MS", "1000")
-        .env("OUTBOXD__RELAY__LEASE_MS", "1500")
-        .env("OUTBOXD__TRANSPORT__CONSUMER_LEASE_MS", "1500")
-        .env_remove("OUTBOXD_FAULT")
-        .kill_on_drop(true);
-    cmd
-}
-
-/// Stops `child` as an operator would (SIGTERM) and asserts that it drains
-/// and exits 0 within 30 s.
-pub(crate) async fn terminate(child: &mut Child) {
-    let pid = child.id().expect("pid").to_string();
-    let term = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("kill -TERM");
-    assert!(term.success(), "kill -TERM {pid}");
-    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
-        .await
-        .expect("exits within 30 s of SIGTERM")
-        .expect("wait");
-    assert!(status.success(), "SIGTERM must exit 0, got {status}");
-}
-
-/// Waits for the `OUTBOXD FAULT` line, then SIGKILLs the process.
-pub(crate) async fn kill_at_fault(mut child: Child) {
-    let stderr = child.stderr.take().expect("piped stderr");
-    let mut lines = BufReader::new(stderr).lines();
-    let found = tokio::time::timeout(Duration::from_secs(90), async {
-        while let Ok(Some(line)) = lines.next_line().await {
-            if line.starts_with("OUTBOXD FAULT") {
-                return true;
-            }
-        }
-        false
-    })
-    .await
-    .unwrap_or(false);
-    child.start_kill().expect("SIGKILL");
-    let status = child.wait().await.expect("wait");
-    assert!(
-        found,
-        "the process never reached the fault point (status {status})"
-    );
-    assert!(!status.success(), "killed, not exited");
-}
-
-pub(crate) async fn fill(db: &Db, events: usize, aggregates: usize) {
+async fn fill(db: &Db, events: usize, aggregates: usize) {
     for i in 0..events {
         let ev = NewEvent::new(
             format!("agg-{}", i % aggregates),
             "thing.happened",
             json!({ "i": i }),
         );
-        match db {
-            Db::Postgres(p) => {
-                let mut tx = p.begin().await.expect("begin");
-                enqueue(&mut tx, ev).await.expect("enqueue");
-                tx.commit().await.expect("commit");
-            }
-            Db::Sqlite(p) => {
-                let mut tx = p.begin().await.expect("begin");
-                enqueue(&mut tx, ev).await.expect("enqueue");
-                tx.commit().await.expect("commit");
-            }
-        }
-    }
-}
-
-pub(crate) async fn wait_until(t: &TestDb, sql: &str, want: i64) {
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        let got = t.count(sql).await;
-        if got == want {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for `{sql}` = {want} (last {got})"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        enqueue_on(db, ev).await;
     }
 }
 
@@ -162,8 +54,8 @@ async fn relay_killed_between_publish_and_mark_republishes_only_that_batch(t: Te
         .stderr(Stdio::null())
         .spawn()
         .expect("restart");
-    wait_until(
-        &t,
+    t.wait_count(
+        Duration::from_secs(90),
         "SELECT count(*) FROM outbox WHERE published_at IS NULL",
         0,
     )
@@ -333,7 +225,12 @@ async fn the_product_binary_registers_no_native_handler(t: TestDb) {
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn the example's binary");
-    wait_until(&t, "SELECT count(*) FROM invoices WHERE order_id = 'o1'", 1).await;
+    t.wait_count(
+        Duration::from_secs(90),
+        "SELECT count(*) FROM invoices WHERE order_id = 'o1'",
+        1,
+    )
+    .await;
     terminate(&mut child).await;
 }
 on_both!(the_product_binary_registers_no_native_handler);

@@ -1,8 +1,8 @@
 //! The one crash the inbox cannot cover, for real: the receiver fails after
 //! the external payment and before the inbox mark. An `outboxd run` process
 //! with the `charge` consumer plugin (plugins/charge) charges an order
-//! through a payment provider on loopback (tests/integration/
-//! payment_provider.rs), stops at `consumer-before-commit` (the provider
+//! through a payment provider on loopback (support/payment_provider.rs),
+//! stops at `consumer-before-commit` (the provider
 //! has answered, the inbox transaction is not committed) and is SIGKILLed.
 //! The restarted process gets the message again and charges again, with the
 //! same `Idempotency-Key` (the message id, set by the host):
@@ -19,47 +19,24 @@
 
 use std::process::Stdio;
 
+use std::time::Duration;
+
+use outboxd::event::NewEvent;
 use serde_json::{Value, json};
 
-use super::payment_provider::{Mode, Provider};
-use super::process::{kill_at_fault, outboxd, terminate, wait_until};
 use crate::support::TestDb;
-use outboxd::event::NewEvent;
-use outboxd::store::Db;
-
-/// Where the message goes, and the names the test's consumer uses.
-struct Way {
-    kafka: Option<String>,
-    topic: String,
-    consumer: String,
-}
-
-impl Way {
-    fn embedded() -> Self {
-        Self {
-            kafka: None,
-            topic: "order.paid".into(),
-            consumer: "charge".into(),
-        }
-    }
-
-    /// A topic and a group of the test's own, so runs sharing a broker
-    /// never meet.
-    fn kafka() -> Self {
-        Self {
-            kafka: Some(super::kafka::bootstrap()),
-            topic: super::kafka::unique("order.paid"),
-            consumer: super::kafka::unique("charge"),
-        }
-    }
-}
+use crate::support::db::with_pool;
+use crate::support::kafka::Way;
+use crate::support::payment_provider::{Mode, Provider};
+use crate::support::plugins::plugin_path;
+use crate::support::process::{kill_at_fault, outboxd, terminate};
 
 /// `OUTBOXD__PLUGINS` and `OUTBOXD__CONSUMERS`: the charge plugin may call
 /// the provider (and only it), and write `payments`.
 async fn charge_config(t: &TestDb, way: &Way, provider: &Provider) -> (String, String) {
     let plugins = format!(
         r#"[{{name = "charge", path = "{path}", limits = {{timeout_ms = 10000}}, allowed_outbound_hosts = ["{url}"], config = {{provider_url = "{url}"}}}}]"#,
-        path = crate::plugins::plugin_path("charge").display(),
+        path = plugin_path("charge").display(),
         url = provider.url,
     );
     let mut section = outboxd::config::ConsumerSection::new(
@@ -89,12 +66,7 @@ fn run(
     cmd.arg("run")
         .env("OUTBOXD__PLUGINS", &config.0)
         .env("OUTBOXD__CONSUMERS", &config.1);
-    if let Some(bootstrap) = &way.kafka {
-        cmd.env("OUTBOXD__TRANSPORT__KIND", "kafka")
-            .env("OUTBOXD__TRANSPORT__KAFKA__bootstrap.servers", bootstrap)
-            // A killed member's partitions move on after 6 s, not 45.
-            .env("OUTBOXD__TRANSPORT__KAFKA__session.timeout.ms", "\"6000\"");
-    }
+    way.configure_transport(&mut cmd);
     match fault {
         // Errors only, so the unread pipe never fills before the fault.
         Some(f) => cmd
@@ -109,23 +81,13 @@ fn run(
 /// Rows of one query of text columns.
 async fn texts(t: &TestDb, sql: &str) -> Vec<Vec<Option<String>>> {
     use sqlx::Row;
-    let rows: Vec<Vec<Option<String>>> = match &t.db {
-        Db::Postgres(p) => sqlx::query(sql)
-            .fetch_all(p)
-            .await
-            .expect(sql)
-            .iter()
-            .map(|r| (0..r.len()).map(|i| r.get(i)).collect())
-            .collect(),
-        Db::Sqlite(p) => sqlx::query(sql)
-            .fetch_all(p)
-            .await
-            .expect(sql)
-            .iter()
-            .map(|r| (0..r.len()).map(|i| r.get(i)).collect())
-            .collect(),
-    };
-    rows
+    with_pool!(&t.db, |p| sqlx::query(sql)
+        .fetch_all(p)
+        .await
+        .expect(sql)
+        .iter()
+        .map(|r| (0..r.len()).map(|i| r.get(i)).collect())
+        .collect())
 }
 
 /// `outboxd outbound list ARGS --json`, parsed.
@@ -152,10 +114,7 @@ async fn outbound_list(t: &TestDb, args: &[&str]) -> Vec<Value> {
 /// The crash, the restart and the evidence; returns the provider, whose
 /// charges the caller judges by its mode.
 async fn charge_killed_before_the_inbox_commit(t: &TestDb, way: &Way, mode: Mode) -> Provider {
-    if let Some(bootstrap) = &way.kafka {
-        super::kafka::create_topic(bootstrap, &way.topic, 1).await;
-        super::kafka::create_topic(bootstrap, &format!("{}.dlq", way.topic), 1).await;
-    }
+    way.create_topics(1).await;
     t.exec_app(
         "CREATE TABLE payments (order_id TEXT NOT NULL, charge_id TEXT NOT NULL, message_id TEXT NOT NULL)",
     )
@@ -209,8 +168,10 @@ async fn charge_killed_before_the_inbox_commit(t: &TestDb, way: &Way, mode: Mode
 
     // Restarted without the fault: the message is delivered again.
     let mut child = run(t, way, &config, None);
-    wait_until(t, "SELECT count(*) FROM payments", 1).await;
-    wait_until(t, "SELECT count(*) FROM inbox", 1).await;
+    t.wait_count(Duration::from_secs(90), "SELECT count(*) FROM payments", 1)
+        .await;
+    t.wait_count(Duration::from_secs(90), "SELECT count(*) FROM inbox", 1)
+        .await;
     terminate(&mut child).await;
 
     let seen = provider.requests();
@@ -294,26 +255,42 @@ mod a_charge_killed_before_the_inbox_commit {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn charges_once_on_postgres() {
-        dedupe(TestDb::postgres().await, Way::embedded()).await
+        dedupe(
+            TestDb::postgres().await,
+            Way::embedded("order.paid", "charge"),
+        )
+        .await
     }
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn charges_twice_without_dedupe_on_postgres() {
-        ignore(TestDb::postgres().await, Way::embedded()).await
+        ignore(
+            TestDb::postgres().await,
+            Way::embedded("order.paid", "charge"),
+        )
+        .await
     }
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn charges_once_on_sqlite() {
-        dedupe(TestDb::sqlite().await, Way::embedded()).await
+        dedupe(
+            TestDb::sqlite().await,
+            Way::embedded("order.paid", "charge"),
+        )
+        .await
     }
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn charges_twice_without_dedupe_on_sqlite() {
-        ignore(TestDb::sqlite().await, Way::embedded()).await
+        ignore(
+            TestDb::sqlite().await,
+            Way::embedded("order.paid", "charge"),
+        )
+        .await
     }
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn charges_once_on_postgres_with_kafka() {
-        dedupe(TestDb::postgres().await, Way::kafka()).await
+        dedupe(TestDb::postgres().await, Way::kafka("order.paid", "charge")).await
     }
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn charges_twice_without_dedupe_on_postgres_with_kafka() {
-        ignore(TestDb::postgres().await, Way::kafka()).await
+        ignore(TestDb::postgres().await, Way::kafka("order.paid", "charge")).await
     }
 }

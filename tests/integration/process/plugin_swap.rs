@@ -10,22 +10,10 @@ use outboxd_demo::billing;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::mpsc;
 
-use crate::consumer_swap::put_order;
-use crate::on_both;
-use crate::plugins::plugin_path;
-use crate::support::TestDb;
-
-/// `outboxd` with the test's config file and JSON logs on stderr.
-fn outboxd(config: &std::path::Path) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_outboxd"));
-    cmd.arg("--config")
-        .arg(config)
-        .arg("--log-json")
-        .env_remove("OUTBOXD_FAULT")
-        .env_remove("OUTBOXD_LOG")
-        .kill_on_drop(true);
-    cmd
-}
+use crate::support::plugins::plugin_path;
+use crate::support::process::outboxd_with_config as outboxd;
+use crate::support::swap::put_order;
+use crate::support::{TestDb, eventually, on_both};
 
 async fn cli(config: &std::path::Path, args: &[&str]) {
     let out = outboxd(config)
@@ -197,14 +185,12 @@ registry_poll_ms = 1000
     // The effect agrees: a new order is handled by version 2 in whichever
     // process owns its partition.
     put_order(&t.db, 1).await;
-    let wait = Instant::now();
-    while t.count("SELECT count(*) FROM inbox").await < 1 {
-        assert!(
-            wait.elapsed() < Duration::from_secs(30),
-            "the order was never handled"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(
+        Duration::from_secs(30),
+        "the order was never handled",
+        async || t.count("SELECT count(*) FROM inbox").await >= 1,
+    )
+    .await;
     for child in [&mut a, &mut b] {
         let pid = child.id().expect("pid").to_string();
         let _ = std::process::Command::new("kill")

@@ -10,44 +10,36 @@ use outboxd::store::Db;
 use serde_json::json;
 use sqlx::Row;
 
-use crate::admin::admin_config;
-use crate::support::TestDb;
+use crate::support::admin::admin_config;
+use crate::support::{TestDb, eventually};
 
 /// The backend of the daemon's registry query, once it waits on `lock`.
 async fn waiting_backend(admin: &sqlx::PgPool, database: &str) -> i32 {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let row = sqlx::query(
-            "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND wait_event_type = 'Lock' LIMIT 1",
-        )
-        .bind(database)
-        .fetch_optional(admin)
-        .await
-        .expect("pg_stat_activity");
-        if let Some(row) = row {
-            return row.get::<i32, _>(0);
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the daemon never queried the plugin registry"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(
+        Duration::from_secs(30),
+        "the daemon never queried the plugin registry",
+        async || {
+            sqlx::query(
+                "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND wait_event_type = 'Lock' LIMIT 1",
+            )
+            .bind(database)
+            .fetch_optional(admin)
+            .await
+            .expect("pg_stat_activity")
+            .map(|row| row.get::<i32, _>(0))
+        },
+    )
+    .await
 }
 
 /// Waits until the one event in the outbox has been published.
 async fn wait_relayed(t: &TestDb, within: Duration) {
-    let deadline = Instant::now() + within;
-    loop {
-        let published = t
-            .count("SELECT COUNT(*) FROM outboxd.outbox WHERE published_at IS NOT NULL")
-            .await;
-        if published == 1 {
-            return;
-        }
-        assert!(Instant::now() < deadline, "the event was never relayed");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(within, "the event was never relayed", async || {
+        t.count("SELECT COUNT(*) FROM outboxd.outbox WHERE published_at IS NOT NULL")
+            .await
+            == 1
+    })
+    .await
 }
 
 /// The registry is locked, the daemon's first registry query waits on the
@@ -277,36 +269,32 @@ async fn a_connection_lost_during_the_plugin_role_check_is_transient() {
         .expect("pid");
     // The connection goes back to the pool in a task of its own, after a
     // ping: terminated before that, it would be replaced by a fresh one.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while pool.num_idle() < 1 {
-        assert!(
-            Instant::now() < deadline,
-            "the connection never went back to the pool"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually(
+        Duration::from_secs(10),
+        "the connection never went back to the pool",
+        async || pool.num_idle() >= 1,
+    )
+    .await;
     sqlx::query("SELECT pg_terminate_backend($1)")
         .bind(pid)
         .execute(admin)
         .await
         .expect("terminate");
     // The signal is asynchronous: wait until the backend is gone.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let alive: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = $1")
-            .bind(pid)
-            .fetch_one(admin)
-            .await
-            .expect("pg_stat_activity");
-        if alive == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "backend {pid} outlived its termination"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(
+        Duration::from_secs(10),
+        format!("backend {pid} outlived its termination"),
+        async || {
+            let alive: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = $1")
+                    .bind(pid)
+                    .fetch_one(admin)
+                    .await
+                    .expect("pg_stat_activity");
+            alive == 0
+        },
+    )
+    .await;
     let mut c = ConsumerSection::new("c", vec!["t".into()], "plugin:p");
     c.db_role = Some("no_such_role_anywhere".into());
     let lost = check(&pool, 0, &c)

@@ -6,32 +6,16 @@ use std::time::Duration;
 
 use outboxd::backoff::Backoff;
 use outboxd::clock::{Clock, ManualClock};
-use outboxd::event::NewEvent;
 use outboxd::relay::RelayConfig;
 use outboxd::relay::StepOutcome;
 use outboxd::relay::StepReport;
-use outboxd::store::{Db, OutboxStore, enqueue};
+use outboxd::store::{Db, OutboxStore};
 use serde_json::json;
 
-use crate::support::{ScriptedPublisher, TestDb};
+use crate::support::{ScriptedPublisher, TestDb, db};
 
 async fn put(db: &Db, agg: &str, ty: &str) {
-    match db {
-        Db::Postgres(p) => {
-            let mut tx = p.begin().await.expect("begin");
-            enqueue(&mut tx, NewEvent::new(agg, ty, json!({})))
-                .await
-                .expect("enqueue");
-            tx.commit().await.expect("commit");
-        }
-        Db::Sqlite(p) => {
-            let mut tx = p.begin().await.expect("begin");
-            enqueue(&mut tx, NewEvent::new(agg, ty, json!({})))
-                .await
-                .expect("enqueue");
-            tx.commit().await.expect("commit");
-        }
-    }
+    db::put(db, agg, ty, json!({})).await;
 }
 
 fn retried(n: usize) -> StepOutcome {

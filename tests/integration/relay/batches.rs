@@ -12,8 +12,7 @@ use outboxd::message::Delivery;
 use outboxd::message::headers;
 use outboxd::store::InboxTx;
 
-use crate::on_both;
-use crate::support::TestDb;
+use crate::support::{TestDb, on_both};
 
 /// Writes its payload into `batch_effects`; fails permanently on "poison"
 /// after writing, so the write must be rolled back.

@@ -8,24 +8,9 @@ use outboxd::broker::Publisher;
 use outboxd::broker::embedded::{
     EmbeddedConsumer, EmbeddedConsumerConfig, EmbeddedPublisher, partition_for,
 };
-use outboxd::message::OutgoingMessage;
 
-use crate::on_both;
-use crate::support::TestDb;
-
-pub(crate) fn msg(topic: &str, key: &str, n: usize) -> OutgoingMessage {
-    OutgoingMessage {
-        topic: topic.into(),
-        key: key.as_bytes().to_vec(),
-        payload: format!("{{\"n\":{n}}}").into_bytes(),
-        headers: vec![(
-            "message-id".into(),
-            uuid::Uuid::new_v4().to_string().into_bytes(),
-        )],
-        message_id: uuid::Uuid::new_v4(),
-        created_at: chrono::Utc::now(),
-    }
-}
+use crate::support::publisher::msg;
+use crate::support::{TestDb, eventually, on_both};
 
 fn consumer(t: &TestDb, group: &str, lease: Duration) -> EmbeddedConsumer {
     EmbeddedConsumer::new(
@@ -151,14 +136,15 @@ async fn a_dead_members_partitions_are_taken_over_from_the_last_commit(t: TestDb
         b.fetch(1000).await.expect("b fetch").is_empty(),
         "a still holds every lease"
     );
-    let mut taken = Vec::new();
-    for _ in 0..200 {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        taken = b.fetch(1000).await.expect("b fetch");
-        if !taken.is_empty() {
-            break;
-        }
-    }
+    let taken = eventually(
+        Duration::from_secs(4),
+        "b takes over once a's leases expire",
+        async || {
+            let taken = b.fetch(1000).await.expect("b fetch");
+            (!taken.is_empty()).then_some(taken)
+        },
+    )
+    .await;
     assert_eq!(
         taken.len(),
         20 - committed,

@@ -14,8 +14,7 @@ use outboxd::metrics::Metrics;
 use outboxd::relay::RelayConfig;
 use serde_json::json;
 
-use crate::on_both;
-use crate::support::{ScriptedPublisher, TestDb};
+use crate::support::{ScriptedPublisher, TestDb, on_both};
 
 /// A broker that never acknowledges.
 struct Silent;
@@ -31,7 +30,7 @@ async fn reasons(t: TestDb) {
     let failing = ScriptedPublisher::failing();
     t.enqueue(NewEvent::new("a-1", "order.confirmed", json!({})))
         .await;
-    let relay = t.relay(failing.clone()).with_metrics(metrics.clone());
+    let relay = t.relay(failing.clone()).with_metrics(metrics.relay.clone());
     relay.step().await.expect("step");
     assert_eq!(metrics.relay_failures.get("retryable"), 1);
 
@@ -51,7 +50,7 @@ async fn reasons(t: TestDb) {
     };
     let silent = t
         .relay_with(Silent, config, Arc::new(SystemClock))
-        .with_metrics(metrics.clone());
+        .with_metrics(metrics.relay.clone());
     silent.step().await.expect("step");
     assert_eq!(metrics.relay_failures.get("timeout"), 1);
     assert_eq!(
@@ -77,7 +76,7 @@ async fn a_missing_topic_is_counted_as_such(t: TestDb) {
     let metrics = Arc::new(Metrics::default());
     t.enqueue(NewEvent::new("a-1", "order.confirmed", json!({})))
         .await;
-    let relay = t.relay(TopicGone).with_metrics(metrics.clone());
+    let relay = t.relay(TopicGone).with_metrics(metrics.relay.clone());
     relay.step().await.expect("step");
     assert_eq!(metrics.relay_failures.get("topic_missing"), 1);
     assert_eq!(metrics.relay_failures.get("retryable"), 0);

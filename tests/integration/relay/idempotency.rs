@@ -6,28 +6,20 @@ use outboxd::event::{Enqueued, NewEvent};
 use outboxd::store::{Db, EnqueueError, enqueue};
 use serde_json::json;
 
-use crate::on_both;
-use crate::support::TestDb;
+use crate::support::db::{wait_for_pg_lock_waiters, with_pool};
+use crate::support::{TestDb, on_both};
 
 fn ev(payload: serde_json::Value) -> NewEvent {
     NewEvent::new("acct-1", "payment.requested", payload).with_operation_key("tenant-a", "op-1")
 }
 
 async fn write(db: &Db, event: NewEvent) -> Result<Enqueued, EnqueueError> {
-    match db {
-        Db::Postgres(p) => {
-            let mut tx = p.begin().await?;
-            let r = enqueue(&mut tx, event).await?;
-            tx.commit().await?;
-            Ok(r)
-        }
-        Db::Sqlite(p) => {
-            let mut tx = p.begin().await?;
-            let r = enqueue(&mut tx, event).await?;
-            tx.commit().await?;
-            Ok(r)
-        }
-    }
+    with_pool!(db, |p| {
+        let mut tx = p.begin().await?;
+        let r = enqueue(&mut tx, event).await?;
+        tx.commit().await?;
+        Ok(r)
+    })
 }
 
 async fn same_key_same_payload_is_a_repeat(t: TestDb) {
@@ -138,22 +130,3 @@ async fn two_racers_on_one_key_produce_one_row(t: TestDb) {
     assert_eq!(t.count("SELECT count(*) FROM outbox").await, 1);
 }
 on_both!(two_racers_on_one_key_produce_one_row);
-
-/// Polls pg_locks until `n` lock requests of this database are waiting.
-pub async fn wait_for_pg_lock_waiters(pool: &sqlx::PgPool, n: i64) {
-    for _ in 0..2000 {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-              WHERE NOT l.granted AND a.datname = current_database()",
-        )
-        .fetch_one(pool)
-        .await
-        .expect("pg_locks");
-        if waiting >= n {
-            return;
-        }
-        tokio::task::yield_now().await;
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
-    panic!("no transaction started waiting on the lock");
-}

@@ -11,8 +11,8 @@ use outboxd::store::{Db, enqueue};
 use serde_json::json;
 use sqlx::Row;
 
-use crate::on_both;
-use crate::support::{ScriptedPublisher, TestDb};
+use crate::support::db::{wait_for_pg_lock_waiters, with_pool};
+use crate::support::{ScriptedPublisher, TestDb, on_both};
 
 const AGGREGATES: usize = 1000;
 const WRITERS: usize = 4;
@@ -23,34 +23,19 @@ const EVENTS_PER_WRITER: usize = 1000;
 async fn write_one(db: &Db, agg: usize) {
     let agg_id = format!("agg-{agg:04}");
     let sql = "UPDATE counters SET n = n + 1 WHERE id = $1 RETURNING n";
-    match db {
-        Db::Postgres(p) => {
-            let mut tx = p.begin().await.expect("begin");
-            let n: i64 = sqlx::query(sql)
-                .bind(&agg_id)
-                .fetch_one(&mut *tx)
-                .await
-                .expect("counter")
-                .get(0);
-            enqueue(&mut tx, NewEvent::new(agg_id, "counted", json!({ "n": n })))
-                .await
-                .expect("enqueue");
-            tx.commit().await.expect("commit");
-        }
-        Db::Sqlite(p) => {
-            let mut tx = p.begin().await.expect("begin");
-            let n: i64 = sqlx::query(sql)
-                .bind(&agg_id)
-                .fetch_one(&mut *tx)
-                .await
-                .expect("counter")
-                .get(0);
-            enqueue(&mut tx, NewEvent::new(agg_id, "counted", json!({ "n": n })))
-                .await
-                .expect("enqueue");
-            tx.commit().await.expect("commit");
-        }
-    }
+    with_pool!(db, |p| {
+        let mut tx = p.begin().await.expect("begin");
+        let n: i64 = sqlx::query(sql)
+            .bind(&agg_id)
+            .fetch_one(&mut *tx)
+            .await
+            .expect("counter")
+            .get(0);
+        enqueue(&mut tx, NewEvent::new(agg_id, "counted", json!({ "n": n })))
+            .await
+            .expect("enqueue");
+        tx.commit().await.expect("commit");
+    })
 }
 
 async fn four_relays_keep_commit_order_over_1000_aggregates(t: TestDb) {
@@ -111,15 +96,12 @@ async fn keep_commit_order(t: TestDb, pipeline: bool) {
         r.expect("writer");
     }
     let total = WRITERS * EVENTS_PER_WRITER;
-    for _ in 0..6000 {
-        if t.count("SELECT count(*) FROM outbox WHERE published_at IS NULL")
-            .await
-            == 0
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    t.wait_count(
+        Duration::from_secs(60),
+        "SELECT count(*) FROM outbox WHERE published_at IS NULL",
+        0,
+    )
+    .await;
     stop_tx.send(true).expect("stop");
     while let Some(r) = relays.join_next().await {
         r.expect("relay");
@@ -174,7 +156,7 @@ async fn commit_order_gap_is_closed_on_postgres() {
         .expect("e2");
         tx2.commit().await.expect("tx2 commit");
     });
-    crate::idempotency::wait_for_pg_lock_waiters(pool, 1).await;
+    wait_for_pg_lock_waiters(pool, 1).await;
     // While tx1 is open, the relay sees nothing: e2 is not even inserted.
     let broker = ScriptedPublisher::new();
     let relay = t.relay(broker.clone());
@@ -253,7 +235,7 @@ async fn sql_contract_function_takes_the_aggregate_lock() {
             .expect("second");
         tx2.commit().await.expect("commit");
     });
-    crate::idempotency::wait_for_pg_lock_waiters(pool, 1).await;
+    wait_for_pg_lock_waiters(pool, 1).await;
     tx1.commit().await.expect("tx1");
     second.await.expect("join");
     let broker = ScriptedPublisher::new();

@@ -6,8 +6,7 @@
 use outboxd::relay::StepOutcome;
 use outboxd_demo::orders::{self, ConfirmOrder, ConfirmOutcome, OrderService};
 
-use crate::on_both;
-use crate::support::{ScriptedPublisher, TestDb};
+use crate::support::{ScriptedPublisher, TestDb, on_both};
 
 async fn setup_orders(t: &TestDb) -> OrderService {
     orders::create_schema(&t.db).await.expect("orders schema");

@@ -26,7 +26,7 @@ use outboxd::store::outbox::sqlite_claim::SqliteStore;
 use outboxd::store::{BatchOutcome, ClaimedBatch, Db, FailedEvent, OutboxStore};
 use tokio::sync::{Notify, watch};
 
-use crate::admin::put;
+use crate::support::admin::put_confirmed;
 use crate::support::{ScriptedPublisher, TestDb};
 
 const SHORT_LEASE: Duration = Duration::from_millis(300);
@@ -95,8 +95,8 @@ async fn a_batch_in_flight_longer_than_its_lease_is_not_claimed_by_another_relay
     let Db::Sqlite(pool) = &t.db else {
         unreachable!("SQLite")
     };
-    put(&t.db, "slow-1").await;
-    put(&t.db, "slow-2").await;
+    put_confirmed(&t.db, "slow-1").await;
+    put_confirmed(&t.db, "slow-2").await;
     let store = SqliteStore::new(pool.clone(), SHORT_LEASE);
     let (open, gate) = watch::channel(false);
     let held = HeldBroker::new(gate);
@@ -137,7 +137,7 @@ async fn a_batch_given_up_stops_renewing_and_is_claimed_again_after_its_lease() 
     let Db::Sqlite(pool) = &t.db else {
         unreachable!("SQLite")
     };
-    put(&t.db, "crashed-1").await;
+    put_confirmed(&t.db, "crashed-1").await;
     let store = SqliteStore::new(pool.clone(), SHORT_LEASE);
     let crashed = store.claim(10, Utc::now()).await.expect("claim");
     assert_eq!(crashed.events().len(), 1);
@@ -173,8 +173,8 @@ async fn a_stale_lease_holder_cannot_overwrite_the_current_holders_marks() {
     let Db::Sqlite(pool) = &t.db else {
         unreachable!("SQLite")
     };
-    put(&t.db, "published-by-b").await;
-    put(&t.db, "held-by-b").await;
+    put_confirmed(&t.db, "published-by-b").await;
+    put_confirmed(&t.db, "held-by-b").await;
     let store = SqliteStore::new(pool.clone(), Duration::from_secs(1));
     let start = Utc::now();
 

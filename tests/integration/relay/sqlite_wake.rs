@@ -16,7 +16,7 @@ use serde_json::json;
 use sqlx::Connection;
 use sqlx::sqlite::SqliteConnection;
 
-use crate::support::TestDb;
+use crate::support::{TestDb, eventually};
 
 const NEVER: Duration = Duration::from_secs(600);
 const PATIENCE: Duration = Duration::from_secs(20);
@@ -52,14 +52,10 @@ async fn wait_published(t: &TestDb, agg: &str) {
     let sql = format!(
         "SELECT count(*) FROM outbox WHERE aggregate_id = '{agg}' AND published_at IS NOT NULL"
     );
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while t.count(&sql).await == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "event {agg} not published within {PATIENCE:?}: the relay was not woken (its poll interval is {NEVER:?})"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let what = format!(
+        "event {agg} not published: the relay was not woken (its poll interval is {NEVER:?})"
+    );
+    eventually(PATIENCE, what, async || t.count(&sql).await != 0).await;
 }
 
 #[tokio::test]
@@ -123,7 +119,7 @@ async fn sqlite_publishes_wake_a_waiting_embedded_consumer() {
         tokio::time::sleep(Duration::from_millis(20)).await;
         outboxd::broker::Publisher::publish(
             &publisher,
-            crate::embedded::msg("order.confirmed", "k", n),
+            crate::support::publisher::msg("order.confirmed", "k", n),
         )
         .await
         .expect("publish");

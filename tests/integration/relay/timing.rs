@@ -22,7 +22,7 @@ use outboxd::relay::worker::{self, WorkerConfig};
 use outboxd::route::Router;
 use outboxd::store::{BatchOutcome, ClaimedBatch, OutboxStats, OutboxStore, StoreError};
 
-use crate::support::ScriptedPublisher;
+use crate::support::{ScriptedPublisher, eventually};
 
 #[derive(Clone)]
 struct Row {
@@ -128,18 +128,6 @@ impl MemStore {
     }
 }
 
-/// Polls `done` every 5 ms until it holds or `within` has passed.
-async fn wait_until(within: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        if done() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    done()
-}
-
 #[tokio::test(flavor = "current_thread")]
 async fn backoff_follows_the_schedule() {
     let clock = Arc::new(ManualClock::starting_now());
@@ -204,11 +192,19 @@ async fn an_idle_loop_polls_once_per_poll_interval() {
     let handle =
         tokio::spawn(async move { worker::run(&relay, &cfg, Some(wake_rx), stop_rx).await });
 
-    assert!(
-        wait_until(Duration::from_secs(20), || store.claim_times().len() >= 4).await,
-        "an idle loop keeps polling: {} claims in 20 s",
-        store.claim_times().len()
-    );
+    eventually(
+        Duration::from_secs(20),
+        "an idle loop keeps polling",
+        async || {
+            let claims = store.claim_times().len();
+            if claims >= 4 {
+                Ok(())
+            } else {
+                Err(format!("{claims} claims"))
+            }
+        },
+    )
+    .await;
     stop_tx.send(true).expect("stop");
     tokio::time::timeout(Duration::from_secs(10), handle)
         .await
@@ -252,16 +248,34 @@ async fn a_notification_wakes_the_idle_loop_and_shutdown_interrupts_its_sleep() 
     let handle =
         tokio::spawn(async move { worker::run(&relay, &cfg, Some(wake_rx), stop_rx).await });
 
-    assert!(
-        wait_until(Duration::from_secs(10), || store.claim_times().len() == 1).await,
-        "one idle claim at start"
-    );
+    eventually(
+        Duration::from_secs(10),
+        "one idle claim at start",
+        async || {
+            let claims = store.claim_times().len();
+            if claims == 1 {
+                Ok(())
+            } else {
+                Err(format!("{claims} claims"))
+            }
+        },
+    )
+    .await;
     store.push("a", clock.now());
     wake_tx.send_modify(|v| *v += 1);
-    assert!(
-        wait_until(Duration::from_secs(20), || broker.sent().len() == 1).await,
-        "published after the wake-up, with the next poll a minute away"
-    );
+    eventually(
+        Duration::from_secs(20),
+        "published after the wake-up, with the next poll a minute away",
+        async || {
+            let sent = broker.sent().len();
+            if sent == 1 {
+                Ok(())
+            } else {
+                Err(format!("{sent} sent"))
+            }
+        },
+    )
+    .await;
 
     stop_tx.send(true).expect("stop");
     tokio::time::timeout(Duration::from_secs(20), handle)

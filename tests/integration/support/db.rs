@@ -1,20 +1,35 @@
-//! Shared test fixtures: a fresh database per test (Postgres or a SQLite
-//! file), a scripted publisher, and small helpers.
+//! A fresh database per test (Postgres or a SQLite file), dropped when the
+//! test ends, passed or failed: [`TestDb`], and [`WalTestDb`] with its
+//! replication slot. Also the small helpers that write or read a test's
+//! database.
 
 use std::sync::Arc;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use outboxd::broker::PublishError;
 use outboxd::broker::Publisher;
 use outboxd::clock::{Clock, SystemClock};
-use outboxd::message::OutgoingMessage;
+use outboxd::event::NewEvent;
 use outboxd::relay::Relay;
 use outboxd::relay::RelayConfig;
 use outboxd::route::Router;
-use outboxd::store::{AnyStore, Db, migrate};
+use outboxd::store::{AnyStore, Db, EnqueueError, enqueue, migrate};
+use serde_json::Value;
 use sqlx::Row;
+
+use super::eventually::eventually;
+use super::wal::wal_config;
+
+/// `$body` with `$p` bound to the pool of `$db` (a [`Db`]), whichever
+/// database it is: the two arms sqlx's typed pools need, written once.
+macro_rules! with_pool {
+    ($db:expr, |$p:ident| $body:expr) => {
+        match $db {
+            outboxd::store::Db::Postgres($p) => $body,
+            outboxd::store::Db::Sqlite($p) => $body,
+        }
+    };
+}
+pub(crate) use with_pool;
 
 /// The server the tests create their databases on.
 pub fn pg_admin_url() -> String {
@@ -161,47 +176,45 @@ impl TestDb {
     }
 
     /// Commits one event to the outbox, as a producer would.
-    pub async fn enqueue(&self, event: outboxd::event::NewEvent) {
-        match &self.db {
-            Db::Postgres(p) => {
-                let mut tx = p.begin().await.expect("begin");
-                outboxd::store::enqueue(&mut tx, event)
-                    .await
-                    .expect("enqueue");
-                tx.commit().await.expect("commit");
-            }
-            Db::Sqlite(p) => {
-                let mut tx = p.begin().await.expect("begin");
-                outboxd::store::enqueue(&mut tx, event)
-                    .await
-                    .expect("enqueue");
-                tx.commit().await.expect("commit");
-            }
-        }
+    pub async fn enqueue(&self, event: NewEvent) {
+        enqueue_on(&self.db, event).await;
     }
 
     /// Runs a query returning one integer.
     pub async fn count(&self, sql: &str) -> i64 {
-        match &self.db {
-            Db::Postgres(p) => sqlx::query(sql)
-                .fetch_one(p)
-                .await
-                .expect(sql)
-                .get::<i64, _>(0),
-            Db::Sqlite(p) => sqlx::query(sql)
-                .fetch_one(p)
-                .await
-                .expect(sql)
-                .get::<i64, _>(0),
-        }
+        self.one(sql).await
+    }
+
+    /// Waits until `sql` (a query returning one integer) returns `want`,
+    /// for `within` at most.
+    pub async fn wait_count(&self, within: Duration, sql: &str, want: i64) {
+        eventually(within, format!("`{sql}` = {want}"), async || {
+            let got = self.count(sql).await;
+            if got == want { Ok(()) } else { Err(got) }
+        })
+        .await
+    }
+
+    /// Runs a query returning one value of type `T`.
+    async fn one<T>(&self, sql: &str) -> T
+    where
+        T: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+        T: for<'r> sqlx::Decode<'r, sqlx::Sqlite> + sqlx::Type<sqlx::Sqlite>,
+    {
+        with_pool!(&self.db, |p| sqlx::query(sql)
+            .fetch_one(p)
+            .await
+            .expect(sql)
+            .get(0))
     }
 
     /// Runs a statement.
     pub async fn exec(&self, sql: &str) {
-        match &self.db {
-            Db::Postgres(p) => sqlx::raw_sql(sql).execute(p).await.map(|_| ()).expect(sql),
-            Db::Sqlite(p) => sqlx::raw_sql(sql).execute(p).await.map(|_| ()).expect(sql),
-        }
+        with_pool!(&self.db, |p| sqlx::raw_sql(sql)
+            .execute(p)
+            .await
+            .map(|_| ())
+            .expect(sql))
     }
 
     /// Runs DDL of the application's own tables, so that on Postgres they
@@ -228,84 +241,6 @@ impl TestDb {
     pub fn is_postgres(&self) -> bool {
         matches!(self.db, Db::Postgres(_))
     }
-}
-
-/// The grants of the test plugins' tables (`invoices`, `ledger`): what
-/// their consumers' `tables` say.
-pub fn plugin_tables() -> outboxd::config::TableGrants {
-    outboxd::config::TableGrants {
-        read: vec![],
-        write: vec!["invoices".into(), "ledger".into()],
-    }
-}
-
-/// The default policy of a test plugin's consumer: its tables granted.
-pub fn plugin_policy() -> outboxd::config::TxnPolicy {
-    outboxd::config::TxnPolicy {
-        consumer: "test".into(),
-        tables: plugin_tables(),
-        ..outboxd::config::TxnPolicy::default()
-    }
-}
-
-/// A broker stand-in that records what it acknowledges and fails on cue,
-/// so a test can take the broker down and bring it back.
-#[derive(Default)]
-pub struct ScriptedPublisher {
-    pub sent: Mutex<Vec<OutgoingMessage>>,
-    pub failing: AtomicBool,
-    pub permanent: AtomicBool,
-}
-
-impl ScriptedPublisher {
-    pub fn new() -> Arc<Self> {
-        Arc::new(Self::default())
-    }
-
-    pub fn failing() -> Arc<Self> {
-        let p = Self::default();
-        p.failing.store(true, Ordering::SeqCst);
-        Arc::new(p)
-    }
-
-    pub fn set_failing(&self, on: bool) {
-        self.failing.store(on, Ordering::SeqCst);
-    }
-
-    pub fn sent(&self) -> Vec<OutgoingMessage> {
-        self.sent.lock().expect("lock").clone()
-    }
-}
-
-impl Publisher for ScriptedPublisher {
-    async fn publish(&self, msg: OutgoingMessage) -> Result<(), PublishError> {
-        if self.failing.load(Ordering::SeqCst) {
-            return Err(if self.permanent.load(Ordering::SeqCst) {
-                PublishError::Permanent("message too large".into())
-            } else {
-                PublishError::Retryable("broker unavailable".into())
-            });
-        }
-        self.sent.lock().expect("lock").push(msg);
-        Ok(())
-    }
-}
-
-/// Runs `$body(TestDb)` once on Postgres and once on SQLite, as two tests.
-#[macro_export]
-macro_rules! on_both {
-    ($name:ident) => {
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn postgres() {
-                super::$name($crate::support::TestDb::postgres().await).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn sqlite() {
-                super::$name($crate::support::TestDb::sqlite().await).await
-            }
-        }
-    };
 }
 
 /// A migrated Postgres test database ready for the WAL relay
@@ -365,60 +300,8 @@ impl TestDb {
 
     /// Runs a query returning one text value.
     pub async fn text(&self, sql: &str) -> String {
-        match &self.db {
-            Db::Postgres(p) => sqlx::query(sql)
-                .fetch_one(p)
-                .await
-                .expect(sql)
-                .get::<String, _>(0),
-            Db::Sqlite(p) => sqlx::query(sql)
-                .fetch_one(p)
-                .await
-                .expect(sql)
-                .get::<String, _>(0),
-        }
+        self.one(sql).await
     }
-}
-
-/// The outboxd config of a WAL relay test: this database, `relay.source =
-/// "wal"` on `slot`, one reader, short retry and status intervals, a fast
-/// backoff with room for many attempts (an outage must not kill events),
-/// the embedded transport; then `extra` (TOML sections) appended.
-pub fn wal_config_toml(url: &str, slot: &str, extra: &str) -> String {
-    format!(
-        r#"
-[database]
-url = "{url}"
-max_connections = 16
-
-[relay]
-source = "wal"
-workers = 1
-batch_size = 50
-poll_interval = "50ms"
-publish_timeout = "5s"
-max_attempts = 1000
-
-[relay.backoff]
-base_seconds = 0.05
-max_seconds = 0.5
-
-[relay.wal]
-slot = "{slot}"
-standby_retry = "250ms"
-status_interval = "250ms"
-sender_timeout = "5s"
-
-{extra}
-"#
-    )
-}
-
-/// [`wal_config_toml`], parsed and validated as `outboxd run` would.
-pub fn wal_config(url: &str, slot: &str, extra: &str) -> outboxd::config::Config {
-    let text = wal_config_toml(url, slot, extra);
-    outboxd::config::Config::from_toml("(WAL test config)", &text, std::iter::empty())
-        .unwrap_or_else(|e| panic!("the WAL test config is refused: {e}\n{text}"))
 }
 
 /// The cluster has a fixed number of replication slots
@@ -427,25 +310,21 @@ pub fn wal_config(url: &str, slot: &str, extra: &str) -> outboxd::config::Config
 /// or next to a chaos soak holding slots, this waits for one to be free
 /// rather than failing on a full cluster.
 async fn wait_for_a_free_slot(t: &TestDb) {
-    let started = std::time::Instant::now();
-    loop {
+    let what = format!(
+        "no free replication slot on {} for 3 minutes (max_replication_slots is full): \
+         see `SELECT slot_name, database, active FROM pg_replication_slots`; \
+         tests/run.sh drops the slots earlier runs left",
+        pg_admin_url()
+    );
+    eventually(Duration::from_secs(180), what, async || {
         let free = t
             .count(
                 "SELECT current_setting('max_replication_slots')::bigint - (SELECT count(*) FROM pg_replication_slots)",
             )
             .await;
-        if free > 0 {
-            return;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(180),
-            "no free replication slot on {} for 3 minutes (max_replication_slots is full): \
-             see `SELECT slot_name, database, active FROM pg_replication_slots`; \
-             tests/run.sh drops the slots earlier runs left",
-            pg_admin_url()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        if free > 0 { Ok(()) } else { Err(free) }
+    })
+    .await
 }
 
 /// Runs each statement with psql (`-c` each, so each in its own
@@ -512,4 +391,82 @@ END $$"#
             }
         }
     }
+}
+
+/// Commits `ev` to the outbox in a transaction of its own, as a producer
+/// would; returns the event's id, or the producer's error.
+pub async fn try_enqueue_on(db: &Db, ev: NewEvent) -> Result<uuid::Uuid, EnqueueError> {
+    with_pool!(db, |p| {
+        let mut tx = p.begin().await?;
+        let r = enqueue(&mut tx, ev).await?;
+        tx.commit().await?;
+        Ok(r.id().0)
+    })
+}
+
+/// [`try_enqueue_on`], which must succeed.
+pub async fn enqueue_on(db: &Db, ev: NewEvent) -> uuid::Uuid {
+    try_enqueue_on(db, ev).await.expect("enqueue")
+}
+
+/// Commits one event of aggregate `agg`, type `ty`; returns its id.
+pub async fn put(db: &Db, agg: &str, ty: &str, payload: Value) -> uuid::Uuid {
+    enqueue_on(db, NewEvent::new(agg, ty, payload)).await
+}
+
+/// Rows of two text columns (the second may be NULL).
+pub async fn pairs(db: &Db, sql: &str) -> Vec<(String, Option<String>)> {
+    with_pool!(db, |p| sqlx::query(sql)
+        .fetch_all(p)
+        .await
+        .expect(sql)
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect())
+}
+
+/// Sets `default_transaction_read_only` on the test's Postgres database.
+pub async fn set_read_only(t: &TestDb, on: bool) {
+    let name = &t.url[t.url.rfind('/').expect("url") + 1..];
+    let admin = sqlx::PgPool::connect(&pg_admin_url()).await.expect("admin");
+    sqlx::query(&format!(
+        "ALTER DATABASE {name} SET default_transaction_read_only = {}",
+        if on { "on" } else { "off" }
+    ))
+    .execute(&admin)
+    .await
+    .expect("ALTER DATABASE");
+    admin.close().await;
+}
+
+/// A second connection to the test database that can only read: Postgres
+/// with `default_transaction_read_only`, SQLite opened with `mode=ro`.
+pub async fn read_only(t: &TestDb) -> Db {
+    if t.is_postgres() {
+        set_read_only(t, true).await;
+        Db::connect(&t.url, 2).await.expect("connect read-only")
+    } else {
+        Db::connect(&format!("{}?mode=ro", t.url), 2)
+            .await
+            .expect("open read-only")
+    }
+}
+
+/// Polls pg_locks until `n` lock requests of this database are waiting.
+pub async fn wait_for_pg_lock_waiters(pool: &sqlx::PgPool, n: i64) {
+    eventually(
+        Duration::from_secs(10),
+        "no transaction started waiting on the lock",
+        async || {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+                  WHERE NOT l.granted AND a.datname = current_database()",
+            )
+            .fetch_one(pool)
+            .await
+            .expect("pg_locks");
+            if waiting >= n { Ok(()) } else { Err(waiting) }
+        },
+    )
+    .await
 }

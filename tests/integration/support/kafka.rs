@@ -1,7 +1,7 @@
 //! The Kafka transport against a real Kafka-compatible broker (tansu, started
 //! by `tests/tansu.sh`) and against librdkafka's mock cluster: the shared
-//! harness. `kafka_relay.rs` has the relay on the real broker and the demo,
-//! `kafka_consumers.rs` the consumer, `kafka_failures.rs` produce errors and
+//! harness. `kafka/relay.rs` has the relay on the real broker and the demo,
+//! `kafka/consumers.rs` the consumer, `kafka/failures.rs` produce errors and
 //! broker outages.
 //!
 //! Every test uses its own topics, consumer groups and SQLite outbox, so the
@@ -11,17 +11,22 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use outboxd::backoff::Backoff;
 use outboxd::broker::kafka::KafkaPublisher;
 use outboxd::clock::Clock;
+use outboxd::config::Config;
+use outboxd::consumer::{Handler, HandlerError};
+use outboxd::daemon::Daemon;
+use outboxd::message::Delivery;
 use outboxd::relay::Relay;
 use outboxd::relay::RelayConfig;
 use outboxd::relay::StepOutcome;
 use outboxd::route::Route;
 use outboxd::route::Router;
+use outboxd::store::InboxTx;
 use outboxd::store::outbox::sqlite_claim::SqliteStore;
 use outboxd::store::{Db, migrate};
 use outboxd::{NewEvent, enqueue};
@@ -31,10 +36,15 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::mocking::MockCluster;
+use serde_json::json;
 use sqlx::Row;
 
+use super::db::TestDb;
+use super::eventually::eventually;
+use super::pipeline::Pipeline;
+
 /// The broker address; a missing one fails the test with the fix.
-pub(crate) fn bootstrap() -> String {
+pub fn bootstrap() -> String {
     match std::env::var("OUTBOXD_TEST_KAFKA") {
         Ok(v) if !v.is_empty() => v,
         _ => panic!(
@@ -44,13 +54,13 @@ pub(crate) fn bootstrap() -> String {
     }
 }
 
-pub(crate) fn unique(prefix: &str) -> String {
+pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{}", uuid::Uuid::new_v4().simple())
 }
 
 /// Client properties; `OUTBOXD_TEST_KAFKA_DEBUG=eos,msg` turns on
 /// librdkafka debug logs, shown with `RUST_LOG=debug`.
-pub(crate) fn props(bootstrap: &str) -> BTreeMap<String, String> {
+pub fn props(bootstrap: &str) -> BTreeMap<String, String> {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
@@ -62,7 +72,7 @@ pub(crate) fn props(bootstrap: &str) -> BTreeMap<String, String> {
     p
 }
 
-pub(crate) async fn create_topic(bootstrap: &str, topic: &str, partitions: i32) {
+pub async fn create_topic(bootstrap: &str, topic: &str, partitions: i32) {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .create()
@@ -81,10 +91,10 @@ pub(crate) async fn create_topic(bootstrap: &str, topic: &str, partitions: i32) 
 
 /// Wall time plus an offset the test moves, to skip leases and backoff.
 #[derive(Default)]
-pub(crate) struct ShiftedClock(AtomicI64);
+pub struct ShiftedClock(AtomicI64);
 
 impl ShiftedClock {
-    pub(crate) fn advance(&self, secs: i64) {
+    pub fn advance(&self, secs: i64) {
         self.0.fetch_add(secs, Ordering::SeqCst);
     }
 }
@@ -95,15 +105,15 @@ impl Clock for ShiftedClock {
     }
 }
 
-pub(crate) struct Outbox {
+pub struct Outbox {
     _dir: tempfile::TempDir,
-    pub(crate) db: Db,
+    pub db: Db,
     store: SqliteStore,
-    pub(crate) clock: Arc<ShiftedClock>,
+    pub clock: Arc<ShiftedClock>,
 }
 
 impl Outbox {
-    pub(crate) async fn new() -> Self {
+    pub async fn new() -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let url = format!("sqlite://{}", dir.path().join("outbox.db").display());
         let db = Db::connect(&url, 4).await.expect("sqlite");
@@ -120,12 +130,12 @@ impl Outbox {
         }
     }
 
-    pub(crate) fn pool(&self) -> &sqlx::SqlitePool {
+    pub fn pool(&self) -> &sqlx::SqlitePool {
         self.store.pool()
     }
 
     /// Enqueues one committed event; returns its id.
-    pub(crate) async fn add(&self, aggregate: &str, n: usize) -> uuid::Uuid {
+    pub async fn add(&self, aggregate: &str, n: usize) -> uuid::Uuid {
         let mut tx = self.pool().begin().await.expect("begin");
         let event = NewEvent::new(
             aggregate,
@@ -141,7 +151,7 @@ impl Outbox {
         id
     }
 
-    pub(crate) fn relay(
+    pub fn relay(
         &self,
         publisher: Arc<KafkaPublisher>,
         topic: &str,
@@ -164,7 +174,7 @@ impl Outbox {
         )
     }
 
-    pub(crate) async fn count(&self, condition: &str) -> i64 {
+    pub async fn count(&self, condition: &str) -> i64 {
         sqlx::query(&format!("SELECT count(*) FROM outbox WHERE {condition}"))
             .fetch_one(self.pool())
             .await
@@ -174,7 +184,7 @@ impl Outbox {
 }
 
 /// Steps until nothing is due; returns how many were published.
-pub(crate) async fn drain<P: outboxd::broker::Publisher>(relay: &Relay<SqliteStore, P>) -> usize {
+pub async fn drain<P: outboxd::broker::Publisher>(relay: &Relay<SqliteStore, P>) -> usize {
     let mut published = 0;
     for _ in 0..100 {
         match relay.step().await.expect("relay step") {
@@ -188,16 +198,16 @@ pub(crate) async fn drain<P: outboxd::broker::Publisher>(relay: &Relay<SqliteSto
     panic!("relay did not become idle");
 }
 
-pub(crate) struct Seen {
-    pub(crate) key: Vec<u8>,
-    pub(crate) partition: i32,
-    pub(crate) headers: HashMap<String, String>,
-    pub(crate) payload: serde_json::Value,
+pub struct Seen {
+    pub key: Vec<u8>,
+    pub partition: i32,
+    pub headers: HashMap<String, String>,
+    pub payload: serde_json::Value,
 }
 
 /// Reads `topic` from the start with plain rdkafka until `want` messages
 /// arrived (then a short grace period for unexpected extras) or 30 s passed.
-pub(crate) async fn read_all(bootstrap: &str, topic: &str, want: usize) -> Vec<Seen> {
+pub async fn read_all(bootstrap: &str, topic: &str, want: usize) -> Vec<Seen> {
     let consumer: StreamConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", unique("reader"))
@@ -206,18 +216,7 @@ pub(crate) async fn read_all(bootstrap: &str, topic: &str, want: usize) -> Vec<S
         .create()
         .expect("reader");
     consumer.subscribe(&[topic]).expect("subscribe");
-    let mut out = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let wait = if out.len() >= want {
-            Duration::from_millis(500)
-        } else {
-            deadline.saturating_duration_since(Instant::now())
-        };
-        let Ok(msg) = tokio::time::timeout(wait, consumer.recv()).await else {
-            break;
-        };
-        let m = msg.expect("read");
+    let seen = |m: &rdkafka::message::BorrowedMessage<'_>| {
         let headers = m
             .headers()
             .map(|h| {
@@ -231,12 +230,33 @@ pub(crate) async fn read_all(bootstrap: &str, topic: &str, want: usize) -> Vec<S
                     .collect()
             })
             .unwrap_or_default();
-        out.push(Seen {
+        Seen {
             key: m.key().unwrap_or_default().to_vec(),
             partition: m.partition(),
             headers,
             payload: serde_json::from_slice(m.payload().unwrap_or_default()).expect("json payload"),
-        });
+        }
+    };
+    let grace = Duration::from_millis(500);
+    let mut out = Vec::new();
+    eventually(
+        Duration::from_secs(30),
+        format!("{want} messages from {topic}"),
+        async || {
+            if let Ok(msg) = tokio::time::timeout(grace, consumer.recv()).await {
+                out.push(seen(&msg.expect("read")));
+            }
+            if out.len() >= want {
+                Ok(())
+            } else {
+                Err(format!("read {}", out.len()))
+            }
+        },
+    )
+    .await;
+    // A short grace period for unexpected extras.
+    while let Ok(msg) = tokio::time::timeout(grace, consumer.recv()).await {
+        out.push(seen(&msg.expect("read")));
     }
     assert!(
         out.len() >= want,
@@ -247,7 +267,7 @@ pub(crate) async fn read_all(bootstrap: &str, topic: &str, want: usize) -> Vec<S
 }
 
 /// Publishes `n` messages per key straight to `topic`.
-pub(crate) async fn produce(bootstrap: &str, topic: &str, keys: &[&str], n: usize) {
+pub async fn produce(bootstrap: &str, topic: &str, keys: &[&str], n: usize) {
     let outbox = Outbox::new().await;
     for i in 0..n {
         for k in keys {
@@ -261,7 +281,7 @@ pub(crate) async fn produce(bootstrap: &str, topic: &str, keys: &[&str], n: usiz
 }
 
 /// A publisher on a mock cluster; librdkafka gives up after `timeout`.
-pub(crate) fn mock_publisher(
+pub fn mock_publisher(
     mock: &MockCluster<'_, impl rdkafka::client::ClientContext>,
     timeout: Duration,
 ) -> Arc<KafkaPublisher> {
@@ -272,13 +292,13 @@ pub(crate) fn mock_publisher(
 /// outbox holding one event for each of `aggregates`, and a relay to `t`
 /// whose producer gives up after `delivery` and whose steps wait at most
 /// `publish_timeout`. Fields drop in order: the relay before the cluster.
-pub(crate) struct MockRig {
-    pub(crate) relay: Relay<SqliteStore, Arc<KafkaPublisher>>,
-    pub(crate) outbox: Outbox,
-    pub(crate) mock: MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+pub struct MockRig {
+    pub relay: Relay<SqliteStore, Arc<KafkaPublisher>>,
+    pub outbox: Outbox,
+    pub mock: MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
 }
 
-pub(crate) async fn mock_rig(
+pub async fn mock_rig(
     aggregates: &[&str],
     delivery: Duration,
     publish_timeout: Duration,
@@ -297,7 +317,7 @@ pub(crate) async fn mock_rig(
     }
 }
 
-pub(crate) async fn attempts_of_all(outbox: &Outbox) -> Vec<(i64, bool, bool)> {
+pub async fn attempts_of_all(outbox: &Outbox) -> Vec<(i64, bool, bool)> {
     sqlx::query(
         "SELECT attempts, published_at IS NOT NULL, dead_at IS NOT NULL FROM outbox ORDER BY seq",
     )
@@ -307,4 +327,129 @@ pub(crate) async fn attempts_of_all(outbox: &Outbox) -> Vec<(i64, bool, bool)> {
     .iter()
     .map(|r| (r.get(0), r.get(1), r.get(2)))
     .collect()
+}
+
+// ---- a whole pipeline on a cluster ------------------------------------------
+
+/// Handles every message (the inbox records it).
+pub struct Accept;
+
+impl Handler for Accept {
+    async fn handle(&self, _tx: &mut InboxTx, _d: &Delivery) -> Result<(), HandlerError> {
+        Ok(())
+    }
+}
+
+/// A config over the cluster `kafka` (TOML lines of `[transport.kafka]`)
+/// that creates its topic: one route and one consumer, `ledger`.
+pub fn pipeline_toml(url: &str, topic: &str, kafka: &str) -> String {
+    format!(
+        r#"
+[database]
+url = "{url}"
+[relay]
+poll_interval = "50ms"
+[transport]
+kind = "kafka"
+[transport.kafka]
+{kafka}
+[transport.topics]
+create = true
+partitions = 2
+replication = 1
+[[routes]]
+event_type = "*"
+topic = "{topic}"
+[[consumers]]
+name = "ledger"
+topics = ["{topic}"]
+handler = "builtin:accept"
+"#
+    )
+}
+
+/// Runs `config`'s relay and consumer until `events` events are published
+/// and handled once each.
+pub async fn flows_end_to_end(t: &TestDb, config: &Config, events: usize) {
+    for i in 0..events {
+        t.enqueue(NewEvent::new(
+            format!("order-{}", i % 5),
+            "order.confirmed",
+            json!({ "n": i }),
+        ))
+        .await;
+    }
+    let daemon = Daemon::builder().handler("accept", Accept).build();
+    let pipeline = Pipeline::start(daemon, config, &t.db).await;
+    let what = format!("{events} events published and handled");
+    eventually(Duration::from_secs(60), what, async || {
+        let published = t
+            .count("SELECT count(*) FROM outbox WHERE published_at IS NOT NULL")
+            .await;
+        let handled = t
+            .count("SELECT count(*) FROM inbox WHERE consumer = 'ledger'")
+            .await;
+        if published == events as i64 && handled == events as i64 {
+            Ok(())
+        } else {
+            Err(format!(
+                "published {published}, handled {handled} of {events}"
+            ))
+        }
+    })
+    .await;
+    pipeline.stop().await;
+}
+
+// ---- where a process test's messages go ---------------------------------------
+
+/// The embedded transport, or Kafka with a topic and a consumer group of
+/// the test's own, so runs sharing a broker never meet. `topic` is also
+/// the events' type (the default route sends an event to the topic of its
+/// type).
+#[derive(Clone)]
+pub struct Way {
+    /// Kafka's bootstrap servers; `None` on the embedded transport.
+    pub kafka: Option<String>,
+    pub topic: String,
+    pub consumer: String,
+}
+
+impl Way {
+    pub fn embedded(topic: &str, consumer: &str) -> Self {
+        Self {
+            kafka: None,
+            topic: topic.into(),
+            consumer: consumer.into(),
+        }
+    }
+
+    pub fn kafka(topic: &str, consumer: &str) -> Self {
+        Self {
+            kafka: Some(bootstrap()),
+            topic: unique(topic),
+            consumer: unique(consumer),
+        }
+    }
+
+    /// `cmd` (an `outboxd` process) on this transport: on Kafka, the
+    /// cluster, and a session timeout that moves a killed member's
+    /// partitions on after 6 s, not 45.
+    pub fn configure_transport(&self, cmd: &mut tokio::process::Command) {
+        if let Some(bootstrap) = &self.kafka {
+            cmd.env("OUTBOXD__TRANSPORT__KIND", "kafka")
+                .env("OUTBOXD__TRANSPORT__KAFKA__bootstrap.servers", bootstrap)
+                .env("OUTBOXD__TRANSPORT__KAFKA__session.timeout.ms", "\"6000\"");
+        }
+    }
+
+    /// On Kafka, which creates no topic by itself: the topic, with
+    /// `partitions`, and `<topic>.dlq`, where a dead letter is also
+    /// published (it stays until it is).
+    pub async fn create_topics(&self, partitions: i32) {
+        if let Some(bootstrap) = &self.kafka {
+            create_topic(bootstrap, &self.topic, partitions).await;
+            create_topic(bootstrap, &format!("{}.dlq", self.topic), 1).await;
+        }
+    }
 }

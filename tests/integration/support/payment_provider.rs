@@ -19,14 +19,14 @@ use axum::http::{HeaderMap, StatusCode};
 use serde_json::{Value, json};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Mode {
+pub enum Mode {
     Dedupe,
     IgnoreKey,
 }
 
 /// One request as it arrived.
 #[derive(Debug, Clone)]
-pub(crate) struct Seen {
+pub struct Seen {
     pub idempotency_key: Option<String>,
     pub order_id: Option<String>,
     pub status: u16,
@@ -35,7 +35,7 @@ pub(crate) struct Seen {
 
 /// One charge the provider made.
 #[derive(Debug, Clone)]
-pub(crate) struct Charge {
+pub struct Charge {
     pub charge_id: String,
     pub order_id: String,
     pub amount_cents: i64,
@@ -50,7 +50,7 @@ struct State {
     answers: HashMap<String, (Value, u16, Value)>,
 }
 
-pub(crate) struct Provider {
+pub struct Provider {
     /// `http://127.0.0.1:PORT`, for the plugin's `provider_url` and the
     /// `allowed_outbound_hosts` entry.
     pub url: String,

@@ -9,12 +9,15 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
 
+use super::eventually::eventually;
+use super::tls::TestCa;
+
 /// The tansu binary `tests/tansu.sh` installs (or `OUTBOXD_TEST_TANSU`).
-pub(crate) fn tansu_binary() -> String {
+pub fn tansu_binary() -> String {
     if let Ok(b) = std::env::var("OUTBOXD_TEST_TANSU") {
         return b;
     }
@@ -29,7 +32,7 @@ pub(crate) fn tansu_binary() -> String {
     );
 }
 
-pub(crate) fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("free port")
@@ -38,20 +41,20 @@ pub(crate) fn free_port() -> u16 {
 
 /// How a private tansu starts.
 #[derive(Debug, Clone)]
-pub(crate) struct TansuOptions {
-    pub(crate) port: u16,
+pub struct TansuOptions {
+    pub port: u16,
     /// The address clients are told to use (a proxy's); the broker's own
     /// when `None`.
-    pub(crate) advertise: Option<String>,
+    pub advertise: Option<String>,
     /// `--authentication`: every client must log in with SASL.
-    pub(crate) authentication: bool,
+    pub authentication: bool,
     /// `memory://tansu/` when `None`, else a `sqlite://` file in this
     /// directory (kept across a restart).
-    pub(crate) sqlite_dir: Option<PathBuf>,
+    pub sqlite_dir: Option<PathBuf>,
 }
 
 impl TansuOptions {
-    pub(crate) fn on(port: u16) -> Self {
+    pub fn on(port: u16) -> Self {
         Self {
             port,
             advertise: None,
@@ -62,13 +65,13 @@ impl TansuOptions {
 }
 
 /// A private tansu, killed on drop.
-pub(crate) struct Tansu {
+pub struct Tansu {
     child: std::process::Child,
-    pub(crate) port: u16,
+    pub port: u16,
 }
 
 impl Tansu {
-    pub(crate) async fn start(opts: TansuOptions) -> Self {
+    pub async fn start(opts: TansuOptions) -> Self {
         let port = opts.port;
         let listen = format!("tcp://127.0.0.1:{port}");
         let advertise = format!(
@@ -113,23 +116,22 @@ impl Tansu {
             .spawn()
             .expect("start tansu");
         let mut this = Self { child, port };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+        let what = format!("tansu did not listen on {port}; see {}", log.display());
+        eventually(Duration::from_secs(20), what, async || {
+            let Err(refused) = TcpStream::connect(("127.0.0.1", port)).await else {
+                return Ok(());
+            };
             if let Ok(Some(status)) = this.child.try_wait() {
                 panic!("tansu exited ({status}); see {}", log.display());
             }
-            assert!(
-                Instant::now() < deadline,
-                "tansu did not listen on {port}; see {}",
-                log.display()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            Err(refused)
+        })
+        .await;
         this
     }
 
     /// `tansu user create` of a SCRAM user (`scram256` or `scram512`).
-    pub(crate) fn create_user(&self, mechanism: &str, name: &str, password: &str) {
+    pub fn create_user(&self, mechanism: &str, name: &str, password: &str) {
         let out = std::process::Command::new(tansu_binary())
             .args([
                 "user",
@@ -159,135 +161,18 @@ impl Drop for Tansu {
     }
 }
 
-/// Runs `openssl` with `args` in `dir`, failing the test with how to get it.
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = std::process::Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap_or_else(|e| {
-            panic!("cannot run the openssl CLI ({e}); install it (apt-get install openssl) to make the test's certificates")
-        });
-    assert!(
-        out.status.success(),
-        "openssl {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// A CA (`ca.pem`) and a certificate it signed for 127.0.0.1 and localhost
-/// (`server.pem`, `server.key`), in a new directory.
-pub(crate) struct TestCa {
-    pub(crate) dir: tempfile::TempDir,
-}
-
-impl TestCa {
-    pub(crate) fn new() -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let d = dir.path();
-        let ec = [
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-        ];
-        let mut ca = vec!["req", "-x509"];
-        ca.extend(ec);
-        ca.extend([
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=outboxd kafka test CA",
-            "-addext",
-            "basicConstraints=critical,CA:TRUE",
-            "-addext",
-            "keyUsage=critical,keyCertSign,cRLSign",
-        ]);
-        openssl(d, &ca);
-        let mut csr = vec!["req"];
-        csr.extend(ec);
-        csr.extend([
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-            "-subj",
-            "/CN=localhost",
-        ]);
-        openssl(d, &csr);
-        std::fs::write(
-            d.join("server.ext"),
-            "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=critical,CA:FALSE\n\
-             keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n",
-        )
-        .expect("server.ext");
-        openssl(
-            d,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                "server.csr",
-                "-CA",
-                "ca.pem",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-out",
-                "server.pem",
-                "-days",
-                "2",
-                "-extfile",
-                "server.ext",
-            ],
-        );
-        Self { dir }
-    }
-
-    pub(crate) fn ca_file(&self) -> PathBuf {
-        self.dir.path().join("ca.pem")
-    }
-
-    fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
-        use tokio_rustls::rustls;
-        use tokio_rustls::rustls::pki_types::pem::PemObject;
-        use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
-        let pem = std::fs::read(self.dir.path().join("server.pem")).expect("server.pem");
-        let chain = CertificateDer::pem_slice_iter(&pem)
-            .collect::<Result<Vec<_>, _>>()
-            .expect("server.pem certificates");
-        let key = std::fs::read(self.dir.path().join("server.key")).expect("server.key");
-        let key = PrivateKeyDer::from_pem_slice(&key).expect("server.key");
-        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .expect("TLS 1.2 and 1.3")
-        .with_no_client_auth()
-        .with_single_cert(chain, key)
-        .expect("the server certificate and key");
-        tokio_rustls::TlsAcceptor::from(Arc::new(config))
-    }
-}
-
 /// Accepts TLS on a loopback port and forwards the plain bytes to
 /// `upstream`; counts the handshakes that completed.
-pub(crate) struct TlsProxy {
-    pub(crate) port: u16,
-    pub(crate) handshakes: Arc<AtomicUsize>,
+pub struct TlsProxy {
+    pub port: u16,
+    pub handshakes: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl TlsProxy {
     /// Binds now (so the port can be advertised before the upstream
     /// starts) and forwards to `127.0.0.1:upstream`.
-    pub(crate) async fn start(ca: &TestCa, upstream: u16) -> Self {
+    pub async fn start(ca: &TestCa, upstream: u16) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let port = listener.local_addr().expect("addr").port();
         let acceptor = ca.acceptor();
@@ -316,7 +201,7 @@ impl TlsProxy {
         }
     }
 
-    pub(crate) fn handshakes(&self) -> usize {
+    pub fn handshakes(&self) -> usize {
         self.handshakes.load(Ordering::SeqCst)
     }
 }

@@ -1,57 +1,39 @@
-//! Hot swap of consumer plugins through the registry: the shared helpers.
-//! `consumer_swap_load.rs` has twenty swaps (one a rollback) while the relay
-//! and a consumer are both busy; `consumer_swap_in_flight.rs` a message in
-//! flight during a swap; `consumer_swap_checks.rs` deploy checks, dead
-//! letters and shadow runs; `swap_processes.rs` two `outboxd` processes.
+//! Hot swap through the plugin registry: the shared helpers.
 //!
-//! Two behaviourally different versions of one consumer plugin `c` come
-//! from the example components: `billing` (an invoice stamped with the
-//! current time) and `invoicing` (an invoice with `issued_at = 0` plus an
-//! `invoice.issued` event emitted in the same transaction). So every effect
-//! shows which version wrote it, and can be checked against the inbox row's
-//! `handled_by`.
+//! Transformers: two behaviourally different versions of one plugin `t`
+//! come from the example components: `cloudevents` (wraps the payload in an
+//! envelope) and `redact-pii` (re-serialises it, masking configured
+//! fields).
+//!
+//! Consumers: two behaviourally different versions of one consumer plugin
+//! `c` come from the example components: `billing` (an invoice stamped with
+//! the current time) and `invoicing` (an invoice with `issued_at = 0` plus
+//! an `invoice.issued` event emitted in the same transaction). So every
+//! effect shows which version wrote it, and can be checked against the
+//! inbox row's `handled_by`.
 
-use outboxd::config::PluginSource;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
 use outboxd::config::PluginSpec;
 use outboxd::consumer::PluginHandler;
 use outboxd::event::NewEvent;
-use outboxd::plugin::registry::{Deployed, Registry};
-use outboxd::plugin::rollout::Rollout;
-use outboxd::store::{Db, enqueue};
-use serde_json::json;
-use sqlx::Row;
+use outboxd::plugin::lifecycle::registry::{Deployed, Registry};
+use outboxd::plugin::lifecycle::rollout::Rollout;
+use outboxd::relay::Relay;
+use outboxd::relay::RelayConfig;
+use outboxd::route::Route;
+use outboxd::route::Router;
+use outboxd::store::Db;
+use serde_json::{Value, json};
 
-use crate::plugins::{engine, plugin_path};
-use crate::support::TestDb;
+use super::db::{TestDb, enqueue_on, pairs, put};
+use super::plugins::{engine, plugin_policy, registry_spec, wasm};
+use super::publisher::ScriptedPublisher;
 
-pub(crate) fn registry_spec(name: &str) -> PluginSpec {
-    let mut s = PluginSpec::new(name, "");
-    s.source = PluginSource::Registry;
-    s.limits.timeout = std::time::Duration::from_millis(5_000);
-    s
-}
-
-/// A host whose one plugin is the registry consumer `c`, refreshed once,
-/// and a handler that follows its slot (each call runs on the version
-/// active when it starts).
-pub(crate) async fn consumer_host(t: &TestDb) -> (Rollout, PluginHandler) {
-    let host = Rollout::new(
-        engine().clone(),
-        Registry::new(t.db.clone()),
-        vec![registry_spec("c")],
-        Vec::new(),
-    )
-    .expect("rollout")
-    .with_consumers(["c".to_string()]);
-    host.refresh().await.expect("refresh");
-    let handler = PluginHandler::swappable(
-        host.consumer("c").expect("slot"),
-        crate::support::plugin_policy(),
-    );
-    (host, handler)
-}
-
-pub(crate) async fn deploy(reg: &Registry, name: &str, wasm: Vec<u8>) -> i64 {
+/// Stores `wasm` as a new version of the registry plugin `name`.
+pub async fn deploy(reg: &Registry, name: &str, wasm: Vec<u8>) -> i64 {
     match reg
         .deploy(engine(), &registry_spec(name), &wasm, &[], "test")
         .await
@@ -62,46 +44,131 @@ pub(crate) async fn deploy(reg: &Registry, name: &str, wasm: Vec<u8>) -> i64 {
     }
 }
 
-pub(crate) fn wasm(name: &str) -> Vec<u8> {
-    std::fs::read(plugin_path(name)).expect("read component")
+// ---- transformers: the plugin `t` ------------------------------------------
+
+/// Stores the example component `component` as a new version of `t`.
+pub async fn deploy_t(reg: &Registry, component: &str) -> i64 {
+    deploy(reg, "t", wasm(component)).await
 }
 
-pub(crate) async fn put_order(db: &Db, i: usize) {
+pub fn routes() -> Vec<Route> {
+    vec![Route::new("order.*", "orders").with_transformers(&["t"])]
+}
+
+pub fn rollout(db: &Db, specs: Vec<PluginSpec>, routes: Vec<Route>) -> Rollout {
+    Rollout::new(engine().clone(), Registry::new(db.clone()), specs, routes).expect("rollout")
+}
+
+/// The label of route 0's active chain on a host.
+pub fn active_label(r: &Rollout) -> String {
+    r.chains().snapshot().by_route[0]
+        .as_ref()
+        .expect("route 0 has a chain")
+        .active
+        .label()
+}
+
+/// Commits one `order.placed` event of `agg`; returns its id.
+pub async fn put_placed(db: &Db, agg: &str, payload: Value) -> uuid::Uuid {
+    put(db, agg, "order.placed", payload).await
+}
+
+/// `transformed_by` of every outbox row, by id.
+pub async fn transformed_by(db: &Db) -> BTreeMap<String, Option<String>> {
+    pairs(db, "SELECT CAST(id AS TEXT), transformed_by FROM outbox")
+        .await
+        .into_iter()
+        .collect()
+}
+
+pub fn relay(
+    t: &TestDb,
+    broker: Arc<ScriptedPublisher>,
+    r: &Rollout,
+    routes: Vec<Route>,
+) -> Relay<outboxd::store::AnyStore, Arc<ScriptedPublisher>> {
+    Relay::new(
+        t.store(),
+        broker,
+        Router::new(routes),
+        RelayConfig {
+            batch_size: 25,
+            ..RelayConfig::default()
+        },
+        Arc::new(outboxd::clock::SystemClock),
+    )
+    .with_chains(r.chains())
+}
+
+/// When each version was active: from the start of the change that swapped
+/// it in to the end of the refresh that swapped it out (the swap itself
+/// happens at one instant inside that window). The swap-under-load tests
+/// check every call against it.
+pub struct Timeline(Vec<Active>);
+
+struct Active {
+    from: Instant,
+    until: Option<Instant>,
+    label: String,
+}
+
+impl Timeline {
+    pub fn new(from: Instant, label: String) -> Self {
+        Timeline(vec![Active {
+            from,
+            until: None,
+            label,
+        }])
+    }
+
+    /// `label` replaced the active version by a change that began at
+    /// `from` and whose refresh ended at `until`.
+    pub fn swapped(&mut self, from: Instant, until: Instant, label: String) {
+        if let Some(last) = self.0.last_mut() {
+            last.until = Some(until);
+        }
+        self.0.push(Active {
+            from,
+            until: None,
+            label,
+        });
+    }
+
+    /// The versions active at some moment between `start` and `end`.
+    pub fn active_during(&self, start: Instant, end: Instant) -> Vec<&str> {
+        self.0
+            .iter()
+            .filter(|a| a.from <= end && a.until.is_none_or(|u| u >= start))
+            .map(|a| a.label.as_str())
+            .collect()
+    }
+}
+
+// ---- consumers: the plugin `c` ---------------------------------------------
+
+/// A host whose one plugin is the registry consumer `c`, refreshed once,
+/// and a handler that follows its slot (each call runs on the version
+/// active when it starts).
+pub async fn consumer_host(t: &TestDb) -> (Rollout, PluginHandler) {
+    let host = Rollout::new(
+        engine().clone(),
+        Registry::new(t.db.clone()),
+        vec![registry_spec("c")],
+        Vec::new(),
+    )
+    .expect("rollout")
+    .with_consumers(["c".to_string()]);
+    host.refresh().await.expect("refresh");
+    let handler = PluginHandler::swappable(host.consumer("c").expect("slot"), plugin_policy());
+    (host, handler)
+}
+
+/// Commits the `order.confirmed` event of order `o-{i}`.
+pub async fn put_order(db: &Db, i: usize) {
     let ev = NewEvent::new(
         format!("order-{i}"),
         "order.confirmed",
         json!({"order_id": format!("o-{i}"), "customer_id": "c1", "total_cents": i}),
     );
-    match db {
-        Db::Postgres(p) => {
-            let mut tx = p.begin().await.expect("begin");
-            enqueue(&mut tx, ev).await.expect("enqueue");
-            tx.commit().await.expect("commit");
-        }
-        Db::Sqlite(p) => {
-            let mut tx = p.begin().await.expect("begin");
-            enqueue(&mut tx, ev).await.expect("enqueue");
-            tx.commit().await.expect("commit");
-        }
-    }
-}
-
-/// Rows of two text columns.
-pub(crate) async fn pairs(db: &Db, sql: &str) -> Vec<(String, Option<String>)> {
-    match db {
-        Db::Postgres(p) => sqlx::query(sql)
-            .fetch_all(p)
-            .await
-            .expect(sql)
-            .iter()
-            .map(|r| (r.get(0), r.get(1)))
-            .collect(),
-        Db::Sqlite(p) => sqlx::query(sql)
-            .fetch_all(p)
-            .await
-            .expect(sql)
-            .iter()
-            .map(|r| (r.get(0), r.get(1)))
-            .collect(),
-    }
+    enqueue_on(db, ev).await;
 }

@@ -4,7 +4,7 @@
 //! reader and from a frozen one (a partition); `outboxd migrate` creating the publication and slot; a login
 //! without REPLICATION refused at start; and a crash with Kafka (tansu) as
 //! the broker. The in-process invariants and the helpers are in
-//! `wal_relay.rs`.
+//! `relay.rs` (the helpers: `support/wal.rs`).
 
 use std::collections::HashMap;
 use std::process::Stdio;
@@ -13,27 +13,14 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
-use crate::support::{TestDb, WalTestDb, wal_config_toml};
-use crate::wal_relay::{
+use crate::support::process::{outboxd_with_config as outboxd, terminate};
+use crate::support::wal::{
     check_delivered, confirmed_lsn, create_counters, join_writers, metric_value, pool, slot_active,
-    spawn_writers, wait_all_published, wait_confirmed_past, wait_count, wait_for_reader,
-    write_counted,
+    spawn_writers, wait_all_published, wait_confirmed_past, wait_for_reader, write_counted,
 };
+use crate::support::{TestDb, WalTestDb, eventually, wal_config_toml};
 
 // ---- a real process, killed --------------------------------------------------
-
-/// `outboxd --config FILE` with the test's WAL config, its logs as JSON on
-/// stderr.
-fn outboxd(config: &std::path::Path) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_outboxd"));
-    cmd.arg("--config")
-        .arg(config)
-        .arg("--log-json")
-        .env_remove("OUTBOXD_FAULT")
-        .env_remove("OUTBOXD_LOG")
-        .kill_on_drop(true);
-    cmd
-}
 
 fn write_config(dir: &tempfile::TempDir, t: &WalTestDb, extra: &str) -> std::path::PathBuf {
     let path = dir.path().join("outboxd.toml");
@@ -100,7 +87,7 @@ async fn kill_at_and_restart(t: &WalTestDb, extra: &str, point: &str) {
         .expect("restart outboxd run");
     wait_all_published(t).await;
     wait_confirmed_past(t, &last).await;
-    crate::process::terminate(&mut restarted).await;
+    terminate(&mut restarted).await;
 }
 
 /// [`kill_at_and_restart`] on the embedded transport; then nothing is lost
@@ -207,28 +194,29 @@ async fn standby_takes_over(loss: Loss, bound: Duration) {
         children.push((child, *port, sub));
     }
     // Exactly one reads the slot; the other waits.
-    let started = Instant::now();
-    let active = loop {
-        let a = wal_active(ports[0]).await;
-        let b = wal_active(ports[1]).await;
-        match (a.map(|v| v == 1.0), b.map(|v| v == 1.0)) {
-            (Some(true), Some(false)) => break 0,
-            (Some(false), Some(true)) => break 1,
-            (Some(true), Some(true)) => panic!("both processes report that they read the slot"),
-            _ => {}
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "no single active reader after 60 s (outboxd_relay_wal_active: {a:?}, {b:?})"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let active = eventually(
+        Duration::from_secs(60),
+        "no single active reader",
+        async || {
+            let a = wal_active(ports[0]).await;
+            let b = wal_active(ports[1]).await;
+            match (a.map(|v| v == 1.0), b.map(|v| v == 1.0)) {
+                (Some(true), Some(false)) => Ok(0),
+                (Some(false), Some(true)) => Ok(1),
+                (Some(true), Some(true)) => {
+                    panic!("both processes report that they read the slot")
+                }
+                _ => Err(format!("outboxd_relay_wal_active: {a:?}, {b:?}")),
+            }
+        },
+    )
+    .await;
     let standby = 1 - active;
     assert!(slot_active(&t).await);
 
     let writers = spawn_writers(&t, 2, 1500, 100);
-    wait_count(
-        &t,
+    t.wait_count(
+        Duration::from_secs(90),
         "SELECT count(*) FROM (SELECT 1 FROM transport_messages LIMIT 300) x",
         300,
     )
@@ -246,16 +234,12 @@ async fn standby_takes_over(loss: Loss, bound: Duration) {
         .expect("kill");
     assert!(sent.success(), "kill {signal} {pid}");
     let lost = Instant::now();
-    let took_over = loop {
-        if wal_active(ports[standby]).await == Some(1.0) {
-            break lost.elapsed();
-        }
-        assert!(
-            lost.elapsed() < Duration::from_secs(60),
-            "the standby did not take the slot within 60 s of the reader's loss ({loss:?})"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let took_over = eventually(
+        Duration::from_secs(60),
+        format!("the standby did not take the slot after the reader's loss ({loss:?})"),
+        async || (wal_active(ports[standby]).await == Some(1.0)).then(|| lost.elapsed()),
+    )
+    .await;
     println!(
         "hot standby, {loss:?}: took over {took_over:?} after the reader was lost (standby_retry 250ms, sender_timeout 5s)"
     );
@@ -281,7 +265,7 @@ async fn standby_takes_over(loss: Loss, bound: Duration) {
         "the survivor became the reader once"
     );
     let (mut survivor, _, _) = children.remove(0);
-    crate::process::terminate(&mut survivor).await;
+    terminate(&mut survivor).await;
     let (messages, events) = check_delivered(&t, true).await;
     assert_eq!(events, 1501);
     println!("hot standby, {loss:?}: {events} events, {messages} messages across the takeover");
@@ -402,7 +386,7 @@ async fn wal_a_login_without_replication_is_refused_at_start_naming_the_privileg
 /// aggregate's events in commit order; the crashed batch arrives twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wal_kafka_crash_between_publish_and_mark_republishes_in_order() {
-    use crate::kafka::{bootstrap, create_topic, read_all, unique};
+    use crate::support::kafka::{bootstrap, create_topic, read_all, unique};
     let bootstrap = bootstrap();
     let topic = unique("wal-orders");
     create_topic(&bootstrap, &topic, 4).await;

@@ -4,7 +4,7 @@
 //! and then back, four writers on 1,000 aggregates, a poison event and its
 //! redrive, a plugin swap mid-stream, and an idle reader that releases
 //! WAL. Real processes (SIGKILL, the hot standby, Kafka) are in
-//! `wal_processes.rs`, which uses the helpers here. Every test reads a slot
+//! `processes.rs`; the helpers of both are in `support/wal.rs`. Every test reads a slot
 //! of its own, named like its database ([`TestDb::postgres_wal`]), and
 //! drops it at the end; nextest's `wal` group bounds how many run at once.
 //!
@@ -23,10 +23,8 @@ use outboxd::broker::MessageSource;
 use outboxd::broker::embedded::{EmbeddedConsumer, EmbeddedConsumerConfig};
 use outboxd::consumer::{Processed, process};
 use outboxd::daemon::Daemon;
-use outboxd::event::NewEvent;
 use outboxd::fault::{FaultPoint, Faults};
 use outboxd::metrics::Metrics;
-use outboxd::store::{Db, enqueue};
 use outboxd_demo::billing::{self, BillingHandler};
 use outboxd_demo::orders::{self, ConfirmOrder, OrderService};
 use serde_json::json;
@@ -34,7 +32,11 @@ use sqlx::Row;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::support::{TestDb, WalTestDb, wal_config};
+use crate::support::wal::{
+    check_delivered, confirmed_lsn, confirmed_past, create_counters, join_writers, metric_value,
+    pool, spawn_writers, wait_all_published, wait_confirmed_past, wait_for_reader, write_counted,
+};
+use crate::support::{TestDb, WalTestDb, eventually, wal_config, wal_config_toml};
 
 // ---- the pipeline, in-process ----------------------------------------------
 
@@ -98,56 +100,19 @@ impl Pipeline {
 
     /// Waits until the metric `name` reads `want`.
     async fn wait_metric(&self, name: &str, want: f64) {
-        let started = Instant::now();
-        loop {
-            let got = self.metric(name);
-            if got == Some(want) {
-                return;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(60),
-                "{name} is {got:?}, not {want}, after 60 s"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-}
-
-/// The value of the metric `name` (without labels) in a /metrics text.
-pub(crate) fn metric_value(text: &str, name: &str) -> Option<f64> {
-    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
-        let rest = l.strip_prefix(name)?;
-        if !rest.starts_with(' ') {
-            return None;
-        }
-        rest.trim().parse().ok()
-    })
-}
-
-// ---- the slot, seen from the server ----------------------------------------
-
-/// Whether some process reads the test's slot now.
-pub(crate) async fn slot_active(t: &WalTestDb) -> bool {
-    t.count(&format!(
-        "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{}' AND active",
-        t.slot
-    ))
-    .await
-        == 1
-}
-
-/// Waits until a reader holds the slot: events committed from then on
-/// reach the relay through the stream, not through the start-up scan of
-/// unpublished rows.
-pub(crate) async fn wait_for_reader(t: &WalTestDb) {
-    let started = Instant::now();
-    while !slot_active(t).await {
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "no process reads slot {} after 60 s",
-            t.slot
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        eventually(
+            Duration::from_secs(60),
+            format!("{name} reading {want}"),
+            async || {
+                let got = self.metric(name);
+                if got == Some(want) {
+                    Ok(())
+                } else {
+                    Err(format!("{name} is {got:?}"))
+                }
+            },
+        )
+        .await
     }
 }
 
@@ -159,209 +124,6 @@ async fn terminate_reader(t: &WalTestDb) {
         t.slot
     ))
     .await;
-}
-
-/// The slot's confirmed flush position.
-pub(crate) async fn confirmed_lsn(t: &WalTestDb) -> String {
-    t.text(&format!(
-        "SELECT coalesce(confirmed_flush_lsn::text, '0/0') FROM pg_replication_slots WHERE slot_name = '{}'",
-        t.slot
-    ))
-    .await
-}
-
-/// Whether the slot's confirmed position has reached `lsn`.
-async fn confirmed_past(t: &WalTestDb, lsn: &str) -> bool {
-    t.count(&format!(
-        "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{}' AND confirmed_flush_lsn >= '{lsn}'::pg_lsn",
-        t.slot
-    ))
-    .await
-        == 1
-}
-
-/// Waits until the slot's confirmed position reaches `lsn`: the reader
-/// settled every transaction before it and the server may drop that WAL.
-pub(crate) async fn wait_confirmed_past(t: &WalTestDb, lsn: &str) {
-    let started = Instant::now();
-    while !confirmed_past(t, lsn).await {
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "slot {} still confirms only {} after 60 s, not {lsn}: it retains WAL it has settled",
-            t.slot,
-            confirmed_lsn(t).await
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-// ---- writing events --------------------------------------------------------
-
-pub(crate) fn pool(t: &TestDb) -> &sqlx::PgPool {
-    match &t.db {
-        Db::Postgres(p) => p,
-        Db::Sqlite(_) => unreachable!("the WAL relay's tests run on Postgres"),
-    }
-}
-
-/// Each aggregate's counter, in the application's schema.
-pub(crate) async fn create_counters(t: &TestDb) {
-    t.exec_app("CREATE TABLE counters (id text PRIMARY KEY, n bigint NOT NULL)")
-        .await;
-}
-
-/// Commits one event of `agg` whose payload carries the aggregate's
-/// counter, incremented in the same transaction under the row's lock: the
-/// counter is the aggregate's commit order. Returns the position of the
-/// WAL just after the insert (before the commit record): once the slot
-/// confirms past it, the relay has settled this transaction.
-pub(crate) async fn write_counted(
-    db: &sqlx::PgPool,
-    agg: &str,
-    extra: serde_json::Value,
-) -> String {
-    let mut tx = db.begin().await.expect("begin");
-    let n: i64 = sqlx::query(
-        "INSERT INTO public.counters (id, n) VALUES ($1, 1)
-         ON CONFLICT (id) DO UPDATE SET n = counters.n + 1 RETURNING n",
-    )
-    .bind(agg)
-    .fetch_one(&mut *tx)
-    .await
-    .expect("counter")
-    .get(0);
-    let mut payload = json!({ "agg": agg, "n": n });
-    if let (Some(p), Some(e)) = (payload.as_object_mut(), extra.as_object()) {
-        p.extend(e.clone());
-    }
-    enqueue(&mut tx, NewEvent::new(agg, "order.placed", payload))
-        .await
-        .expect("enqueue");
-    let lsn: String = sqlx::query("SELECT pg_current_wal_insert_lsn()::text")
-        .fetch_one(&mut *tx)
-        .await
-        .expect("lsn")
-        .get(0);
-    tx.commit().await.expect("commit");
-    lsn
-}
-
-/// `writers` tasks commit `events` events in all, spread over `aggregates`
-/// aggregates so that writers collide on the same ones.
-pub(crate) fn spawn_writers(
-    t: &TestDb,
-    writers: usize,
-    events: usize,
-    aggregates: usize,
-) -> JoinSet<()> {
-    let mut set = JoinSet::new();
-    for w in 0..writers {
-        let db = pool(t).clone();
-        set.spawn(async move {
-            let mut x: u64 = 0x9e37_79b9_7f4a_7c15 ^ (w as u64 + 1);
-            for _ in 0..events / writers {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                let agg = format!("agg-{:04}", x % aggregates as u64);
-                write_counted(&db, &agg, json!({})).await;
-            }
-        });
-    }
-    set
-}
-
-pub(crate) async fn join_writers(mut set: JoinSet<()>) {
-    while let Some(r) = set.join_next().await {
-        r.expect("writer");
-    }
-}
-
-pub(crate) async fn wait_count(t: &TestDb, sql: &str, want: i64) {
-    let started = Instant::now();
-    loop {
-        let got = t.count(sql).await;
-        if got == want {
-            return;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(90),
-            "timed out waiting for `{sql}` = {want} (last {got})"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-pub(crate) async fn wait_all_published(t: &TestDb) {
-    wait_count(
-        t,
-        "SELECT count(*) FROM outbox WHERE published_at IS NULL",
-        0,
-    )
-    .await;
-}
-
-// ---- what the broker received ----------------------------------------------
-
-/// Every committed event reached the broker (nothing lost), and a receiver
-/// that drops repeated message ids sees each aggregate's events in commit
-/// order: by seq (the advisory lock makes seq the aggregate's commit
-/// order) and, when the payload carries a counter, as 1, 2, 3, … without a
-/// gap. Returns (messages, distinct message ids).
-pub(crate) async fn check_delivered(t: &TestDb, counted: bool) -> (usize, usize) {
-    let lost = t
-        .count(
-            "SELECT count(*) FROM outbox o
-              WHERE NOT EXISTS (SELECT 1 FROM transport_messages m WHERE m.message_id = o.id)",
-        )
-        .await;
-    assert_eq!(lost, 0, "committed events never reached the broker");
-    let invented = t
-        .count(
-            "SELECT count(*) FROM transport_messages m
-              WHERE NOT EXISTS (SELECT 1 FROM outbox o WHERE o.id = m.message_id)",
-        )
-        .await;
-    assert_eq!(invented, 0, "messages with no outbox row behind them");
-    let rows = sqlx::query(
-        r#"SELECT m.message_id, o.aggregate_id, o.seq, m.payload
-             FROM transport_messages m JOIN outbox o ON o.id = m.message_id
-            ORDER BY m."offset""#,
-    )
-    .fetch_all(pool(t))
-    .await
-    .expect("read transport_messages");
-    let mut seen = std::collections::HashSet::new();
-    let mut last: HashMap<String, (i64, i64)> = HashMap::new();
-    for row in &rows {
-        let id: uuid::Uuid = row.get(0);
-        if !seen.insert(id) {
-            continue;
-        }
-        let agg: String = row.get(1);
-        let seq: i64 = row.get(2);
-        let entry = last.entry(agg.clone()).or_insert((0, 0));
-        assert!(
-            seq > entry.0,
-            "aggregate {agg}: seq {seq} reached the receiver after seq {}",
-            entry.0
-        );
-        if counted {
-            let payload: Vec<u8> = row.get(3);
-            let n = serde_json::from_slice::<serde_json::Value>(&payload).expect("json")["n"]
-                .as_i64()
-                .expect("the payload's counter");
-            assert_eq!(
-                n,
-                entry.1 + 1,
-                "aggregate {agg}: event {n} reached the receiver after event {}",
-                entry.1
-            );
-            entry.1 = n;
-        }
-        entry.0 = seq;
-    }
-    (rows.len(), seen.len())
 }
 
 /// Every delivery of the embedded transport's topics, in partition and
@@ -456,7 +218,12 @@ async fn crash_at(point: &str) -> WalTestDb {
     match point {
         "after-publish-before-mark" => {
             // Published: the reader now hangs before the mark.
-            wait_count(&t, "SELECT count(*) FROM transport_messages", 1).await;
+            t.wait_count(
+                Duration::from_secs(90),
+                "SELECT count(*) FROM transport_messages",
+                1,
+            )
+            .await;
             assert_eq!(
                 t.count("SELECT count(*) FROM outbox WHERE published_at IS NULL")
                     .await,
@@ -465,8 +232,8 @@ async fn crash_at(point: &str) -> WalTestDb {
             );
         }
         "wal-after-mark-before-confirm" => {
-            wait_count(
-                &t,
+            t.wait_count(
+                Duration::from_secs(90),
                 "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL",
                 1,
             )
@@ -576,8 +343,8 @@ async fn wal_broker_down_then_back_loses_nothing_and_keeps_each_aggregates_order
     // Down while writers go on: events fail, their aggregates wait.
     broker_down(&t, true).await;
     let writers = spawn_writers(&t, 2, 300, 20);
-    wait_count(
-        &t,
+    t.wait_count(
+        Duration::from_secs(90),
         "SELECT count(*) FROM (SELECT 1 FROM outbox WHERE attempts >= 2 LIMIT 1) x",
         1,
     )
@@ -660,8 +427,8 @@ async fn wal_poison_event_goes_dead_holds_its_aggregate_and_redrive_publishes_in
     for i in 0..40 {
         write_counted(&db, &format!("well-{}", i % 8), json!({})).await;
     }
-    wait_count(
-        &t,
+    t.wait_count(
+        Duration::from_secs(90),
         "SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL",
         1,
     )
@@ -682,8 +449,8 @@ async fn wal_poison_event_goes_dead_holds_its_aggregate_and_redrive_publishes_in
     for i in 0..40 {
         write_counted(&db, &format!("well-{}", i % 8), json!({})).await;
     }
-    wait_count(
-        &t,
+    t.wait_count(
+        Duration::from_secs(90),
         "SELECT count(*) FROM outbox WHERE aggregate_id LIKE 'well-%' AND published_at IS NULL",
         0,
     )
@@ -756,12 +523,13 @@ async fn wal_poison_event_goes_dead_holds_its_aggregate_and_redrive_publishes_in
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wal_plugin_swap_mid_stream_runs_each_event_on_one_version_and_loses_nothing() {
-    use crate::hot_swap::{deploy, json_of, transformed_by};
+    use crate::support::plugins::json_of;
+    use crate::support::swap::{deploy_t, transformed_by};
     let t = TestDb::postgres_wal().await;
     create_counters(&t).await;
-    let reg = outboxd::plugin::registry::Registry::new(t.db.clone());
-    let v_ce = deploy(&reg, "cloudevents").await;
-    let v_pii = deploy(&reg, "redact-pii").await;
+    let reg = outboxd::plugin::lifecycle::registry::Registry::new(t.db.clone());
+    let v_ce = deploy_t(&reg, "cloudevents").await;
+    let v_pii = deploy_t(&reg, "redact-pii").await;
     reg.activate("t", v_ce, "test").await.expect("activate");
     let cache = tempfile::tempdir().expect("cache dir");
     let extra = format!(
@@ -786,8 +554,8 @@ registry_poll = "200ms"
     pipeline.wait_streaming(&t).await;
 
     let writers = spawn_writers(&t, 2, 600, 50);
-    wait_count(
-        &t,
+    t.wait_count(
+        Duration::from_secs(90),
         "SELECT count(*) FROM (SELECT 1 FROM transport_messages LIMIT 150) x",
         150,
     )
@@ -797,8 +565,7 @@ registry_poll = "200ms"
     // runs on the old one: those inserted after that publish (a higher
     // seq) committed after it.
     write_counted(pool(&t), "marker-1", json!({})).await;
-    wait_count(
-        &t,
+    t.wait_count(Duration::from_secs(90),
         &format!(
             "SELECT count(*) FROM outbox WHERE aggregate_id = 'marker-1' AND published_at IS NOT NULL AND transformed_by = '{}'",
             to_pii.label()
@@ -939,21 +706,18 @@ async fn wal_an_idle_reader_makes_no_query_while_other_writes_move_the_wal() {
             .execute(&mut own)
             .await
             .expect("more WAL");
-        let started = Instant::now();
-        loop {
-            let n: i64 = sqlx::query_scalar(&confirmed_past(end.clone()))
-                .fetch_one(&mut own)
-                .await
-                .expect("slot");
-            if n == 1 {
-                break;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(60),
-                "the idle reader never confirmed past {end}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        eventually(
+            Duration::from_secs(60),
+            format!("the idle reader never confirmed past {end}"),
+            async || {
+                let n: i64 = sqlx::query_scalar(&confirmed_past(end.clone()))
+                    .fetch_one(&mut own)
+                    .await
+                    .expect("slot");
+                n == 1
+            },
+        )
+        .await;
         // Longer than `status_interval`, so a due read would have run.
         tokio::time::sleep(Duration::from_millis(400)).await;
     }
@@ -987,7 +751,7 @@ async fn wal_a_slot_further_behind_than_max_lag_bytes_falls_back_to_polling() {
     let t = TestDb::postgres_wal().await;
     create_counters(&t).await;
     install_test_broker(&t).await;
-    let text = crate::support::wal_config_toml(&t.url, &t.slot, "").replace(
+    let text = wal_config_toml(&t.url, &t.slot, "").replace(
         "sender_timeout = \"5s\"",
         &format!("sender_timeout = \"5s\"\nmax_lag_bytes = {MAX_LAG}"),
     );
@@ -1023,12 +787,14 @@ async fn wal_a_slot_further_behind_than_max_lag_bytes_falls_back_to_polling() {
     }
     let mut worst = 0;
     let mut exceeded: Option<Instant> = None;
-    let started = Instant::now();
-    loop {
+    let what = format!(
+        "the slow broker never put the slot {MAX_LAG} bytes behind: this test proves nothing; make the broker slower"
+    );
+    eventually(Duration::from_secs(120), what, async || {
         let lag = t.count(&lag_sql).await;
         worst = worst.max(lag);
         if pipeline.metric("outboxd_relay_wal_fallback") == Some(1.0) {
-            break;
+            return Ok(());
         }
         if lag > MAX_LAG && exceeded.is_none() {
             exceeded = Some(Instant::now());
@@ -1041,12 +807,9 @@ async fn wal_a_slot_further_behind_than_max_lag_bytes_falls_back_to_polling() {
                 pipeline.metric("outboxd_relay_wal_lag_bytes")
             );
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(120),
-            "the slow broker never put the slot {MAX_LAG} bytes behind (worst {worst}): this test proves nothing; make the broker slower"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        Err(format!("worst {worst}"))
+    })
+    .await;
     println!("fell back to polling with the slot {worst} bytes behind at worst");
     t.exec("UPDATE public.test_broker SET delay = 0").await;
     join_writers(writers).await;

@@ -1,6 +1,6 @@
 //! The WAL relay's start-up checks: each problem with the server, the role,
 //! the slot or the publication is an error naming what to change, and
-//! nothing is half made. (Readers, hand-offs and crashes: `wal_relay.rs`.)
+//! nothing is half made. (Readers, hand-offs and crashes: `relay.rs`.)
 
 use outboxd::config::{Config, WalSection};
 use outboxd::store::Db;

@@ -10,16 +10,8 @@ use outboxd::admin::{History, SlotSampler, run_sampler};
 use outboxd::metrics::Metrics;
 use outboxd::store::outbox::wal_status::slot_status;
 
-use crate::support::TestDb;
-
-/// The test database's name: its slot's name.
-fn slot_of(t: &TestDb) -> String {
-    t.url
-        .rsplit('/')
-        .next()
-        .expect("a database in the URL")
-        .to_string()
-}
+use crate::support::db::SlotGuard;
+use crate::support::{TestDb, eventually};
 
 /// Writes about `kib` KiB of WAL into the test database.
 async fn write_wal(t: &TestDb, kib: i64) {
@@ -33,7 +25,7 @@ async fn write_wal(t: &TestDb, kib: i64) {
 #[tokio::test]
 async fn slot_status_reports_retained_wal_reader_and_confirmed_position() {
     let t = TestDb::postgres().await;
-    let slot = slot_of(&t);
+    let slot = t.database_name().to_string();
     assert_eq!(
         slot_status(&t.db, &slot).await.expect("status"),
         None,
@@ -71,7 +63,9 @@ async fn slot_status_reports_retained_wal_reader_and_confirmed_position() {
 #[tokio::test]
 async fn the_admin_sampler_exports_the_slots_retained_bytes() {
     let t = TestDb::postgres().await;
-    let slot = slot_of(&t);
+    let slot = t.database_name().to_string();
+    // Drops the slot if the test fails before it does.
+    let _slot = SlotGuard { slot: slot.clone() };
     t.exec(&format!(
         "SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')"
     ))
@@ -91,23 +85,22 @@ async fn the_admin_sampler_exports_the_slots_retained_bytes() {
         stop_rx,
     ));
     let needle = format!("outboxd_relay_wal_retained_bytes{{slot=\"{slot}\"}} ");
-    let mut value = None;
-    for _ in 0..100 {
-        let text = metrics.render(None);
-        value = text
-            .lines()
-            .find_map(|l| l.strip_prefix(needle.as_str()))
-            .and_then(|v| v.parse::<i64>().ok());
-        if value.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let value = eventually(
+        Duration::from_secs(2),
+        "the sampler exported the gauge",
+        async || {
+            metrics
+                .render(None)
+                .lines()
+                .find_map(|l| l.strip_prefix(needle.as_str()))
+                .and_then(|v| v.parse::<i64>().ok())
+        },
+    )
+    .await;
     let _ = stop_tx.send(true);
     let _ = sampler.await;
     t.exec(&format!("SELECT pg_drop_replication_slot('{slot}')"))
         .await;
-    let value = value.expect("the sampler exported the gauge within 2 s");
     assert!(
         value >= 1024 * 1024,
         "1 MiB written since the slot was made, the gauge says {value}"
@@ -136,7 +129,7 @@ async fn outboxd(t: &TestDb, args: &[&str], env: &[(&str, &str)]) -> (bool, Stri
 #[tokio::test]
 async fn outboxd_stats_shows_the_slot_in_wal_mode_only() {
     let t = TestDb::postgres().await;
-    let slot = slot_of(&t);
+    let slot = t.database_name().to_string();
     let wal = [
         ("OUTBOXD__RELAY__SOURCE", "wal"),
         ("OUTBOXD__RELAY__WAL__SLOT", slot.as_str()),
