@@ -263,11 +263,13 @@ impl<P: Publisher> WalRelay<P> {
         let found = wal_store::unpublished(pool, SEED_LIMIT).await?;
         // Read after the rows: every row they saw committed before it.
         let fence = wal_store::current_lsn(pool).await?;
+        let start = wal_store::slot_confirmed_lsn(pool, &self.wal.slot).await?;
         Ok(match found {
             Some(u) => StreamState::new(Seed {
                 fresh: u.fresh,
                 stuck: u.stuck,
                 fence,
+                start,
             }),
             None => {
                 let all = wal_store::aggregates_with_unpublished(pool).await?;
@@ -275,7 +277,7 @@ impl<P: Publisher> WalRelay<P> {
                     aggregates = all.len(),
                     "WAL relay: over {SEED_LIMIT} unpublished rows at start; their aggregates are published by polling first"
                 );
-                StreamState::with_all_handed(all, fence)
+                StreamState::with_all_handed(all, fence, start)
             }
         })
     }
@@ -467,6 +469,9 @@ impl<P: Publisher> WalRelay<P> {
         for p in flown.go.iter().filter(|p| flown.failed.contains(&p.ev.seq)) {
             st.hand(&p.ev.aggregate_id);
         }
+        // The gauge moves when an aggregate is handed, not only at the next
+        // status update, so it is never behind what polling already retries.
+        self.metrics.handed_aggregates.set(st.handed_count() as u64);
         st.settle(&flown.go);
         self.faults
             .check(FaultPoint::WalAfterMarkBeforeConfirm)

@@ -60,6 +60,10 @@ pub struct Seed {
     /// The server's WAL position read after the rows: every row seen
     /// committed before it.
     pub fence: u64,
+    /// The slot's confirmed position when the reader took it: the stream
+    /// starts there, so the lag counts from it (not from the start of
+    /// the server's WAL) until the reader confirms further.
+    pub start: u64,
 }
 
 #[derive(Debug, Default)]
@@ -89,6 +93,7 @@ impl StreamState {
         let mut s = StreamState {
             verify_below: seed.fence,
             seed_fence: Some(seed.fence),
+            confirmed: seed.start,
             ..StreamState::default()
         };
         for aggregate in seed.stuck {
@@ -104,10 +109,11 @@ impl StreamState {
 
     /// A reader that found too many unpublished rows to hold: each of
     /// their aggregates goes to polling at once.
-    pub fn with_all_handed(aggregates: HashSet<String>, fence: u64) -> Self {
+    pub fn with_all_handed(aggregates: HashSet<String>, fence: u64, start: u64) -> Self {
         StreamState::new(Seed {
             stuck: aggregates,
             fence,
+            start,
             ..Seed::default()
         })
     }
@@ -462,6 +468,7 @@ mod tests {
             .into(),
             stuck: ["c".to_string()].into(),
             fence: 100,
+            start: 0,
         };
         let mut s = StreamState::new(seed);
         txn(&mut s, 50, &[(2, "b"), (5, "a"), (7, "c"), (0, "e")]);
@@ -498,5 +505,21 @@ mod tests {
         let b = s.next_batch(1);
         assert_eq!(seqs(&b), vec![10]);
         assert_eq!(s.queued(), SKIP_KEEP - 1);
+    }
+
+    /// The lag counts from where the slot was confirmed when the reader took
+    /// it, not from the start of the server's WAL: on a cluster that has
+    /// written more than `max_lag_bytes` in its life, a fresh reader is not
+    /// "behind" before it has read anything.
+    #[test]
+    fn the_lag_counts_from_the_slots_confirmed_position() {
+        let mut s = StreamState::new(Seed {
+            fence: 5_000_000_000,
+            start: 4_999_999_000,
+            ..Seed::default()
+        });
+        s.server_at(5_000_000_000);
+        assert_eq!(s.lag(), 1_000);
+        assert_eq!(s.confirmable(), 4_999_999_000, "never behind the slot");
     }
 }

@@ -245,6 +245,19 @@ pub async fn current_lsn(pool: &PgPool) -> Result<u64, StoreError> {
     Ok(lsn as u64)
 }
 
+/// The slot's confirmed position (`confirmed_flush_lsn`), where a reader
+/// that takes it starts: 0 for a slot that does not exist or has none.
+pub async fn slot_confirmed_lsn(pool: &PgPool, slot: &str) -> Result<u64, StoreError> {
+    let lsn: Option<i64> = sqlx::query_scalar(
+        "SELECT (confirmed_flush_lsn - '0/0'::pg_lsn)::bigint FROM pg_replication_slots WHERE slot_name = $1",
+    )
+    .bind(slot)
+    .fetch_optional(pool)
+    .await?
+    .flatten();
+    Ok(lsn.unwrap_or(0).max(0) as u64)
+}
+
 /// The unpublished rows when a reader starts: per aggregate, the seqs of
 /// its rows in order, and the aggregates that are already in polling's
 /// hands (a failed attempt or a dead row).
