@@ -159,12 +159,16 @@ fi
 # (support/db.rs: DropDatabase, SlotGuard); whatever is still there now was
 # leaked by a test, and a leak fails the run.
 if command -v psql >/dev/null 2>&1; then
-  log "nothing the tests made is left on Postgres (databases, roles, replication slots named outboxd_t_*)"
+  # A publication belongs to its database: those of the test databases go
+  # with them; this catches one a test made in the server's own database.
+  log "nothing the tests made is left on Postgres (databases, roles, replication slots, publications named outboxd_t_*)"
   if ! left=$(psql "$OUTBOXD_TEST_DATABASE_URL" -Atqc "
       SELECT 'database ' || datname FROM pg_database WHERE datname LIKE 'outboxd\_t\_%'
       UNION ALL SELECT 'role ' || rolname FROM pg_roles WHERE rolname LIKE 'outboxd\_t\_%'
       UNION ALL SELECT 'replication slot ' || slot_name FROM pg_replication_slots
-        WHERE slot_name LIKE 'outboxd\_t\_%'" 2>&1); then
+        WHERE slot_name LIKE 'outboxd\_t\_%'
+      UNION ALL SELECT 'publication ' || pubname FROM pg_publication
+        WHERE pubname LIKE 'outboxd\_t\_%'" 2>&1); then
     left="cannot ask Postgres: $left"
   fi
   if [ -n "$left" ]; then
