@@ -125,7 +125,7 @@ impl EmbeddedConsumer {
     }
 
     /// Releases every lease so another member can take over at once.
-    pub async fn release(&mut self) -> Result<(), ConsumeError> {
+    async fn release_leases(&mut self) -> Result<(), ConsumeError> {
         transport::release_leases(&self.db, &self.owner).await?;
         self.committed.clear();
         Ok(())
@@ -176,6 +176,10 @@ impl MessageSource for EmbeddedConsumer {
             self.wake = None;
         }
         self.fetch_now(max).await
+    }
+
+    async fn release(&mut self) -> Result<(), ConsumeError> {
+        self.release_leases().await
     }
 
     fn waits_for_messages(&self) -> bool {

@@ -101,4 +101,10 @@ pub trait MessageSource: Send {
     fn waits_for_messages(&self) -> bool {
         false
     }
+    /// Gives back what this member holds of its group (partition leases),
+    /// so another member takes over at once instead of after the lease; a
+    /// consumer calls it when it stops. Kafka's group does this itself.
+    fn release(&mut self) -> impl Future<Output = Result<(), ConsumeError>> + Send {
+        async { Ok(()) }
+    }
 }

@@ -11,15 +11,16 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::{DaemonError, PipelineHandles};
-use crate::broker::Publisher;
 use crate::broker::embedded::{EmbeddedConsumer, EmbeddedConsumerConfig};
 use crate::broker::kafka::{GroupLag, KafkaConsumer, KafkaConsumerConfig, KafkaPublisher};
+use crate::broker::{MessageSource, Publisher};
 use crate::config::{Config, ConsumerSection, TransportKind};
 use crate::consumer::Consumer;
 use crate::consumer::ConsumerConfig;
 use crate::consumer::ConsumerHandler;
 use crate::consumer::NativeHandlers;
 use crate::consumer::PluginHandler;
+use crate::consumer::runner::OnHandled;
 use crate::fault::Faults;
 use crate::metrics::Metrics;
 use crate::plugin::lifecycle::slot::ActiveConsumer;
@@ -110,21 +111,17 @@ pub(super) async fn spawn_consumers(
                         tracing::warn!(consumer = %c.name, error = %e, "cannot LISTEN for published messages; polling instead")
                     }
                 }
-                let mut consumer = Consumer::new(db.clone(), source, handler, consumer_cfg)
+                let consumer = Consumer::new(db.clone(), source, handler, consumer_cfg)
                     .with_faults(faults.clone())
                     .with_metrics(consumer_metrics);
-                if let Some(hook) = &sources.daemon.on_handled {
-                    consumer = consumer.with_on_handled(hook.clone());
-                }
-                handles
-                    .consumer_stats
-                    .push((c.name.clone(), consumer.stats()));
-                let shutdown = shutdown.clone();
-                set.spawn(async move {
-                    let result = consumer.run(shutdown).await.map_err(|e| e.to_string());
-                    let _ = consumer.source_mut().release().await;
-                    result
-                });
+                run_consumer(
+                    set,
+                    handles,
+                    sources.daemon.on_handled.as_ref(),
+                    &c.name,
+                    consumer,
+                    shutdown,
+                );
             }
             TransportKind::Nats => {
                 let client = crate::broker::nats::connect(&config.transport.nats).await?;
@@ -140,21 +137,17 @@ pub(super) async fn spawn_consumers(
                         fetch_wait: config.transport.nats.fetch_wait,
                     },
                 );
-                let mut consumer = Consumer::new(db.clone(), source, handler, consumer_cfg)
+                let consumer = Consumer::new(db.clone(), source, handler, consumer_cfg)
                     .with_faults(faults.clone())
                     .with_metrics(consumer_metrics);
-                if let Some(hook) = &sources.daemon.on_handled {
-                    consumer = consumer.with_on_handled(hook.clone());
-                }
-                handles
-                    .consumer_stats
-                    .push((c.name.clone(), consumer.stats()));
-                let shutdown = shutdown.clone();
-                set.spawn(async move {
-                    let result = consumer.run(shutdown).await.map_err(|e| e.to_string());
-                    let _ = consumer.source_mut().release().await;
-                    result
-                });
+                run_consumer(
+                    set,
+                    handles,
+                    sources.daemon.on_handled.as_ref(),
+                    &c.name,
+                    consumer,
+                    shutdown,
+                );
             }
             TransportKind::Kafka => {
                 // The consumer group is the consumer's name, as in the inbox.
@@ -175,25 +168,50 @@ pub(super) async fn spawn_consumers(
                     &config.transport.kafka,
                     Duration::from_secs(10),
                 )?);
-                let mut consumer = Consumer::new(db.clone(), source, handler, consumer_cfg)
+                let consumer = Consumer::new(db.clone(), source, handler, consumer_cfg)
                     .with_faults(faults.clone())
                     .with_metrics(consumer_metrics)
                     .with_dead_letter_topic(Arc::new(move |m| {
                         let dlq = dlq.clone();
                         Box::pin(async move { dlq.publish(m).await })
                     }));
-                if let Some(hook) = &sources.daemon.on_handled {
-                    consumer = consumer.with_on_handled(hook.clone());
-                }
-                handles
-                    .consumer_stats
-                    .push((c.name.clone(), consumer.stats()));
-                let shutdown = shutdown.clone();
-                set.spawn(async move { consumer.run(shutdown).await.map_err(|e| e.to_string()) });
+                run_consumer(
+                    set,
+                    handles,
+                    sources.daemon.on_handled.as_ref(),
+                    &c.name,
+                    consumer,
+                    shutdown,
+                );
             }
         }
     }
     Ok(())
+}
+
+/// Runs `consumer` as a task until `shutdown`, then gives back what its
+/// source holds of the group ([`MessageSource::release`]), whatever the
+/// broker.
+fn run_consumer<S: MessageSource + Send + Sync + 'static>(
+    set: &mut JoinSet<Result<(), String>>,
+    handles: &mut PipelineHandles,
+    on_handled: Option<&OnHandled>,
+    name: &str,
+    mut consumer: Consumer<S, ConsumerHandler>,
+    shutdown: &watch::Receiver<bool>,
+) {
+    if let Some(hook) = on_handled {
+        consumer = consumer.with_on_handled(hook.clone());
+    }
+    handles
+        .consumer_stats
+        .push((name.to_string(), consumer.stats()));
+    let shutdown = shutdown.clone();
+    set.spawn(async move {
+        let result = consumer.run(shutdown).await.map_err(|e| e.to_string());
+        let _ = consumer.source_mut().release().await;
+        result
+    });
 }
 
 /// The file consumer plugins of this process: each loaded once, on an

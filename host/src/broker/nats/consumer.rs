@@ -92,7 +92,7 @@ impl NatsConsumer {
     }
 
     /// Releases every lease so another member can take over at once.
-    pub async fn release(&mut self) -> Result<(), ConsumeError> {
+    async fn release_leases(&mut self) -> Result<(), ConsumeError> {
         transport::release_leases(&self.db, &self.owner).await?;
         self.owned.clear();
         Ok(())
@@ -316,6 +316,10 @@ impl MessageSource for NatsConsumer {
         }
         let wait = self.cfg.fetch_wait;
         self.fetch_now(max, wait).await
+    }
+
+    async fn release(&mut self) -> Result<(), ConsumeError> {
+        self.release_leases().await
     }
 
     fn waits_for_messages(&self) -> bool {
