@@ -14,5 +14,6 @@ mod nats;
 mod ops;
 mod plugin;
 mod process;
+mod rabbitmq;
 mod relay;
 mod wal;

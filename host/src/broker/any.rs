@@ -2,12 +2,14 @@
 //! place that lists the brokers, so the daemon, the demo and the tools hold
 //! an [`AnyPublisher`] and never match on the kind themselves.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::embedded::EmbeddedPublisher;
 use super::kafka::{KafkaPublisher, KafkaSetupError};
 use super::nats::{NatsPublisher, NatsSetupError};
+use super::rabbitmq::{RabbitPublisher, RabbitSetupError};
 use super::{PublishError, Publisher};
 use crate::config::{Config, TransportKind};
 use crate::message::OutgoingMessage;
@@ -20,6 +22,8 @@ pub enum BrokerSetupError {
     Kafka(#[from] KafkaSetupError),
     #[error(transparent)]
     Nats(#[from] NatsSetupError),
+    #[error(transparent)]
+    Rabbitmq(#[from] RabbitSetupError),
 }
 
 impl BrokerSetupError {
@@ -28,6 +32,7 @@ impl BrokerSetupError {
         match self {
             BrokerSetupError::Kafka(e) => e.is_transient(),
             BrokerSetupError::Nats(e) => e.is_transient(),
+            BrokerSetupError::Rabbitmq(e) => e.is_transient(),
         }
     }
 }
@@ -38,7 +43,11 @@ pub enum AnyPublisher {
     Embedded(EmbeddedPublisher),
     Kafka(Arc<KafkaPublisher>),
     Nats(NatsPublisher),
+    Rabbitmq(Arc<RabbitPublisher>),
 }
+
+/// How long one start attempt waits for a Kafka broker to answer.
+const KAFKA_START_WAIT: Duration = Duration::from_secs(10);
 
 impl AnyPublisher {
     /// Connects the configured broker's publisher; `ack_timeout` bounds
@@ -62,6 +71,64 @@ impl AnyPublisher {
                 config.transport.partitions,
                 ack_timeout,
             )),
+            TransportKind::Rabbitmq => AnyPublisher::Rabbitmq(Arc::new(
+                RabbitPublisher::new(
+                    &config.transport.rabbitmq,
+                    None,
+                    config.transport.partitions,
+                    ack_timeout,
+                )
+                .await?,
+            )),
+        })
+    }
+
+    /// What `outboxd run` does before it publishes: checks that the broker
+    /// takes the login and has what `topics` need (Kafka topics, NATS
+    /// streams, RabbitMQ exchanges and partition queues), creating what is
+    /// missing when `[transport.topics] create = true`, then connects the
+    /// publisher. `publish_timeout` bounds one acknowledgement.
+    pub async fn start(
+        config: &Config,
+        db: &Db,
+        topics: &BTreeSet<String>,
+        publish_timeout: Duration,
+    ) -> Result<Self, BrokerSetupError> {
+        let t = &config.transport;
+        let replicas = t
+            .topics
+            .create
+            .then(|| usize::try_from(t.topics.replication.unwrap_or(1)).unwrap_or(1));
+        Ok(match t.kind {
+            TransportKind::Kafka => {
+                super::kafka::check_at_start(
+                    &t.kafka,
+                    topics,
+                    t.topics.new_topics(),
+                    KAFKA_START_WAIT,
+                )
+                .await?;
+                tracing::info!(properties = ?config.redacted_kafka(), "publishing to kafka");
+                // librdkafka checks timeouts about once a second; a quarter
+                // of slack lets a broker report first, as
+                // KafkaPublisher::new asks.
+                Self::connect(config, db, publish_timeout * 3 / 4).await?
+            }
+            TransportKind::Nats => {
+                let client = super::nats::start(&t.nats, topics, replicas).await?;
+                tracing::info!(url = %t.nats.url, "publishing to NATS JetStream");
+                AnyPublisher::Nats(NatsPublisher::new(client, t.partitions, publish_timeout))
+            }
+            TransportKind::Rabbitmq => {
+                let conn =
+                    super::rabbitmq::start(&t.rabbitmq, topics, t.partitions, replicas).await?;
+                tracing::info!(url = %t.rabbitmq.redacted_url(), "publishing to RabbitMQ");
+                AnyPublisher::Rabbitmq(Arc::new(
+                    RabbitPublisher::new(&t.rabbitmq, Some(conn), t.partitions, publish_timeout)
+                        .await?,
+                ))
+            }
+            TransportKind::Embedded => Self::connect(config, db, publish_timeout).await?,
         })
     }
 
@@ -72,6 +139,7 @@ impl AnyPublisher {
             AnyPublisher::Embedded(_) => None,
             AnyPublisher::Kafka(p) => Some(p.check(Duration::from_secs(3)).await),
             AnyPublisher::Nats(p) => Some(p.check().await),
+            AnyPublisher::Rabbitmq(p) => Some(p.check().await),
         }
     }
 }
@@ -82,6 +150,7 @@ impl Publisher for AnyPublisher {
             AnyPublisher::Embedded(p) => p.publish(msg).await,
             AnyPublisher::Kafka(p) => p.publish(msg).await,
             AnyPublisher::Nats(p) => p.publish(msg).await,
+            AnyPublisher::Rabbitmq(p) => p.publish(msg).await,
         }
     }
 }

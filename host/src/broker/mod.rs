@@ -4,14 +4,15 @@
 //! it mark a row. Consumers only know [`MessageSource`]: fetch in partition
 //! order, commit after the inbox transaction. Each broker is one folder that
 //! implements both and is the only module linking its client crate: the
-//! embedded transport, Kafka ([`kafka`], rdkafka) and NATS JetStream
-//! ([`nats`], async-nats).
+//! embedded transport, Kafka ([`kafka`], rdkafka), NATS JetStream
+//! ([`nats`], async-nats) and RabbitMQ ([`rabbitmq`], lapin).
 
 mod any;
 pub mod embedded;
 mod group_commit;
 pub mod kafka;
 pub mod nats;
+pub mod rabbitmq;
 
 use crate::message::{Delivery, OutgoingMessage};
 pub use any::{AnyPublisher, BrokerSetupError};

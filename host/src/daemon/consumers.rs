@@ -1,7 +1,7 @@
 //! The `[[consumers]]` of `outboxd run`: each one's handler (a registered
 //! native handler, a file plugin or a registry plugin's rollout slot) and its
-//! source (the embedded transport, a Kafka consumer group, or statically
-//! assigned Kafka partitions).
+//! source (the embedded transport, a Kafka consumer group, statically
+//! assigned Kafka partitions, NATS JetStream or RabbitMQ).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -124,7 +124,9 @@ pub(super) async fn spawn_consumers(
                 );
             }
             TransportKind::Nats => {
-                let client = crate::broker::nats::connect(&config.transport.nats).await?;
+                let client = crate::broker::nats::connect(&config.transport.nats)
+                    .await
+                    .map_err(crate::broker::BrokerSetupError::from)?;
                 let source = crate::broker::nats::NatsConsumer::new(
                     db.clone(),
                     client,
@@ -135,6 +137,30 @@ pub(super) async fn spawn_consumers(
                         lease: config.transport.consumer_lease,
                         ack_wait: config.transport.nats.ack_wait,
                         fetch_wait: config.transport.nats.fetch_wait,
+                    },
+                );
+                let consumer = Consumer::new(db.clone(), source, handler, consumer_cfg)
+                    .with_faults(faults.clone())
+                    .with_metrics(consumer_metrics);
+                run_consumer(
+                    set,
+                    handles,
+                    sources.daemon.on_handled.as_ref(),
+                    &c.name,
+                    consumer,
+                    shutdown,
+                );
+            }
+            TransportKind::Rabbitmq => {
+                let rabbit = &config.transport.rabbitmq;
+                let source = crate::broker::rabbitmq::RabbitConsumer::new(
+                    rabbit.clone(),
+                    crate::broker::rabbitmq::RabbitConsumerConfig {
+                        group: c.name.clone(),
+                        topics: c.topics.clone(),
+                        partitions: config.transport.partitions,
+                        prefetch: rabbit.prefetch,
+                        fetch_wait: rabbit.fetch_wait,
                     },
                 );
                 let consumer = Consumer::new(db.clone(), source, handler, consumer_cfg)

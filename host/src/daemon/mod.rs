@@ -52,8 +52,6 @@ pub enum DaemonError {
     #[error(transparent)]
     Kafka(#[from] KafkaSetupError),
     #[error(transparent)]
-    Nats(#[from] crate::broker::nats::NatsSetupError),
-    #[error(transparent)]
     Broker(#[from] crate::broker::BrokerSetupError),
     #[error(transparent)]
     Wal(#[from] crate::store::outbox::wal::WalSetupError),
@@ -76,7 +74,6 @@ impl DaemonError {
             | DaemonError::Store(StoreError::Database(e))
             | DaemonError::Store(StoreError::Migration { source: e, .. }) => transient(e),
             DaemonError::Kafka(e) => e.is_transient(),
-            DaemonError::Nats(e) => e.is_transient(),
             DaemonError::Broker(e) => e.is_transient(),
             _ => false,
         }
@@ -290,34 +287,6 @@ pub async fn join_all_workers(mut set: JoinSet<Result<(), String>>) -> Result<()
     }
 }
 
-/// How long one start attempt waits for a Kafka broker to answer.
-const KAFKA_START_WAIT: Duration = Duration::from_secs(10);
-
-/// Refuses to start on a Kafka cluster that turns down the login or the
-/// TLS handshake, or lacks a topic this configuration names (every route's
-/// `topic` and `allowed_topics`, every consumer's `topics`), unless
-/// `[transport.topics] create = true` creates it.
-async fn check_kafka(config: &Config) -> Result<(), DaemonError> {
-    crate::broker::kafka::check_at_start(
-        &config.transport.kafka,
-        &broker_topics(config),
-        config.transport.topics.new_topics(),
-        KAFKA_START_WAIT,
-    )
-    .await?;
-    Ok(())
-}
-
-/// Connects to NATS and checks (or creates) the stream of every topic the
-/// routes and consumers name.
-async fn check_nats(config: &Config) -> Result<crate::broker::nats::Client, DaemonError> {
-    let create =
-        config.transport.topics.create.then(|| {
-            usize::try_from(config.transport.topics.replication.unwrap_or(1)).unwrap_or(1)
-        });
-    Ok(crate::broker::nats::start(&config.transport.nats, &broker_topics(config), create).await?)
-}
-
 /// Every topic the routes publish to and the consumers read.
 fn broker_topics(config: &Config) -> std::collections::BTreeSet<String> {
     config
@@ -337,14 +306,15 @@ async fn spawn_pipeline(
     daemon: &Daemon,
     shutdown: watch::Receiver<bool>,
 ) -> Result<PipelineHandles, DaemonError> {
-    let nats = match config.transport.kind {
-        TransportKind::Kafka => {
-            check_kafka(config).await?;
-            None
-        }
-        TransportKind::Nats => Some(check_nats(config).await?),
-        TransportKind::Embedded => None,
-    };
+    // The broker's login and topology first: a missing topic, stream or
+    // queue stops the start before anything else runs.
+    let publisher = AnyPublisher::start(
+        config,
+        db,
+        &broker_topics(config),
+        config.relay.publish_timeout,
+    )
+    .await?;
     let mut handles = PipelineHandles::default();
     let metrics = handles.metrics.clone();
     // Whoever loads a plugin version reports it: the rollout each registry
@@ -364,27 +334,6 @@ async fn spawn_pipeline(
                 (chains, Vec::new())
             }
         };
-    // librdkafka checks timeouts about once a second; a quarter of slack
-    // lets a broker report first, as KafkaPublisher::new asks.
-    let publisher = match nats {
-        Some(client) => AnyPublisher::Nats(crate::broker::nats::NatsPublisher::new(
-            client,
-            config.transport.partitions,
-            config.relay.publish_timeout,
-        )),
-        None => AnyPublisher::connect(config, db, config.relay.publish_timeout * 3 / 4)
-            .await
-            .map_err(DaemonError::from)?,
-    };
-    match &publisher {
-        AnyPublisher::Kafka(_) => {
-            tracing::info!(properties = ?config.redacted_kafka(), "publishing to kafka")
-        }
-        AnyPublisher::Nats(_) => {
-            tracing::info!(url = %config.transport.nats.url, "publishing to NATS JetStream")
-        }
-        AnyPublisher::Embedded(_) => {}
-    }
     let broker_check: Option<crate::admin::BrokerCheck> = match &publisher {
         AnyPublisher::Embedded(_) => None,
         other => {
@@ -426,7 +375,7 @@ async fn spawn_pipeline(
             probes,
             consumer_lag: match config.transport.kind {
                 TransportKind::Kafka => consumers::kafka_lag(config),
-                TransportKind::Embedded | TransportKind::Nats => None,
+                TransportKind::Embedded | TransportKind::Nats | TransportKind::Rabbitmq => None,
             },
             routes: Arc::new(config.routes.clone()),
             plugins: Arc::new(config.plugins.clone()),

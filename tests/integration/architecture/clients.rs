@@ -6,7 +6,11 @@
 use std::path::{Path, PathBuf};
 
 /// (the crate's path in Rust code, the only folder that may name it).
-const CLIENTS: &[(&str, &str)] = &[("rdkafka", "broker/kafka/"), ("async_nats", "broker/nats/")];
+const CLIENTS: &[(&str, &str)] = &[
+    ("rdkafka", "broker/kafka/"),
+    ("async_nats", "broker/nats/"),
+    ("lapin", "broker/rabbitmq/"),
+];
 
 fn rust_files(dir: &Path, into: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).expect("read dir").flatten() {

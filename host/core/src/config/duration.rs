@@ -116,6 +116,7 @@ pub(crate) mod keys {
         wal_status_interval: "relay.wal.status_interval", "relay.wal.status_interval";
         nats_ack_wait: "transport.nats.ack_wait", "transport.nats.ack_wait";
         nats_fetch_wait: "transport.nats.fetch_wait", "transport.nats.fetch_wait";
+        rabbitmq_fetch_wait: "transport.rabbitmq.fetch_wait", "transport.rabbitmq.fetch_wait";
     }
 
     /// `plugin_runtime.registry_poll`, which may be left out.

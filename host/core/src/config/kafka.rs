@@ -62,8 +62,34 @@ impl TopicsSection {
         if *self != TopicsSection::default() && kind == TransportKind::Embedded {
             return Err(ConfigError::Key {
                 key: "transport.topics".into(),
-                message: "applies to transport.kind = \"kafka\" or \"nats\" only; remove it".into(),
+                message: "applies to transport.kind = \"kafka\", \"nats\" or \"rabbitmq\" only; \
+                          remove it"
+                    .into(),
             });
+        }
+        if kind == TransportKind::Rabbitmq {
+            // Each topic has one quorum queue per transport.partitions;
+            // replication is the queues' initial group size.
+            if self.partitions.is_some() {
+                return bad(
+                    "partitions",
+                    "on RabbitMQ every topic has one queue per transport.partitions; remove \
+                     this key"
+                        .into(),
+                );
+            }
+            if let Some(r) = self.replication
+                && r < 1
+            {
+                return bad(
+                    "replication",
+                    format!(
+                        "{r} is out of range; a quorum queue has 1 or more members (up to the \
+                         cluster's nodes)"
+                    ),
+                );
+            }
+            return Ok(());
         }
         if kind == TransportKind::Nats {
             // A stream's subjects are TOPIC.PARTITION for each of

@@ -16,6 +16,7 @@ mod ops;
 mod outbound;
 mod plugins;
 mod pool;
+pub mod rabbitmq;
 mod telemetry;
 mod validate;
 
@@ -30,6 +31,7 @@ pub use outbound::{
 };
 pub use plugins::{Limits, PluginSource, PluginSpec};
 pub use pool::PoolBudget;
+pub use rabbitmq::{RabbitSecret, RabbitSection, RabbitUrl};
 pub use telemetry::{TelemetryConfig, endpoint_problem};
 
 use crate::backoff::Backoff;
@@ -186,6 +188,8 @@ pub enum TransportKind {
     Kafka,
     /// NATS JetStream ([`NatsSection`]).
     Nats,
+    /// RabbitMQ ([`RabbitSection`]).
+    Rabbitmq,
 }
 
 #[derive(Clone, Deserialize)]
@@ -214,13 +218,17 @@ pub struct TransportConfig {
     /// `ssl.key.password`); loading replaces those keys with the property.
     #[serde(default, deserialize_with = "kafka_properties")]
     pub kafka: std::collections::BTreeMap<String, String>,
-    /// Kafka and NATS: whether `outboxd run` creates the topics (NATS: the
-    /// streams) it needs.
+    /// Kafka, NATS and RabbitMQ: whether `outboxd run` creates the topics
+    /// (NATS: the streams; RabbitMQ: the exchanges and partition queues) it
+    /// needs.
     #[serde(default)]
     pub topics: TopicsSection,
     /// NATS JetStream: the server, credentials, TLS and ack settings.
     #[serde(default)]
     pub nats: NatsSection,
+    /// RabbitMQ: the server, credentials, TLS and prefetch.
+    #[serde(default)]
+    pub rabbitmq: RabbitSection,
 }
 
 impl std::fmt::Debug for TransportConfig {
@@ -238,6 +246,7 @@ impl std::fmt::Debug for TransportConfig {
             .field("kafka", &kafka)
             .field("topics", &self.topics)
             .field("nats", &self.nats)
+            .field("rabbitmq", &self.rabbitmq)
             .finish()
     }
 }
@@ -278,6 +287,7 @@ impl Default for TransportConfig {
             kafka: Default::default(),
             topics: TopicsSection::default(),
             nats: NatsSection::default(),
+            rabbitmq: RabbitSection::default(),
         }
     }
 }
@@ -670,6 +680,7 @@ impl Config {
         match config.transport.kind {
             TransportKind::Kafka => kafka::resolve_secrets(&mut config.transport.kafka, &env)?,
             TransportKind::Nats => config.transport.nats.resolve_secrets(&env)?,
+            TransportKind::Rabbitmq => config.transport.rabbitmq.resolve_secrets(&env)?,
             TransportKind::Embedded => {}
         }
         kafka::resolve_instance_ids(&mut config, &env)?;

@@ -294,6 +294,27 @@ impl Config {
                     "list at least one topic".into(),
                 );
             }
+            if self.transport.kind == TransportKind::Rabbitmq
+                && let Some((j, topic)) =
+                    self.consumers[..i].iter().enumerate().find_map(|(j, o)| {
+                        o.topics
+                            .iter()
+                            .find(|t| c.topics.contains(t))
+                            .map(|t| (j, t))
+                    })
+            {
+                // A queue hands each message to one consumer: two groups on
+                // one topic's partition queues would each see part of it.
+                return bad(
+                    &format!("consumers[{i}].topics"),
+                    format!(
+                        "`{topic}` is read by consumers[{j}] too; on RabbitMQ a topic's \
+                         partition queues serve one consumer group, so each message would reach \
+                         only one of them. Publish to a second topic for the second consumer \
+                         (a second route, or allowed_topics), or use one consumer"
+                    ),
+                );
+            }
             if let Some(parts) = &c.kafka_partitions {
                 let key = format!("consumers[{i}].kafka_partitions");
                 if self.transport.kind != TransportKind::Kafka {
