@@ -159,7 +159,10 @@ pub(super) async fn spawn_consumers(
                         group: c.name.clone(),
                         topics: c.topics.clone(),
                         partitions: config.transport.partitions,
-                        prefetch: rabbit.prefetch,
+                        // No more unacknowledged deliveries than one fetch takes.
+                        prefetch: rabbit
+                            .prefetch
+                            .min(u16::try_from(consumer_cfg.fetch_max).unwrap_or(u16::MAX)),
                         fetch_wait: rabbit.fetch_wait,
                     },
                 );
