@@ -54,7 +54,7 @@ fn run_demo(args: DemoArgs) -> ExitCode {
 
 fn log_filter() -> tracing_subscriber::EnvFilter {
     tracing_subscriber::EnvFilter::try_from_env("OUTBOXD_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn"))
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn,lapin=off"))
 }
 
 /// The demo's logs go to a file, so the terminal shows only the demo's own

@@ -197,12 +197,15 @@ fn init_logging(format: LogFormat) {
 }
 
 /// `info`, with sqlx's statement logs at `warn`, and the replication
-/// client's own logs off: the WAL relay logs each of its errors with what it
-/// does next (a standby would otherwise log one "slot is active" error a
-/// second). `OUTBOXD_LOG` replaces it.
+/// client's and lapin's own logs off: the WAL relay logs each of its errors
+/// with what it does next (a standby would otherwise log one "slot is
+/// active" error a second), and the RabbitMQ publisher and consumers report
+/// a closed channel with the fix (lapin logs every closed channel as an
+/// ERROR, the start's probes for a missing queue too). `OUTBOXD_LOG`
+/// replaces it.
 fn log_filter() -> tracing_subscriber::EnvFilter {
     tracing_subscriber::EnvFilter::try_from_env("OUTBOXD_LOG").unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new("info,sqlx=warn,pgwire_replication=off")
+        tracing_subscriber::EnvFilter::new("info,sqlx=warn,pgwire_replication=off,lapin=off")
     })
 }
 

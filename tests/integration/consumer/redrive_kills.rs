@@ -2,7 +2,8 @@
 //! releases the dead letter and of the `outboxd run` that applies it: every
 //! message of the parked key is applied exactly once, in order. Processes
 //! for real (the example's binary, with `builtin:billing`), on both
-//! databases, through the relay and the embedded transport or Kafka.
+//! databases, through the relay and the embedded transport, Kafka, NATS
+//! JetStream or RabbitMQ.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -68,6 +69,27 @@ mod a_redrive_survives_sigkills_on_kafka {
         super::redrive_with_kills(t, super::Way::kafka("order.confirmed", "billing")).await
     }
 }
+
+/// The same over NATS JetStream and RabbitMQ: parking and redrive are the
+/// consumer's own, whatever the broker.
+macro_rules! over {
+    ($name:ident, $way:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                let t = crate::support::TestDb::postgres().await;
+                super::redrive_with_kills(t, super::Way::$way("order.confirmed", "billing")).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                let t = crate::support::TestDb::sqlite().await;
+                super::redrive_with_kills(t, super::Way::$way("order.confirmed", "billing")).await
+            }
+        }
+    };
+}
+over!(a_redrive_survives_sigkills_on_nats, nats);
+over!(a_redrive_survives_sigkills_on_rabbitmq, rabbitmq);
 
 async fn redrive_with_kills(t: TestDb, via: Way) {
     let consumer = via.consumer.as_str();

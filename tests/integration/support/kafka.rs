@@ -403,51 +403,112 @@ pub async fn flows_end_to_end(t: &TestDb, config: &Config, events: usize) {
 
 // ---- where a process test's messages go ---------------------------------------
 
-/// The embedded transport, or Kafka with a topic and a consumer group of
-/// the test's own, so runs sharing a broker never meet. `topic` is also
-/// the events' type (the default route sends an event to the topic of its
-/// type).
+/// The embedded transport, or a broker (Kafka, NATS JetStream, RabbitMQ)
+/// with a topic and a consumer group of the test's own, so runs sharing a
+/// broker never meet. `topic` is also the events' type (the default route
+/// sends an event to the topic of its type). On NATS and RabbitMQ the
+/// stream, or the exchange and queues, are deleted when the last clone of
+/// the `Way` is dropped.
 #[derive(Clone)]
 pub struct Way {
-    /// Kafka's bootstrap servers; `None` on the embedded transport.
-    pub kafka: Option<String>,
+    pub broker: Broker,
     pub topic: String,
     pub consumer: String,
+    _cleanup: Option<std::sync::Arc<super::brokers::Cleanup>>,
+}
+
+/// Where a [`Way`] publishes.
+#[derive(Clone, Debug)]
+pub enum Broker {
+    Embedded,
+    /// Bootstrap servers.
+    Kafka(String),
+    /// The server's URL.
+    Nats(String),
+    /// The server's URL.
+    Rabbitmq(String),
 }
 
 impl Way {
     pub fn embedded(topic: &str, consumer: &str) -> Self {
         Self {
-            kafka: None,
+            broker: Broker::Embedded,
             topic: topic.into(),
             consumer: consumer.into(),
+            _cleanup: None,
         }
     }
 
     pub fn kafka(topic: &str, consumer: &str) -> Self {
         Self {
-            kafka: Some(bootstrap()),
+            broker: Broker::Kafka(bootstrap()),
             topic: unique(topic),
+            consumer: unique(consumer),
+            _cleanup: None,
+        }
+    }
+
+    /// The machine's nats-server (OUTBOXD_TEST_NATS).
+    pub fn nats(topic: &str, consumer: &str) -> Self {
+        let url = super::brokers::nats_url();
+        let topic = unique(topic);
+        Self {
+            _cleanup: Some(std::sync::Arc::new(super::brokers::Cleanup::nats(
+                &url, &topic,
+            ))),
+            broker: Broker::Nats(url),
+            topic,
+            consumer: unique(consumer),
+        }
+    }
+
+    /// The machine's RabbitMQ (OUTBOXD_TEST_RABBITMQ).
+    pub fn rabbitmq(topic: &str, consumer: &str) -> Self {
+        let url = super::brokers::rabbitmq_url();
+        let topic = unique(topic);
+        Self {
+            _cleanup: Some(std::sync::Arc::new(super::brokers::Cleanup::rabbitmq(
+                &url, &topic,
+            ))),
+            broker: Broker::Rabbitmq(url),
+            topic,
             consumer: unique(consumer),
         }
     }
 
     /// `cmd` (an `outboxd` process) on this transport: on Kafka, the
     /// cluster, and a session timeout that moves a killed member's
-    /// partitions on after 6 s, not 45.
+    /// partitions on after 6 s, not 45; on NATS and RabbitMQ the server,
+    /// four partitions, and the stream or queues created at start.
     pub fn configure_transport(&self, cmd: &mut tokio::process::Command) {
-        if let Some(bootstrap) = &self.kafka {
-            cmd.env("OUTBOXD__TRANSPORT__KIND", "kafka")
-                .env("OUTBOXD__TRANSPORT__KAFKA__bootstrap.servers", bootstrap)
-                .env("OUTBOXD__TRANSPORT__KAFKA__session.timeout.ms", "\"6000\"");
+        match &self.broker {
+            Broker::Embedded => {}
+            Broker::Kafka(bootstrap) => {
+                cmd.env("OUTBOXD__TRANSPORT__KIND", "kafka")
+                    .env("OUTBOXD__TRANSPORT__KAFKA__bootstrap.servers", bootstrap)
+                    .env("OUTBOXD__TRANSPORT__KAFKA__session.timeout.ms", "\"6000\"");
+            }
+            Broker::Nats(url) => {
+                cmd.env("OUTBOXD__TRANSPORT__KIND", "nats")
+                    .env("OUTBOXD__TRANSPORT__NATS__URL", url)
+                    .env("OUTBOXD__TRANSPORT__PARTITIONS", "4")
+                    .env("OUTBOXD__TRANSPORT__TOPICS__CREATE", "true");
+            }
+            Broker::Rabbitmq(url) => {
+                cmd.env("OUTBOXD__TRANSPORT__KIND", "rabbitmq")
+                    .env("OUTBOXD__TRANSPORT__RABBITMQ__URL", url)
+                    .env("OUTBOXD__TRANSPORT__PARTITIONS", "4")
+                    .env("OUTBOXD__TRANSPORT__TOPICS__CREATE", "true");
+            }
         }
     }
 
     /// On Kafka, which creates no topic by itself: the topic, with
     /// `partitions`, and `<topic>.dlq`, where a dead letter is also
-    /// published (it stays until it is).
+    /// published (it stays until it is). NATS and RabbitMQ: outboxd creates
+    /// what it needs at start.
     pub async fn create_topics(&self, partitions: i32) {
-        if let Some(bootstrap) = &self.kafka {
+        if let Broker::Kafka(bootstrap) = &self.broker {
             create_topic(bootstrap, &self.topic, partitions).await;
             create_topic(bootstrap, &format!("{}.dlq", self.topic), 1).await;
         }

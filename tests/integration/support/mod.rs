@@ -5,6 +5,7 @@
 //! No test module imports another.
 
 pub mod admin;
+pub mod brokers;
 pub mod db;
 pub mod eventually;
 pub mod kafka;

@@ -296,24 +296,8 @@ pub async fn check_topology(
                     topic: topic.clone(),
                 });
             }
+            declare_queue(conn, &queue, if exists { None } else { create }).await?;
             let ch = channel(conn, "queue", &queue).await?;
-            ch.queue_declare(
-                queue.as_str().into(),
-                QueueDeclareOptions {
-                    durable: true,
-                    ..Default::default()
-                },
-                queue_arguments(if exists { None } else { create }),
-            )
-            .await
-            .map_err(|e| {
-                mismatch_or(
-                    "queue",
-                    &queue,
-                    &e,
-                    "durable with x-queue-type = quorum and x-single-active-consumer = true",
-                )
-            })?;
             ch.queue_bind(
                 queue.as_str().into(),
                 exchange.as_str().into(),
@@ -329,6 +313,62 @@ pub async fn check_topology(
         }
     }
     Ok(())
+}
+
+/// Declares `queue` as outboxd needs it; on an existing queue this checks
+/// its settings, which RabbitMQ compares argument by argument. The initial
+/// group size of a quorum queue is among them and cannot be read without
+/// the management API: when the server names the size the queue was
+/// created with, the check is made again with that size.
+async fn declare_queue(
+    conn: &Connection,
+    queue: &str,
+    replicas: Option<usize>,
+) -> Result<(), RabbitSetupError> {
+    let needs = "durable with x-queue-type = quorum and x-single-active-consumer = true";
+    let e = match try_declare(conn, queue, replicas).await? {
+        Ok(()) => return Ok(()),
+        Err(e) => e,
+    };
+    if replicas.is_none()
+        && soft_error(&e) == Some(AMQPSoftError::PRECONDITIONFAILED)
+        && let Some(size) = created_group_size(&e.to_string())
+    {
+        return try_declare(conn, queue, Some(size))
+            .await?
+            .map_err(|e| mismatch_or("queue", queue, &e, needs));
+    }
+    Err(mismatch_or("queue", queue, &e, needs))
+}
+
+/// One declare of `queue` on a channel of its own (a refusal closes it):
+/// the outer error is the channel's, the inner the declare's.
+async fn try_declare(
+    conn: &Connection,
+    queue: &str,
+    replicas: Option<usize>,
+) -> Result<lapin::Result<()>, RabbitSetupError> {
+    let ch = channel(conn, "queue", queue).await?;
+    Ok(ch
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            queue_arguments(replicas),
+        )
+        .await
+        .map(|_| ()))
+}
+
+/// The initial group size an inequivalence error says a queue has, from
+/// RabbitMQ's text: `inequivalent arg 'x-quorum-initial-group-size' ...
+/// current is the value '3' ...`.
+fn created_group_size(text: &str) -> Option<usize> {
+    let rest = text.split("'x-quorum-initial-group-size'").nth(1)?;
+    let value = rest.split("current is the value '").nth(1)?;
+    value.split('\'').next()?.parse().ok()
 }
 
 async fn channel(
@@ -563,6 +603,18 @@ fn publish_error(e: &lapin::Error, topic: &str, queue: &str) -> PublishError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_group_size_a_queue_was_created_with_is_read_from_the_refusal() {
+        let text = "PRECONDITION_FAILED - inequivalent arg 'x-quorum-initial-group-size' for \
+                    queue 'o.0' in vhost '/': received none but current is the value '3' of \
+                    type 'signedint'";
+        assert_eq!(created_group_size(text), Some(3));
+        assert_eq!(
+            created_group_size("inequivalent arg 'x-queue-type' for queue 'o.0'"),
+            None
+        );
+    }
 
     #[test]
     fn headers_carry_the_key_and_any_bytes() {
