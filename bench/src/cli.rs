@@ -15,6 +15,8 @@ pub enum BenchCommand {
     Consumer(crate::ConsumerBenchArgs),
     /// End-to-end latency at fixed arrival rates, LISTEN/NOTIFY against polling.
     Latency(crate::LatencyBenchArgs),
+    /// A consumer draining a backlog from each broker, in one run.
+    TransportConsumer(crate::TransportConsumerArgs),
     /// Peak RSS of `outboxd run` draining backlogs of several sizes.
     Memory(crate::MemoryBenchArgs),
     /// The outage arithmetic, measured: backlog and drain time after a
@@ -50,6 +52,9 @@ pub async fn bench_command(cmd: &BenchCommand) -> anyhow::Result<ExitCode> {
             println!("{}", serde_json::to_string(&r)?);
         }
         BenchCommand::Consumer(args) => crate::consumer(args).await?,
+        BenchCommand::TransportConsumer(args) => {
+            crate::transport_consumer(args).await?;
+        }
         BenchCommand::Memory(args) => {
             crate::memory(args).await?;
         }

@@ -47,6 +47,12 @@ pub struct LatencyBenchArgs {
     /// Messages per consumer transaction (`consumers[].batch_in_transaction`).
     #[arg(long, default_value_t = 20)]
     pub consumer_batch: usize,
+    /// Where the relay publishes and the consumer reads, one or several
+    /// comma-separated: `embedded`, `kafka`, `nats`, `rabbitmq`.
+    #[arg(long, value_delimiter = ',', default_value = "embedded")]
+    pub transports: Vec<String>,
+    #[command(flatten)]
+    pub broker: super::brokers::BrokerArgs,
     /// Write the results as JSON here too.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
@@ -54,6 +60,7 @@ pub struct LatencyBenchArgs {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct LatencyRow {
+    pub transport: String,
     pub mode: String,
     pub rate: u64,
     pub events: u64,
@@ -69,6 +76,7 @@ pub struct LatencyRow {
 async fn run_one(
     args: &LatencyBenchArgs,
     db: &Db,
+    transport: &str,
     mode: &str,
     rate: u64,
 ) -> Result<LatencyRow, BenchError> {
@@ -84,8 +92,26 @@ async fn run_one(
         consumer_poll: Duration::from_millis(args.consumer_poll_ms),
         consumer_batch: args.consumer_batch,
     };
-    let publisher = Arc::new(EmbeddedPublisher::new(db.clone(), PARTITIONS));
-    let pipe = Pipeline::start(db, &cfg, publisher).await?;
+    let pipe = if transport == "embedded" {
+        let publisher = Arc::new(EmbeddedPublisher::new(db.clone(), PARTITIONS));
+        Pipeline::start(db, &cfg, publisher).await?
+    } else {
+        // A group of its own per run (Kafka keeps its offsets); NATS and
+        // RabbitMQ start from an emptied topic.
+        let topic = Pipeline::topic(&cfg);
+        let publisher = Arc::new(
+            args.broker
+                .fresh_publisher(transport, db, &topic, PARTITIONS)
+                .await?,
+        );
+        let group = format!("latency-{}", uuid::Uuid::new_v4().simple());
+        let prefetch = u16::try_from(cfg.consumer_batch.max(1)).unwrap_or(u16::MAX);
+        let source = args
+            .broker
+            .source(transport, db, &group, &topic, PARTITIONS, prefetch)
+            .await?;
+        Pipeline::start_with(db, &cfg, publisher, Some(source)).await?
+    };
     let produced = Arc::new(AtomicU64::new(0));
     pipeline::produce(
         pool.clone(),
@@ -105,7 +131,7 @@ async fn run_one(
     let handled = stats.handled.load(Ordering::Relaxed);
     if handled != total {
         return Err(BenchError::Incorrect(format!(
-            "{mode} at {rate}/s: produced {total} events, the consumer handled {handled}"
+            "{transport} {mode} at {rate}/s: produced {total} events, the consumer handled {handled}"
         )));
     }
     let lat = latencies.sorted_ms();
@@ -120,6 +146,7 @@ async fn run_one(
     Ok(LatencyRow {
         relay_p50_ms,
         relay_p99_ms,
+        transport: transport.into(),
         mode: mode.into(),
         rate,
         events: total,
@@ -145,28 +172,31 @@ pub async fn latency(args: &LatencyBenchArgs) -> Result<Vec<LatencyRow>, BenchEr
         }
     }
     println!(
-        "end-to-end latency, commit -> consumer effect committed (Postgres, embedded transport, relay poll {} ms, consumer poll {} ms, consumer batch {})",
+        "end-to-end latency, commit -> consumer effect committed (Postgres, relay poll {} ms, consumer poll {} ms, consumer batch {})",
         args.poll_ms, args.consumer_poll_ms, args.consumer_batch
     );
     println!(
-        "| mode   | rate/s | events | p50 ms | p99 ms | max ms | relay p50 ms | relay p99 ms |"
+        "| transport | mode   | rate/s | events | p50 ms | p99 ms | max ms | relay p50 ms | relay p99 ms |"
     );
     let mut rows = Vec::new();
     for mode in &args.modes {
         for &rate in &args.rates {
-            let r = run_one(args, &db, mode, rate).await?;
-            println!(
-                "| {:<6} | {:>6} | {:>6} | {:>6.1} | {:>6.1} | {:>6.1} | {:>12.1} | {:>12.1} |",
-                r.mode,
-                r.rate,
-                r.events,
-                r.p50_ms,
-                r.p99_ms,
-                r.max_ms,
-                r.relay_p50_ms,
-                r.relay_p99_ms
-            );
-            rows.push(r);
+            for transport in &args.transports {
+                let r = run_one(args, &db, transport, mode, rate).await?;
+                println!(
+                    "| {:<9} | {:<6} | {:>6} | {:>6} | {:>6.1} | {:>6.1} | {:>6.1} | {:>12.1} | {:>12.1} |",
+                    r.transport,
+                    r.mode,
+                    r.rate,
+                    r.events,
+                    r.p50_ms,
+                    r.p99_ms,
+                    r.max_ms,
+                    r.relay_p50_ms,
+                    r.relay_p99_ms
+                );
+                rows.push(r);
+            }
         }
     }
     if let Some(path) = &args.json {

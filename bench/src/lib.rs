@@ -16,10 +16,13 @@
 //!   every event was published exactly once and in per-aggregate order.
 //! - `sqlite-wake`: how soon a SQLite commit wakes the relay and consumers
 //!   (in this process and from another), and the idle watcher's CPU.
+//! - `transport-consumer`: a consumer draining a backlog from each broker
+//!   (embedded, Kafka, NATS, RabbitMQ) in one run.
 //! - `wal`: the WAL relay against the polling relay in one run: latency
 //!   through Kafka, throughput at a backlog (with and without a
 //!   transformer), and the statements an idle relay runs.
 
+mod brokers;
 mod claim;
 pub mod cli;
 mod consumer;
@@ -34,6 +37,7 @@ mod relay_report;
 mod relay_sink;
 mod sql_gate;
 mod sqlite_wake;
+mod transport_consumer;
 mod wal;
 
 pub use claim::{ClaimBenchArgs, ClaimBenchReport, claim};
@@ -45,6 +49,7 @@ pub use memory::{MemoryBenchArgs, MemoryRow, memory};
 pub use relay::{RelayBenchArgs, relay};
 pub use sql_gate::{SqlGateBenchArgs, sql_gate};
 pub use sqlite_wake::{SqliteWakeArgs, sqlite_wake};
+pub use transport_consumer::{TransportConsumerArgs, TransportConsumerRow, transport_consumer};
 pub use wal::{WalBenchArgs, WalReport, wal};
 
 #[derive(Debug, thiserror::Error)]

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use sqlx::PgPool;
 
 use super::BenchError;
+use outboxd::broker::AnySource;
 use outboxd::broker::Publisher;
 use outboxd::broker::embedded::{EmbeddedConsumer, EmbeddedConsumerConfig};
 use outboxd::clock::SystemClock;
@@ -58,7 +59,7 @@ impl PipelineConfig {
 }
 
 /// The consumer's effect: one row per message, in the inbox transaction.
-struct Effect;
+pub(crate) struct Effect;
 
 impl Handler for Effect {
     async fn handle(&self, tx: &mut InboxTx, d: &Delivery) -> Result<(), HandlerError> {
@@ -99,6 +100,22 @@ impl Pipeline {
         cfg: &PipelineConfig,
         publisher: Arc<P>,
     ) -> Result<Self, BenchError> {
+        Self::start_with(db, cfg, publisher, None).await
+    }
+
+    /// The topic of `cfg`'s pipeline (what a `source` must read).
+    pub fn topic(cfg: &PipelineConfig) -> String {
+        format!("outboxd.{}", cfg.name)
+    }
+
+    /// [`start`](Self::start) with the consumer reading `source` (`None`:
+    /// the embedded transport).
+    pub async fn start_with<P: Publisher>(
+        db: &Db,
+        cfg: &PipelineConfig,
+        publisher: Arc<P>,
+        source: Option<AnySource>,
+    ) -> Result<Self, BenchError> {
         let Db::Postgres(pool) = db else {
             return Err(BenchError::Refused(
                 "the pipeline benchmarks need a postgres:// URL".into(),
@@ -132,20 +149,27 @@ impl Pipeline {
                 }
             });
         }
-        let mut source = EmbeddedConsumer::new(
-            db.clone(),
-            EmbeddedConsumerConfig {
-                group: cfg.name.into(),
-                topics: vec![topic],
-                partitions: PARTITIONS,
-                lease: Duration::from_secs(30),
-            },
-        );
-        if cfg.notify {
-            // As `outboxd run` does on Postgres: publishes wake the consumer.
-            let wake = listen(pool, outboxd::store::transport::NOTIFY_CHANNEL).await?;
-            source = source.with_wake(wake, Duration::from_millis(500));
-        }
+        let source = match source {
+            Some(s) => s,
+            None => {
+                let mut source = EmbeddedConsumer::new(
+                    db.clone(),
+                    EmbeddedConsumerConfig {
+                        group: cfg.name.into(),
+                        topics: vec![topic],
+                        partitions: PARTITIONS,
+                        lease: Duration::from_secs(30),
+                    },
+                );
+                if cfg.notify {
+                    // As `outboxd run` does on Postgres: publishes wake the
+                    // consumer.
+                    let wake = listen(pool, outboxd::store::transport::NOTIFY_CHANNEL).await?;
+                    source = source.with_wake(wake, Duration::from_millis(500));
+                }
+                AnySource::Embedded(source)
+            }
+        };
         let mut consumer = Consumer::new(
             db.clone(),
             source,

@@ -15,8 +15,6 @@ use super::BenchError;
 use super::relay_report::{Cell, RelayBenchRow, print_ratios, print_row, row};
 use super::relay_sink::{Sink, Verifying, check};
 use outboxd::broker::Publisher;
-use outboxd::broker::embedded::EmbeddedPublisher;
-use outboxd::broker::kafka::KafkaPublisher;
 use outboxd::clock::SystemClock;
 use outboxd::config::PluginSpec;
 use outboxd::plugin::EngineConfig;
@@ -44,14 +42,16 @@ pub struct RelayBenchArgs {
     pub batch: Vec<usize>,
     #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
     pub workers: Vec<usize>,
-    /// Where messages go: `null` (acknowledged in memory, the relay's own
-    /// cost), `embedded` (the durable SQL transport in the same database) or
-    /// `kafka` (the idempotent `acks=all` producer, to `--brokers`).
-    #[arg(long, default_value = "null")]
-    pub sink: String,
-    /// Kafka bootstrap servers for `--sink kafka`.
-    #[arg(long, default_value = "127.0.0.1:9092")]
-    pub brokers: String,
+    /// Where messages go, one or several comma-separated (each grid point
+    /// runs on each, interleaved, in one run): `null` (acknowledged in
+    /// memory, the relay's own cost), `embedded` (the durable SQL transport
+    /// in the same database), `kafka` (the idempotent `acks=all` producer,
+    /// to `--brokers`), `nats` (JetStream, each PubAck awaited, to `--nats`)
+    /// or `rabbitmq` (publisher confirms on quorum queues, to `--rabbitmq`).
+    #[arg(long, value_delimiter = ',', default_value = "null")]
+    pub sink: Vec<String>,
+    #[command(flatten)]
+    pub broker: super::brokers::BrokerArgs,
     /// A transformer component (e.g. plugins/dist/cloudevents.wasm): every
     /// grid point then runs twice, without and with it as the route's
     /// chain, and the ratio is printed.
@@ -205,30 +205,16 @@ pub async fn relay(args: &RelayBenchArgs) -> Result<Vec<RelayBenchRow>, BenchErr
         ));
     };
     migrate(&db).await?;
-    let kafka = match args.sink.as_str() {
-        "kafka" => {
-            let props = std::collections::BTreeMap::from([
-                ("bootstrap.servers".to_string(), args.brokers.clone()),
-                ("enable.idempotence".to_string(), "true".to_string()),
-                ("acks".to_string(), "all".to_string()),
-                ("linger.ms".to_string(), "1".to_string()),
-            ]);
-            outboxd::broker::kafka::ensure_topics(&props, &[TOPIC.to_string()], 4)
-                .await
-                .map_err(|e| BenchError::Refused(format!("--brokers {}: {e}", args.brokers)))?;
-            let p = KafkaPublisher::new(&props, Duration::from_secs(8))
-                .map_err(|e| BenchError::Refused(format!("--brokers {}: {e}", args.brokers)))?;
-            Some(Arc::new(p))
-        }
-        _ => None,
+    // A sink emptied before each run (NATS and RabbitMQ: the stream or the
+    // queues are created again), so no run reads another's backlog.
+    let sink = async |name: &str| -> Result<Sink, BenchError> {
+        Ok(match name {
+            "null" => Sink::Null,
+            other => Sink::Broker(args.broker.fresh_publisher(other, &db, TOPIC, 8).await?),
+        })
     };
-    let sink = || match args.sink.as_str() {
-        "null" => Ok(Sink::Null),
-        "embedded" => Ok(Sink::Embedded(EmbeddedPublisher::new(db.clone(), 8))),
-        "kafka" => Ok(Sink::Kafka(kafka.clone().expect("created above"))),
-        other => Err(BenchError::Refused(format!(
-            "unknown --sink `{other}`; use null, embedded or kafka"
-        ))),
+    let Some(first) = args.sink.first() else {
+        return Err(BenchError::Refused("--sink names no sink".into()));
     };
     let mut variants = vec![("none".to_string(), Chains::default())];
     if let Some(path) = &args.plugin {
@@ -249,7 +235,7 @@ pub async fn relay(args: &RelayBenchArgs) -> Result<Vec<RelayBenchRow>, BenchErr
     let mut rows = Vec::new();
     let baseline_events = args.seed_events.unwrap_or((args.events / 10).max(1));
     reset_and_fill(pool, baseline_events, args.aggregates.min(baseline_events)).await?;
-    let baseline_sink = Arc::new(Verifying::new(Some(sink()?)));
+    let baseline_sink = Arc::new(Verifying::new(Some(sink(first).await?)));
     let router = Relay::new(
         PgStore::new(pool.clone()),
         baseline_sink.clone(),
@@ -261,7 +247,7 @@ pub async fn relay(args: &RelayBenchArgs) -> Result<Vec<RelayBenchRow>, BenchErr
     check(&baseline_sink, baseline_events)?;
     rows.push(row(
         "baseline",
-        &args.sink,
+        first,
         "none",
         Cell {
             batch: 50,
@@ -275,44 +261,52 @@ pub async fn relay(args: &RelayBenchArgs) -> Result<Vec<RelayBenchRow>, BenchErr
     for &batch in &args.batch {
         for &workers in &args.workers {
             for pipeline in args.pipeline.iter().copied() {
-                let mut best: Vec<Option<f64>> = vec![None; variants.len()];
+                // The best of each (sink, variant), the runs interleaved.
+                let mut best: Vec<Vec<Option<f64>>> =
+                    vec![vec![None; variants.len()]; args.sink.len()];
                 for _ in 0..args.repeat.max(1) {
-                    for (vi, (_, chains)) in variants.iter().enumerate() {
-                        reset_and_fill(pool, args.events, args.aggregates).await?;
-                        let verifying = Arc::new(Verifying::new(Some(sink()?)));
-                        let seconds = run_ours(
-                            pool,
-                            verifying.clone(),
-                            chains,
-                            args.events,
-                            batch,
-                            workers,
-                            pipeline,
-                        )
-                        .await?;
-                        check(&verifying, args.events)?;
-                        best[vi] = Some(best[vi].map_or(seconds, |b: f64| b.min(seconds)));
+                    for (si, name) in args.sink.iter().enumerate() {
+                        for (vi, (_, chains)) in variants.iter().enumerate() {
+                            reset_and_fill(pool, args.events, args.aggregates).await?;
+                            let verifying = Arc::new(Verifying::new(Some(sink(name).await?)));
+                            let seconds = run_ours(
+                                pool,
+                                verifying.clone(),
+                                chains,
+                                args.events,
+                                batch,
+                                workers,
+                                pipeline,
+                            )
+                            .await?;
+                            check(&verifying, args.events)?;
+                            best[si][vi] =
+                                Some(best[si][vi].map_or(seconds, |b: f64| b.min(seconds)));
+                        }
                     }
                 }
-                for ((transformer, _), seconds) in variants.iter().zip(best) {
-                    rows.push(row(
-                        "outboxd",
-                        &args.sink,
-                        transformer,
-                        Cell {
-                            batch,
-                            workers,
-                            pipeline,
-                        },
-                        args.events,
-                        seconds.unwrap_or(f64::NAN),
-                    ));
-                    print_row(rows.last());
+                for (name, best) in args.sink.iter().zip(best) {
+                    for ((transformer, _), seconds) in variants.iter().zip(best) {
+                        rows.push(row(
+                            "outboxd",
+                            name,
+                            transformer,
+                            Cell {
+                                batch,
+                                workers,
+                                pipeline,
+                            },
+                            args.events,
+                            seconds.unwrap_or(f64::NAN),
+                        ));
+                        print_row(rows.last());
+                    }
                 }
             }
         }
     }
     print_ratios(&rows);
+    super::relay_report::print_sink_ratios(&rows);
     if let Some(path) = &args.json {
         super::write_json(path, &rows)?;
     }

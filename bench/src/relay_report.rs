@@ -102,3 +102,35 @@ pub(super) fn print_ratios(rows: &[RelayBenchRow]) {
         );
     }
 }
+
+/// Each sink's throughput against Kafka's at the same grid point and
+/// transformer (same run), when `kafka` is among the sinks.
+pub(super) fn print_sink_ratios(rows: &[RelayBenchRow]) {
+    let outboxd: Vec<&RelayBenchRow> = rows.iter().filter(|r| r.design == "outboxd").collect();
+    if !outboxd.iter().any(|r| r.sink == "kafka") || !outboxd.iter().any(|r| r.sink != "kafka") {
+        return;
+    }
+    println!("\nratio to the same relay publishing to Kafka (same run):");
+    for r in outboxd.iter().filter(|r| r.sink != "kafka") {
+        let Some(kafka) = outboxd.iter().find(|k| {
+            k.sink == "kafka"
+                && k.transformer == r.transformer
+                && k.batch == r.batch
+                && k.workers == r.workers
+                && k.pipeline == r.pipeline
+        }) else {
+            continue;
+        };
+        println!(
+            "  batch {:>4} workers {} pipeline {:<5} transformer {:<12} sink {:<8}: {:>9.0} events/s = {:>5.2}x Kafka's {:.0}",
+            r.batch,
+            r.workers,
+            r.pipeline,
+            r.transformer,
+            r.sink,
+            r.events_per_second,
+            r.events_per_second / kafka.events_per_second,
+            kafka.events_per_second
+        );
+    }
+}

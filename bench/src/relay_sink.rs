@@ -3,29 +3,26 @@
 //! exactly once and in per-aggregate order.
 
 use std::collections::HashMap;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
 use super::BenchError;
+use outboxd::broker::AnyPublisher;
 use outboxd::broker::PublishError;
 use outboxd::broker::Publisher;
-use outboxd::broker::embedded::EmbeddedPublisher;
-use outboxd::broker::kafka::KafkaPublisher;
 use outboxd::message::OutgoingMessage;
 
 /// Where the benchmark's messages go.
 pub(super) enum Sink {
     Null,
-    Embedded(EmbeddedPublisher),
-    Kafka(Arc<KafkaPublisher>),
+    Broker(AnyPublisher),
 }
 
 impl Publisher for Sink {
     async fn publish(&self, msg: OutgoingMessage) -> Result<(), PublishError> {
         match self {
             Sink::Null => Ok(()),
-            Sink::Embedded(p) => p.publish(msg).await,
-            Sink::Kafka(p) => p.publish(msg).await,
+            Sink::Broker(p) => p.publish(msg).await,
         }
     }
 }

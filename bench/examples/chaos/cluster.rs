@@ -128,12 +128,19 @@ impl Proc {
     }
 }
 
-/// The broker, driven through tests/tansu.sh with durable storage.
+/// The broker, driven through its script (tests/tansu.sh for Kafka,
+/// tests/broker-node.sh for NATS and RabbitMQ) with durable storage.
+#[derive(Clone)]
 pub struct Broker {
     pub script: PathBuf,
-    /// tansu's log, and how much of it has been read.
+    /// The broker's log, and how much of it has been read.
     pub log: PathBuf,
     pub read: u64,
+    /// tansu, whose panics and hangs the soak's supervisor restarts (see
+    /// [`Broker::crashed`] and [`Broker::storage_idle`]); nats-server and
+    /// RabbitMQ get no such help: a broker that fails on its own fails the
+    /// drain.
+    pub tansu: bool,
 }
 
 impl Broker {
@@ -142,9 +149,13 @@ impl Broker {
     /// row", lite.rs:503) when consumer-group members churn; its storage
     /// task is then gone and the broker fails every request while its port
     /// stays open. The soak restarts it, like a supervisor would, and
-    /// reports those restarts apart from its own kills.
+    /// reports those restarts apart from its own kills. Always false for
+    /// the other brokers.
     pub fn crashed(&mut self) -> bool {
         use std::io::{Read, Seek, SeekFrom};
+        if !self.tansu {
+            return false;
+        }
         let Ok(mut file) = std::fs::File::open(&self.log) else {
             return false;
         };
@@ -160,8 +171,12 @@ impl Broker {
     /// How long tansu's storage files (`tansu.db` and its WAL, beside the
     /// log) have gone without a write. tansu 0.6.0 sometimes comes back from
     /// a restart with its port open and answers nothing, forever; a relay
-    /// with events to publish then writes nothing to it.
+    /// with events to publish then writes nothing to it. Zero for the other
+    /// brokers (never hung).
     pub fn storage_idle(&self) -> Duration {
+        if !self.tansu {
+            return Duration::ZERO;
+        }
         let dir = self.log.parent().unwrap_or(Path::new("."));
         ["tansu.db", "tansu.db-wal"]
             .iter()
@@ -193,7 +208,8 @@ impl Broker {
         self.run("kill").await
     }
 
-    /// Starts it again on the same port (tansu.sh keeps the port).
+    /// Starts it again on the same port and storage (both scripts keep
+    /// them); returns once the port accepts.
     pub async fn restart(&self) -> anyhow::Result<()> {
         self.run("restart").await?;
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -204,11 +220,25 @@ impl Broker {
 pub const TOPIC: &str = "chaos.events";
 
 /// What a soak runs: the transport, the relay's source and how consumers
-/// share the topic.
+/// share the topic. The summary line prints the variant's name in lower
+/// case (`transport=kafka`, `embedded`, `nats`, `rabbitmq`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Transport {
+    /// tansu (Kafka's protocol), tests/tansu.sh.
     Kafka,
+    /// The SQL transport in the soak's Postgres: no broker.
     Embedded,
+    /// nats-server with JetStream, tests/broker-node.sh.
+    Nats,
+    /// A RabbitMQ node (quorum queues), tests/broker-node.sh.
+    Rabbitmq,
+}
+
+impl Transport {
+    /// Whether a broker process runs beside the outboxd processes.
+    pub fn has_broker(self) -> bool {
+        self != Transport::Embedded
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -221,16 +251,19 @@ pub enum RelaySource {
 pub enum Consumers {
     /// Kafka only: each process reads fixed partitions, offsets in Postgres.
     Static,
-    /// Members of one consumer group (Kafka's, or the embedded transport's
-    /// leases).
+    /// Members of one consumer group (Kafka's; the embedded transport's
+    /// and NATS's leases in Postgres; RabbitMQ's single-active-consumer
+    /// queues).
     Group,
 }
 
 pub struct Setup<'a> {
     /// The database as the processes reach it (through the delay proxy).
     pub url: &'a str,
-    /// The broker as the processes reach it; None on the embedded transport.
-    pub bootstrap: Option<&'a str>,
+    pub transport: Transport,
+    /// The broker as the processes reach it (`host:port` of the driver's
+    /// proxy); None on the embedded transport.
+    pub broker: Option<&'a str>,
     pub relay_source: RelaySource,
     pub consumers: Consumers,
     /// The file plugin on the order route.
@@ -244,8 +277,8 @@ pub const FILE_PLUGIN: &str = "orders-mask";
 
 /// Settings both process kinds share: the store, the transport, the plugins.
 fn common(setup: &Setup<'_>, cache: &Path) -> String {
-    let transport = match setup.bootstrap {
-        Some(bootstrap) => format!(
+    let transport = match (setup.transport, setup.broker) {
+        (Transport::Kafka, Some(bootstrap)) => format!(
             r#"[transport]
 kind = "kafka"
 [transport.kafka]
@@ -253,7 +286,29 @@ kind = "kafka"
 "enable.auto.commit" = "false"
 "enable.auto.offset.store" = "false""#
         ),
-        None => "[transport]\nkind = \"embedded\"\npartitions = 4".to_string(),
+        // Streams (NATS) or exchanges and quorum queues (RabbitMQ), four
+        // partitions each, one replica: the driver creates them before the
+        // processes start, and every process would create what is missing.
+        (Transport::Nats, Some(server)) => format!(
+            r#"[transport]
+kind = "nats"
+partitions = 4
+[transport.nats]
+url = "nats://{server}"
+[transport.topics]
+create = true"#
+        ),
+        (Transport::Rabbitmq, Some(server)) => format!(
+            r#"[transport]
+kind = "rabbitmq"
+partitions = 4
+[transport.rabbitmq]
+url = "{}"
+[transport.topics]
+create = true"#,
+            rabbitmq_url(server)
+        ),
+        _ => "[transport]\nkind = \"embedded\"\npartitions = 4".to_string(),
     };
     format!(
         r#"[database]
@@ -298,12 +353,21 @@ transformers = ["shape"]
     )
 }
 
+/// The soak's RabbitMQ URL for a server at `host:port`: the default
+/// `guest` user (the soak's node allows it from other hosts).
+pub fn rabbitmq_url(server: &str) -> String {
+    format!("amqp://guest:guest@{server}/%2f")
+}
+
 /// Writes relay.toml (relay only) and consumer-N.toml (consumers only).
 /// Static consumers split the topic's four partitions
 /// (`kafka_partitions`), with offsets in Postgres: they join no consumer
 /// group, so a broker restart cannot stall them in a rebalance (tansu
 /// 0.6.0's group coordinator stopped answering after restarts, and its
 /// libsql engine panicked in `UpdateGroup`; see RELIABILITY.md).
+/// Both consumer processes run the same one consumer, `ledger` (one
+/// group on the one topic), so RabbitMQ's rule that a topic's queues serve
+/// one consumer group holds on every transport without a second topic.
 pub fn write_configs(dir: &Path, setup: &Setup<'_>) -> anyhow::Result<(PathBuf, [PathBuf; 2])> {
     let cache = dir.join("cache");
     let base = common(setup, &cache);

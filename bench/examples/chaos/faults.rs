@@ -39,10 +39,14 @@ impl Kills {
 /// `HANG` and its storage has not been written for as long, while its last
 /// (re)start is older than that too. Restarting it is what a supervisor's
 /// liveness probe would do; the restarts are reported as `broker_hangs`.
+/// tansu only: nats-server and RabbitMQ are never restarted for a hang.
 const HANG: Duration = Duration::from_secs(30);
 
 pub fn broker_hung(broker: &Broker, backlog_ms: i64, since_restart: Duration) -> bool {
-    backlog_ms > HANG.as_millis() as i64 && broker.storage_idle() > HANG && since_restart > HANG
+    broker.tansu
+        && backlog_ms > HANG.as_millis() as i64
+        && broker.storage_idle() > HANG
+        && since_restart > HANG
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -164,7 +168,7 @@ pub fn net_schedule(
         let Some(kind) = round.pop() else { break };
         let any_target = |rng: &mut Rng| {
             if broker && rng.below(2) == 0 {
-                Target::Kafka
+                Target::Broker
             } else {
                 Target::Pg
             }
@@ -172,8 +176,8 @@ pub fn net_schedule(
         let (proc, target, fault, length) = match kind {
             NetKind::Partition { link, long } => {
                 let (proc, target) = match link {
-                    Link::RelayBroker => (rng.below(2) as usize, Target::Kafka),
-                    Link::ConsumerBroker => (2 + rng.below(2) as usize, Target::Kafka),
+                    Link::RelayBroker => (rng.below(2) as usize, Target::Broker),
+                    Link::ConsumerBroker => (2 + rng.below(2) as usize, Target::Broker),
                     Link::AnyPg => (rng.below(4) as usize, Target::Pg),
                 };
                 let length = if long {

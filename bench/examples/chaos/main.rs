@@ -12,9 +12,17 @@
 //! also partitions links, drops packets, delays bytes and hangs connections
 //! (see `net`).
 //!
+//! The broker is tansu (`--transport kafka`), a nats-server with JetStream
+//! (`nats`) or a RabbitMQ node (`rabbitmq`), each a server of the soak's
+//! own with durable storage in the `kafka` namespace, SIGKILLed and started
+//! again on the same data (`broker_kills`); `embedded` has none. NATS and
+//! RabbitMQ consumers are group members (`--consumers group`, their
+//! default): one consumer group, `ledger`, on the one topic, so RabbitMQ's
+//! rule of one group per topic holds.
+//!
 //! Run it through `tests/chaos.sh` (it makes the namespaces, starts a
-//! Postgres and tansu with durable storage in them and builds everything);
-//! `--help` lists the knobs.
+//! Postgres and the broker with durable storage in them and builds
+//! everything); `--help` lists the knobs.
 
 mod checks;
 mod churn;
@@ -67,30 +75,38 @@ struct Args {
     transport: Transport,
     #[arg(long, value_enum, default_value_t = RelaySource::Poll)]
     relay_source: RelaySource,
-    /// `static` is Kafka only.
-    #[arg(long, value_enum, default_value_t = Consumers::Static)]
-    consumers: Consumers,
+    /// `static` is Kafka only (and its default); the other transports'
+    /// default is `group`.
+    #[arg(long, value_enum)]
+    consumers: Option<Consumers>,
     /// The namespaces tests/netns.sh made: PREFIX-relay-1 and so on. This
     /// driver runs in PREFIX-drv.
     #[arg(long)]
     netns: String,
-    /// The broker's own address (Kafka); the processes reach it through the
-    /// proxy, which tansu advertises.
-    #[arg(long)]
-    kafka_upstream: Option<SocketAddr>,
+    /// The broker's own address (tansu, nats-server or RabbitMQ); the
+    /// processes reach it through the proxy (which tansu advertises).
+    #[arg(long, alias = "kafka-upstream")]
+    broker_upstream: Option<SocketAddr>,
     /// The relays' `publish_timeout`: short partitions are shorter than it,
     /// long ones longer.
     #[arg(long, default_value_t = 4_000)]
     publish_timeout_ms: u64,
     #[arg(long, default_value = "target/debug/outboxd")]
     outboxd: PathBuf,
-    #[arg(long, default_value = "tests/tansu.sh")]
-    tansu_script: PathBuf,
+    /// The script that kills and restarts the broker (`kill`, `restart`):
+    /// default tests/tansu.sh for Kafka, tests/broker-node.sh for NATS and
+    /// RabbitMQ.
+    #[arg(long, alias = "tansu-script")]
+    broker_script: Option<PathBuf>,
+    /// The broker's log (default: `log` in $TANSU_STATE_DIR or
+    /// $BROKER_STATE_DIR, as the scripts keep it).
+    #[arg(long)]
+    broker_log: Option<PathBuf>,
     #[arg(long, default_value = "plugins/dist")]
     plugins: PathBuf,
-    /// Broker kills (Kafka; default: one per 200 s, at least 3, so
-    /// recovery is exercised more than once; 0 isolates the other faults
-    /// when diagnosing).
+    /// Broker kills (Kafka, NATS, RabbitMQ; default: one per 200 s, at
+    /// least 3, so recovery is exercised more than once; 0 isolates the
+    /// other faults when diagnosing).
     #[arg(long)]
     broker_kills: Option<u32>,
     /// No network faults (to isolate the other faults when diagnosing).
@@ -123,12 +139,18 @@ struct Args {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let kafka = args.transport == Transport::Kafka;
-    if !kafka && args.consumers == Consumers::Static {
+    let has_broker = args.transport.has_broker();
+    let consumers = args.consumers.unwrap_or(if kafka {
+        Consumers::Static
+    } else {
+        Consumers::Group
+    });
+    if !kafka && consumers == Consumers::Static {
         anyhow::bail!(
-            "--consumers static needs --transport kafka (the embedded transport's consumers share partitions through leases): use --consumers group"
+            "--consumers static needs --transport kafka (the other transports' consumers share partitions as group members): use --consumers group"
         );
     }
-    let broker_kills = if kafka {
+    let broker_kills = if has_broker {
         args.broker_kills
             .unwrap_or_else(|| (args.seconds / 200).max(3) as u32)
     } else {
@@ -166,16 +188,16 @@ async fn main() -> anyhow::Result<()> {
     let url = format!("{base}/{name}");
     let pg_upstream = pg_address(&args.database_url)?;
     let proc_url = format!("postgres://postgres@{}/{name}", Net::service(Target::Pg));
-    let bootstrap = Net::service(Target::Kafka).to_string();
-    let kafka_upstream = if kafka {
-        Some(
-            args.kafka_upstream
-                .context("--transport kafka needs --kafka-upstream")?,
-        )
-    } else {
-        None
-    };
-    let net = Net::start(&args.netns, pg_upstream, kafka_upstream, seed).await?;
+    let bootstrap = Net::service(Target::Broker).to_string();
+    let broker_upstream =
+        if has_broker {
+            Some(args.broker_upstream.with_context(|| {
+                format!("--transport {:?} needs --broker-upstream", args.transport)
+            })?)
+        } else {
+            None
+        };
+    let net = Net::start(&args.netns, pg_upstream, broker_upstream, seed).await?;
     // The driver's own connections are named, so the faults spare them.
     let pool = PgPoolOptions::new()
         .max_connections(8)
@@ -187,21 +209,17 @@ async fn main() -> anyhow::Result<()> {
     migrate(&db).await?;
     outboxd_demo::orders::create_schema(&db).await?;
     outboxd::store::execute_in_app_schema(&db, producers::BUSINESS_SCHEMA).await?;
-    if kafka {
-        let props = [("bootstrap.servers".to_string(), bootstrap.clone())].into();
-        outboxd::broker::kafka::ensure_topics(&props, &[cluster::TOPIC.to_string()], 4)
-            .await
-            .map_err(|e| anyhow::anyhow!("create {}: {e}", cluster::TOPIC))?;
-    }
+    create_topic(args.transport, &bootstrap, broker_upstream).await?;
 
     let publish_timeout = Duration::from_millis(args.publish_timeout_ms);
     let file_plugin = std::fs::canonicalize(args.plugins.join("redact-pii.wasm"))
         .context("the file plugin plugins/dist/redact-pii.wasm (bash plugins/build.sh)")?;
     let setup = Setup {
         url: &proc_url,
-        bootstrap: kafka.then_some(bootstrap.as_str()),
+        transport: args.transport,
+        broker: has_broker.then_some(bootstrap.as_str()),
         relay_source: args.relay_source,
-        consumers: args.consumers,
+        consumers,
         file_plugin: &file_plugin,
         publish_timeout,
     };
@@ -226,7 +244,7 @@ async fn main() -> anyhow::Result<()> {
     .into_iter()
     .map(|(host, cfg)| Proc::new(host, net.namespace(host), &args.outboxd, cfg, &dir_path))
     .collect();
-    let static_members = kafka && args.consumers == Consumers::Group && !args.no_static_membership;
+    let static_members = kafka && consumers == Consumers::Group && !args.no_static_membership;
     if static_members {
         for p in procs.iter_mut().filter(|p| p.name.starts_with("consumer")) {
             p.instance_id = Some(p.name.clone());
@@ -235,20 +253,37 @@ async fn main() -> anyhow::Result<()> {
     for p in &mut procs {
         p.start()?;
     }
-    let tansu_log = std::env::var_os("TANSU_STATE_DIR")
-        .map_or_else(|| PathBuf::from("/tmp/outboxd-tansu"), PathBuf::from)
-        .join("log");
-    let mut broker = kafka.then(|| Broker {
-        script: args.tansu_script.clone(),
-        read: std::fs::metadata(&tansu_log).map_or(0, |m| m.len()),
-        log: tansu_log,
+    let broker_log = args.broker_log.clone().unwrap_or_else(|| {
+        let (var, default) = if kafka {
+            ("TANSU_STATE_DIR", "/tmp/outboxd-tansu".to_string())
+        } else {
+            (
+                "BROKER_STATE_DIR",
+                format!("/tmp/outboxd-broker-{:?}", args.transport).to_lowercase(),
+            )
+        };
+        std::env::var_os(var)
+            .map_or_else(|| PathBuf::from(default), PathBuf::from)
+            .join("log")
+    });
+    let mut broker = has_broker.then(|| Broker {
+        script: args.broker_script.clone().unwrap_or_else(|| {
+            PathBuf::from(if kafka {
+                "tests/tansu.sh"
+            } else {
+                "tests/broker-node.sh"
+            })
+        }),
+        read: std::fs::metadata(&broker_log).map_or(0, |m| m.len()),
+        log: broker_log,
+        tansu: kafka,
     });
     let mut config = format!(
         "transport={:?} relay_source={:?} consumers={:?}",
-        args.transport, args.relay_source, args.consumers
+        args.transport, args.relay_source, consumers
     )
     .to_lowercase();
-    if kafka && args.consumers == Consumers::Group {
+    if kafka && consumers == Consumers::Group {
         config.push_str(&format!(" static_membership={static_members}"));
     }
     if let Some(every) = args.churn {
@@ -288,7 +323,7 @@ async fn main() -> anyhow::Result<()> {
         schedule(&mut rng, run, broker_kills)
     };
     if !args.no_net_faults && !churn_alone {
-        plan.extend(net_schedule(&mut rng, run, kafka, publish_timeout));
+        plan.extend(net_schedule(&mut rng, run, has_broker, publish_timeout));
         plan.sort_by_key(|(t, _)| *t);
     }
     let start = Instant::now();
@@ -301,6 +336,9 @@ async fn main() -> anyhow::Result<()> {
     plan.reverse(); // popped from the end, earliest first
     let mut broker_started = Instant::now();
     let mut backlog_ms = 0i64;
+    // A broker restart runs beside the plan (a RabbitMQ node takes seconds
+    // to boot), so it never holds up the next fault or heal.
+    let mut restarting: Option<Restarting> = None;
     while let Some((when, fault)) = plan.pop() {
         while start.elapsed() < when {
             if Instant::now() >= next_sample {
@@ -312,7 +350,11 @@ async fn main() -> anyhow::Result<()> {
             if let Some(churn) = churn.as_mut() {
                 churn.tick(&mut procs).await?;
             }
-            if let Some(broker) = broker.as_mut() {
+            if restarting.as_ref().is_some_and(|r| r.task.is_finished()) {
+                Restarting::finish(&mut restarting, start).await?;
+                broker_started = Instant::now();
+            }
+            if let Some(broker) = broker.as_mut().filter(|_| restarting.is_none()) {
                 if broker.crashed() {
                     supervise(broker, &mut kills).await?;
                     broker_started = Instant::now();
@@ -339,22 +381,31 @@ async fn main() -> anyhow::Result<()> {
             }
             Fault::StartProc(i) => procs[i].start()?,
             Fault::Broker => {
+                // The previous restart first: a kill meets a running broker.
+                Restarting::finish(&mut restarting, start).await?;
                 broker
                     .as_ref()
                     .context("a broker fault without a broker")?
                     .kill()
                     .await?;
+                println!(
+                    "chaos: [{:>5.1}s] broker SIGKILLed",
+                    start.elapsed().as_secs_f64()
+                );
                 // Down on purpose: not a hang.
                 broker_started = Instant::now();
                 kills.broker += 1;
                 later = Some((now + rng.millis(1_000, 4_000), Fault::BrokerBack));
             }
             Fault::BrokerBack => {
-                broker
+                let b = broker
                     .as_ref()
                     .context("a broker fault without a broker")?
-                    .restart()
-                    .await?;
+                    .clone();
+                restarting = Some(Restarting {
+                    task: tokio::spawn(async move { b.restart().await }),
+                    since: Instant::now(),
+                });
                 broker_started = Instant::now();
             }
             Fault::PgTerminate => {
@@ -414,12 +465,14 @@ async fn main() -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // The broker is up again before the drain starts.
+    Restarting::finish(&mut restarting, start).await?;
     let fault_phase = start.elapsed();
     let churn_to = churn::db_now(&pool).await?;
     for p in &procs {
-        for target in [Target::Pg, Target::Kafka]
+        for target in [Target::Pg, Target::Broker]
             .into_iter()
-            .filter(|t| kafka || *t == Target::Pg)
+            .filter(|t| has_broker || *t == Target::Pg)
         {
             for fault in [net::NetFault::Partition, net::NetFault::Stall] {
                 net.heal(&p.name, target, fault).await?;
@@ -567,6 +620,76 @@ async fn main() -> anyhow::Result<()> {
             "the soak failed (seed {seed}): drained={drained}, both versions and shapes seen={swapped}; \
              rerun with --seed {seed} --keep for the logs"
         );
+    }
+    Ok(())
+}
+
+/// A broker restart under way (tests/tansu.sh or tests/broker-node.sh
+/// `restart`, which returns once the port accepts).
+struct Restarting {
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    since: Instant,
+}
+
+impl Restarting {
+    /// Waits for the restart in `slot`, if any, and says how long it took;
+    /// a restart that failed fails the soak.
+    async fn finish(slot: &mut Option<Restarting>, start: Instant) -> anyhow::Result<()> {
+        let Some(r) = slot.take() else {
+            return Ok(());
+        };
+        r.task.await.context("the broker restart task")??;
+        println!(
+            "chaos: [{:>5.1}s] broker back (its restart took {:.1} s)",
+            start.elapsed().as_secs_f64(),
+            r.since.elapsed().as_secs_f64()
+        );
+        Ok(())
+    }
+}
+
+/// Creates the soak's topic before any process starts, as an operator
+/// would: the Kafka topic, the NATS stream or the RabbitMQ exchange and
+/// quorum queues, four partitions, one replica, with outboxd's own code,
+/// through the proxy (Kafka: tansu advertises it) or straight to the
+/// server (NATS, RabbitMQ). The processes' `[transport.topics] create =
+/// true` then finds them: four processes racing to create one stream at
+/// their first start would make some fail.
+async fn create_topic(
+    transport: Transport,
+    bootstrap: &str,
+    upstream: Option<SocketAddr>,
+) -> anyhow::Result<()> {
+    let topics: std::collections::BTreeSet<String> = [cluster::TOPIC.to_string()].into();
+    let server = upstream.map(|a| a.to_string()).unwrap_or_default();
+    match transport {
+        Transport::Embedded => {}
+        Transport::Kafka => {
+            let props = [("bootstrap.servers".to_string(), bootstrap.to_string())].into();
+            outboxd::broker::kafka::ensure_topics(&props, &[cluster::TOPIC.to_string()], 4)
+                .await
+                .map_err(|e| anyhow::anyhow!("create {}: {e}", cluster::TOPIC))?;
+        }
+        Transport::Nats => {
+            let section = outboxd_core::config::NatsSection {
+                url: format!("nats://{server}"),
+                ..Default::default()
+            };
+            let client = outboxd::broker::nats::start(&section, &topics, Some(1))
+                .await
+                .map_err(|e| anyhow::anyhow!("create the stream of {}: {e}", cluster::TOPIC))?;
+            drop(client);
+        }
+        Transport::Rabbitmq => {
+            let section = outboxd_core::config::RabbitSection {
+                url: outboxd_core::config::RabbitUrl(cluster::rabbitmq_url(&server)),
+                ..Default::default()
+            };
+            let conn = outboxd::broker::rabbitmq::start(&section, &topics, 4, Some(1))
+                .await
+                .map_err(|e| anyhow::anyhow!("create the queues of {}: {e}", cluster::TOPIC))?;
+            let _ = conn.close(200, "topology created".into()).await;
+        }
     }
     Ok(())
 }

@@ -20,7 +20,8 @@ use crate::proxy::{Mode, Proxy};
 /// The subnet tests/netns.sh gives its hosts.
 pub const DRV: Ipv4Addr = Ipv4Addr::new(10, 213, 0, 2);
 pub const PG_PROXY_PORT: u16 = 15432;
-pub const KAFKA_PROXY_PORT: u16 = 19092;
+/// The broker's proxy (Kafka, NATS or RabbitMQ: whichever the soak runs).
+pub const BROKER_PROXY_PORT: u16 = 19092;
 
 /// A process host's address (tests/netns.sh `hosts`).
 pub fn address(host: &str) -> anyhow::Result<Ipv4Addr> {
@@ -37,26 +38,28 @@ pub fn address(host: &str) -> anyhow::Result<Ipv4Addr> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Target {
     Pg,
-    Kafka,
+    /// The soak's broker; its nftables chains are tests/netns.sh's
+    /// `kafka_out`/`kafka_in` whatever the broker.
+    Broker,
 }
 
 impl Target {
     pub fn label(self) -> &'static str {
         match self {
             Target::Pg => "pg",
-            Target::Kafka => "broker",
+            Target::Broker => "broker",
         }
     }
     fn chain(self) -> &'static str {
         match self {
             Target::Pg => "pg",
-            Target::Kafka => "kafka",
+            Target::Broker => "kafka",
         }
     }
     fn port(self) -> u16 {
         match self {
             Target::Pg => PG_PROXY_PORT,
-            Target::Kafka => KAFKA_PROXY_PORT,
+            Target::Broker => BROKER_PROXY_PORT,
         }
     }
 }
@@ -79,7 +82,7 @@ pub enum NetFault {
 pub struct Net {
     prefix: String,
     pg: Proxy,
-    kafka: Option<Proxy>,
+    broker: Option<Proxy>,
 }
 
 impl Net {
@@ -87,21 +90,21 @@ impl Net {
     pub async fn start(
         prefix: &str,
         pg_upstream: SocketAddr,
-        kafka_upstream: Option<SocketAddr>,
+        broker_upstream: Option<SocketAddr>,
         seed: u64,
     ) -> anyhow::Result<Self> {
         let listen = |port| SocketAddr::new(IpAddr::V4(DRV), port);
         let pg = Proxy::start(listen(PG_PROXY_PORT), pg_upstream, seed).await?;
-        let kafka = match kafka_upstream {
+        let broker = match broker_upstream {
             Some(up) => {
-                Some(Proxy::start(listen(KAFKA_PROXY_PORT), up, seed.rotate_left(7)).await?)
+                Some(Proxy::start(listen(BROKER_PROXY_PORT), up, seed.rotate_left(7)).await?)
             }
             None => None,
         };
         Ok(Self {
             prefix: prefix.to_string(),
             pg,
-            kafka,
+            broker,
         })
     }
 
@@ -118,7 +121,7 @@ impl Net {
     fn proxy(&self, target: Target) -> anyhow::Result<&Proxy> {
         match target {
             Target::Pg => Ok(&self.pg),
-            Target::Kafka => self.kafka.as_ref().context("no broker in this soak"),
+            Target::Broker => self.broker.as_ref().context("no broker in this soak"),
         }
     }
 

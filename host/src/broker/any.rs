@@ -154,3 +154,57 @@ impl Publisher for AnyPublisher {
         }
     }
 }
+
+/// A consumer group member of any broker, for code that picks the broker
+/// at run time (the benchmarks); `outboxd run` builds each kind's source
+/// with its own settings.
+pub enum AnySource {
+    Embedded(super::embedded::EmbeddedConsumer),
+    Kafka(super::kafka::KafkaConsumer),
+    Nats(super::nats::NatsConsumer),
+    Rabbitmq(super::rabbitmq::RabbitConsumer),
+}
+
+impl super::MessageSource for AnySource {
+    async fn fetch(
+        &mut self,
+        max: usize,
+    ) -> Result<Vec<crate::message::Delivery>, super::ConsumeError> {
+        match self {
+            AnySource::Embedded(s) => s.fetch(max).await,
+            AnySource::Kafka(s) => s.fetch(max).await,
+            AnySource::Nats(s) => s.fetch(max).await,
+            AnySource::Rabbitmq(s) => s.fetch(max).await,
+        }
+    }
+
+    async fn commit(
+        &mut self,
+        delivery: &crate::message::Delivery,
+    ) -> Result<(), super::ConsumeError> {
+        match self {
+            AnySource::Embedded(s) => s.commit(delivery).await,
+            AnySource::Kafka(s) => s.commit(delivery).await,
+            AnySource::Nats(s) => s.commit(delivery).await,
+            AnySource::Rabbitmq(s) => s.commit(delivery).await,
+        }
+    }
+
+    fn waits_for_messages(&self) -> bool {
+        match self {
+            AnySource::Embedded(s) => s.waits_for_messages(),
+            AnySource::Kafka(s) => s.waits_for_messages(),
+            AnySource::Nats(s) => s.waits_for_messages(),
+            AnySource::Rabbitmq(s) => s.waits_for_messages(),
+        }
+    }
+
+    async fn release(&mut self) -> Result<(), super::ConsumeError> {
+        match self {
+            AnySource::Embedded(s) => s.release().await,
+            AnySource::Kafka(s) => s.release().await,
+            AnySource::Nats(s) => s.release().await,
+            AnySource::Rabbitmq(s) => s.release().await,
+        }
+    }
+}

@@ -15,7 +15,7 @@ pub mod nats;
 pub mod rabbitmq;
 
 use crate::message::{Delivery, OutgoingMessage};
-pub use any::{AnyPublisher, BrokerSetupError};
+pub use any::{AnyPublisher, AnySource, BrokerSetupError};
 use std::future::Future;
 
 /// Why a publish failed; the relay branches on it.

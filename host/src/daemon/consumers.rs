@@ -137,6 +137,7 @@ pub(super) async fn spawn_consumers(
                         lease: config.transport.consumer_lease,
                         ack_wait: config.transport.nats.ack_wait,
                         fetch_wait: config.transport.nats.fetch_wait,
+                        batch: consumer_cfg.fetch_max,
                     },
                 );
                 let consumer = Consumer::new(db.clone(), source, handler, consumer_cfg)

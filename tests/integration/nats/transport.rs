@@ -184,6 +184,7 @@ fn consumer(
                 lease,
                 ack_wait: Duration::from_secs(30),
                 fetch_wait: Duration::from_millis(100),
+                batch: 100,
             },
         )
     }

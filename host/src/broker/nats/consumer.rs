@@ -12,7 +12,9 @@
 //! durable consumer from the cursor, so the previous owner's unacknowledged
 //! messages come back at once and in order rather than after `ack_wait`.
 //! A message at or below the cursor is a redelivery of handled work: it is
-//! acknowledged and skipped. Messages fetched and not committed (the
+//! acknowledged and skipped. Each owned partition has a task that keeps a
+//! pull subscription open and forwards what arrives, so a fetch returns as
+//! soon as a message is there instead of after a pull request's expiry. Messages fetched and not committed (the
 //! consumer stopped at a failure) are handed out again, first and in order,
 //! on the next fetch, so a partition's messages are handled in stream order.
 
@@ -23,6 +25,7 @@ use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, PullConsumer, pu
 use async_nats::jetstream::{self, AckKind, Message};
 use chrono::Utc;
 use futures_util::StreamExt;
+use tokio::sync::mpsc;
 use uuid::Uuid;
 
 use super::KEY_HEADER;
@@ -42,18 +45,32 @@ pub struct NatsConsumerConfig {
     pub lease: Duration,
     /// JetStream's redelivery timeout for an unacknowledged message.
     pub ack_wait: Duration,
-    /// How long an idle pull waits for new messages.
+    /// How long an idle fetch waits for a message.
     pub fetch_wait: Duration,
+    /// Messages a partition's subscription asks for at a time.
+    pub batch: usize,
 }
 
 /// One partition this member owns.
 struct Owned {
     /// The last stream sequence whose effect committed.
     cursor: i64,
-    consumer: PullConsumer,
+    /// Which subscription task feeds it: messages of an earlier one are
+    /// ignored.
+    generation: u64,
+    task: tokio::task::AbortHandle,
     /// Fetched, not committed yet, in stream order.
     held: VecDeque<(Delivery, Message)>,
 }
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// What a partition's subscription task forwards.
+type Arrival = ((String, i32), u64, Result<Message, String>);
 
 pub struct NatsConsumer {
     db: Db,
@@ -62,10 +79,14 @@ pub struct NatsConsumer {
     owner: String,
     owned: BTreeMap<(String, i32), Owned>,
     renewed_at: Option<Instant>,
+    tx: mpsc::UnboundedSender<Arrival>,
+    rx: mpsc::UnboundedReceiver<Arrival>,
+    next_generation: u64,
 }
 
 impl NatsConsumer {
     pub fn new(db: Db, client: super::Client, cfg: NatsConsumerConfig) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
         Self {
             db,
             js: client.jetstream(),
@@ -73,6 +94,9 @@ impl NatsConsumer {
             owner: Uuid::new_v4().to_string(),
             owned: BTreeMap::new(),
             renewed_at: None,
+            tx,
+            rx,
+            next_generation: 0,
         }
     }
 
@@ -133,16 +157,108 @@ impl NatsConsumer {
             let kept = self.owned.remove(&key);
             let entry = match kept {
                 Some(o) => o,
-                None => Owned {
-                    cursor,
-                    consumer: self.start_partition(&key.0, key.1, cursor).await?,
-                    held: VecDeque::new(),
-                },
+                None => self.subscribe(&key, cursor).await?,
             };
             owned.insert(key, entry);
         }
         self.owned = owned;
         self.renewed_at = Some(Instant::now());
+        Ok(())
+    }
+
+    /// Starts reading `key` from just after `cursor`: a durable consumer
+    /// from there and a task that forwards what it delivers.
+    async fn subscribe(&mut self, key: &(String, i32), cursor: i64) -> Result<Owned, ConsumeError> {
+        let consumer = self.start_partition(&key.0, key.1, cursor).await?;
+        self.next_generation += 1;
+        let generation = self.next_generation;
+        let tx = self.tx.clone();
+        let key = key.clone();
+        let batch = self.cfg.batch.max(1);
+        let task = tokio::spawn(async move {
+            let forward =
+                |r: Result<Message, String>| tx.send((key.clone(), generation, r)).is_ok();
+            let mut messages = match consumer
+                .stream()
+                .max_messages_per_batch(batch)
+                .messages()
+                .await
+            {
+                Ok(m) => m,
+                Err(e) => {
+                    forward(Err(e.to_string()));
+                    return;
+                }
+            };
+            while let Some(m) = messages.next().await {
+                if !forward(m.map_err(|e| e.to_string())) {
+                    return;
+                }
+            }
+            forward(Err("the subscription ended".into()));
+        })
+        .abort_handle();
+        Ok(Owned {
+            cursor,
+            generation,
+            task,
+            held: VecDeque::new(),
+        })
+    }
+
+    /// Moves what the subscriptions delivered into the owned partitions'
+    /// held queues; a failed subscription starts again from the cursor.
+    async fn take_arrivals(&mut self, wait: Duration) -> Result<(), ConsumeError> {
+        let mut got = Vec::new();
+        while let Ok(a) = self.rx.try_recv() {
+            got.push(a);
+        }
+        if got.is_empty()
+            && !wait.is_zero()
+            && self.owned.values().all(|o| o.held.is_empty())
+            && let Ok(Some(a)) = tokio::time::timeout(wait, self.rx.recv()).await
+        {
+            got.push(a);
+            while let Ok(a) = self.rx.try_recv() {
+                got.push(a);
+            }
+        }
+        let mut restart = Vec::new();
+        for (key, generation, m) in got {
+            let Some(o) = self.owned.get_mut(&key) else {
+                continue;
+            };
+            if o.generation != generation {
+                continue;
+            }
+            let m = match m {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::warn!(topic = %key.0, partition = key.1, error = %e, "NATS subscription failed; starting it again from the cursor");
+                    restart.push(key);
+                    continue;
+                }
+            };
+            let Ok(info) = m.info() else { continue };
+            let seq = info.stream_sequence as i64;
+            let held_to = o.held.back().map_or(o.cursor, |(d, _)| d.offset);
+            if seq <= o.cursor {
+                // Handled before: acknowledge the redelivery.
+                let _ = m.ack().await;
+                continue;
+            }
+            if seq <= held_to {
+                // A redelivery of one we hold: the held copy goes first.
+                continue;
+            }
+            o.held.push_back((delivery_of(&key.0, key.1, seq, &m), m));
+        }
+        for key in restart {
+            if let Some(old) = self.owned.remove(&key) {
+                let fresh = self.subscribe(&key, old.cursor).await?;
+                self.owned.insert(key, fresh);
+            }
+        }
         Ok(())
     }
 
@@ -190,8 +306,8 @@ impl NatsConsumer {
             })
     }
 
-    /// What each owned partition has now (what it holds first), without
-    /// waiting when `wait` is zero.
+    /// What each owned partition holds, first in, up to `max` in all,
+    /// waiting up to `wait` for a first message when none is held.
     async fn fetch_now(
         &mut self,
         max: usize,
@@ -199,82 +315,25 @@ impl NatsConsumer {
     ) -> Result<Vec<Delivery>, ConsumeError> {
         self.refresh_leases().await?;
         if self.owned.is_empty() || max == 0 {
+            if !wait.is_zero() && self.owned.is_empty() {
+                tokio::time::sleep(wait).await;
+            }
             return Ok(Vec::new());
         }
-        let share = max.div_ceil(self.owned.len());
-        let pulls = self.owned.iter().map(|(key, o)| {
-            let want = share.saturating_sub(o.held.len());
-            let consumer = o.consumer.clone();
-            let key = key.clone();
-            async move {
-                if want == 0 {
-                    return (key, Ok(Vec::new()));
-                }
-                (key, pull_some(&consumer, want, wait).await)
-            }
-        });
-        let pulled = futures_util::future::join_all(pulls).await;
-        let mut out = Vec::new();
-        for (key, got) in pulled {
-            let Some(o) = self.owned.get_mut(&key) else {
-                continue;
-            };
-            let messages = match got {
-                Ok(m) => m,
-                Err(e) => {
-                    tracing::warn!(topic = %key.0, partition = key.1, error = %e, "NATS pull failed; trying again");
-                    Vec::new()
-                }
-            };
-            for m in messages {
-                let Ok(info) = m.info() else { continue };
-                let seq = info.stream_sequence as i64;
-                let held_to = o.held.back().map_or(o.cursor, |(d, _)| d.offset);
-                if seq <= o.cursor {
-                    // Handled before: acknowledge the redelivery.
-                    let _ = m.ack().await;
-                    continue;
-                }
-                if seq <= held_to {
-                    // A redelivery of one we hold: the held copy goes first.
-                    continue;
-                }
-                o.held.push_back((delivery_of(&key.0, key.1, seq, &m), m));
-            }
-            out.extend(o.held.iter().take(share).map(|(d, _)| d.clone()));
-        }
-        Ok(out)
+        self.take_arrivals(wait).await?;
+        let busy = self
+            .owned
+            .values()
+            .filter(|o| !o.held.is_empty())
+            .count()
+            .max(1);
+        let share = max.div_ceil(busy);
+        Ok(self
+            .owned
+            .values()
+            .flat_map(|o| o.held.iter().take(share).map(|(d, _)| d.clone()))
+            .collect())
     }
-}
-
-/// Up to `want` messages of one partition, waiting at most `wait` (at
-/// least a moment, so a pull request completes).
-async fn pull_some(
-    consumer: &PullConsumer,
-    want: usize,
-    wait: Duration,
-) -> Result<Vec<Message>, String> {
-    let mut batch = consumer
-        .batch()
-        .max_messages(want)
-        .expires(wait.max(Duration::from_millis(10)))
-        .messages()
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut out = Vec::new();
-    while let Some(m) = batch.next().await {
-        match m {
-            Ok(m) => out.push(m),
-            Err(e) => {
-                return if out.is_empty() {
-                    Err(e.to_string())
-                } else {
-                    Ok(out)
-                };
-            }
-        }
-    }
-    Ok(out)
 }
 
 /// The [`Delivery`] of a JetStream message: the key from [`KEY_HEADER`],
@@ -310,10 +369,6 @@ fn delivery_of(topic: &str, partition: i32, seq: i64, m: &Message) -> Delivery {
 
 impl MessageSource for NatsConsumer {
     async fn fetch(&mut self, max: usize) -> Result<Vec<Delivery>, ConsumeError> {
-        let out = self.fetch_now(max, Duration::ZERO).await?;
-        if !out.is_empty() {
-            return Ok(out);
-        }
         let wait = self.cfg.fetch_wait;
         self.fetch_now(max, wait).await
     }

@@ -219,6 +219,26 @@ pub async fn check_streams(
     Ok(())
 }
 
+/// Deletes the stream of each of `topics`, and everything in it (tests
+/// and benchmarks start from nothing; outboxd itself never deletes one).
+pub async fn delete_streams(client: &Client, topics: &[String]) -> Result<(), NatsSetupError> {
+    let js = client.jetstream();
+    for topic in topics {
+        let name = stream_name(topic);
+        match js.delete_stream(&name).await {
+            Ok(_) => {}
+            Err(e) if is_not_found(&e.to_string()) => {}
+            Err(e) => {
+                return Err(NatsSetupError::Stream {
+                    stream: name,
+                    reason: format!("cannot delete it: {e}"),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 fn is_not_found(text: &str) -> bool {
     let t = text.to_ascii_lowercase();
     t.contains("not found") || t.contains("10059")

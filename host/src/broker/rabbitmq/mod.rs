@@ -413,6 +413,32 @@ fn mismatch_or(
     }
 }
 
+/// Deletes each topic's exchange and partition queues, and the messages in
+/// them (tests and benchmarks start from nothing; outboxd itself never
+/// deletes one).
+pub async fn delete_topology(
+    conn: &Connection,
+    topics: &[String],
+    partitions: i32,
+) -> Result<(), RabbitSetupError> {
+    use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
+    for topic in topics {
+        for partition in 0..partitions.max(1) {
+            let queue = queue_name(topic, partition);
+            let ch = channel(conn, "queue", &queue).await?;
+            ch.queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+                .await
+                .map_err(|e| topology("queue", &queue, &e))?;
+        }
+        let exchange = exchange_name(topic);
+        let ch = channel(conn, "exchange", &exchange).await?;
+        ch.exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
+            .await
+            .map_err(|e| topology("exchange", &exchange, &e))?;
+    }
+    Ok(())
+}
+
 /// Connects, then checks (or creates) every topic's exchange and queues:
 /// what `outboxd run` does before it starts.
 pub async fn start(
