@@ -5,4 +5,5 @@
 //! nats://127.0.0.1:4222), and a server of the test's own where one must
 //! be configured differently.
 
+mod tls;
 mod transport;

@@ -5,4 +5,5 @@
 //! amqp://guest:guest@127.0.0.1:5672/%2f). Each test uses exchanges and
 //! queues of its own and deletes them at the end.
 
+mod tls;
 mod transport;

@@ -96,6 +96,11 @@ pub async fn start(
 /// Connects with the section's URL, credentials and TLS. No error text
 /// holds a password or a token.
 pub async fn connect(cfg: &NatsSection) -> Result<Client, NatsSetupError> {
+    // async-nats's TLS takes rustls's process-wide provider, and the tree
+    // compiles two (ring, and aws-lc-rs for the replication client), so
+    // rustls cannot pick one by itself: without this a tls:// connection
+    // panicked. ring, as every other TLS client here.
+    let _ = tokio_rustls::rustls::crypto::ring::default_provider().install_default();
     let mut opts = async_nats::ConnectOptions::new()
         .name("outboxd")
         .connection_timeout(Duration::from_secs(5))
@@ -120,22 +125,27 @@ pub async fn connect(cfg: &NatsSection) -> Result<Client, NatsSetupError> {
     }
     let client = opts.connect(cfg.url.as_str()).await.map_err(|e| {
         use async_nats::ConnectErrorKind as K;
+        // A refused certificate comes back as an I/O error.
+        let tls = e.kind() == K::Tls || {
+            let t = e.to_string().to_ascii_lowercase();
+            t.contains("certificate") || t.contains("handshake")
+        };
         let reason = match e.kind() {
+            _ if tls => format!(
+                "TLS failed ({e}); check transport.nats.ca_file and that the server's \
+                 certificate names the host in transport.nats.url"
+            ),
             K::AuthorizationViolation | K::Authentication => {
                 "the server refused the credentials (authorization violation); check \
                  transport.nats.user and password_env/password_file, token_env/token_file \
                  or creds_file"
                     .to_string()
             }
-            K::Tls => format!(
-                "TLS failed ({e}); check transport.nats.ca_file and that the server's \
-                 certificate names the host in transport.nats.url"
-            ),
             _ => e.to_string(),
         };
         NatsSetupError::Connect {
             url: cfg.url.clone(),
-            transient: matches!(e.kind(), K::Io | K::TimedOut | K::Dns),
+            transient: !tls && matches!(e.kind(), K::Io | K::TimedOut | K::Dns),
             reason,
         }
     })?;

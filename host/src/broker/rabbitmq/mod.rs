@@ -159,11 +159,12 @@ pub async fn connect(cfg: &RabbitSection) -> Result<Connection, RabbitSetupError
                 || lower.contains("access_refused")
                 || lower.contains("access-refused")
                 || lower.contains("authentication");
+            let tls_failed = lower.contains("certificate") || lower.contains("tls");
             let reason = if refused_login {
                 "the server refused the credentials (ACCESS_REFUSED); check the user in \
                  transport.rabbitmq.url and the password (password_env / password_file)"
                     .to_string()
-            } else if lower.contains("certificate") || lower.contains("tls") {
+            } else if tls_failed {
                 format!(
                     "TLS failed ({text}); check transport.rabbitmq.ca_file and that the server's \
                      certificate names the host in transport.rabbitmq.url"
@@ -175,7 +176,7 @@ pub async fn connect(cfg: &RabbitSection) -> Result<Connection, RabbitSetupError
             };
             RabbitSetupError::Connect {
                 url: shown.clone(),
-                transient: e.is_io_error() && !refused_login,
+                transient: e.is_io_error() && !refused_login && !tls_failed,
                 reason,
             }
         })
