@@ -2,6 +2,7 @@
 //! per-key parking, partitions, and consumer plugins swapped through the
 //! registry.
 
+mod broker_bad_input;
 mod dead_letters;
 mod dead_ops;
 mod parking;
