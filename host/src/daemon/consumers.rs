@@ -349,5 +349,106 @@ pub(super) fn kafka_lag(config: &Config) -> Option<crate::admin::ConsumerLag> {
     }))
 }
 
+/// How far each consumer is behind on NATS, for `/api/consumers`: per
+/// partition, what its durable consumer has pending or unacknowledged. One
+/// connection, made at the first read.
+pub(super) fn nats_lag(config: &Config) -> Option<crate::admin::ConsumerLag> {
+    if config.consumers.is_empty() {
+        return None;
+    }
+    let section = config.transport.nats.clone();
+    let partitions = config.transport.partitions;
+    let consumers: Arc<Vec<(String, Vec<String>)>> = Arc::new(
+        config
+            .consumers
+            .iter()
+            .map(|c| (c.name.clone(), c.topics.clone()))
+            .collect(),
+    );
+    let client = Arc::new(tokio::sync::OnceCell::new());
+    Some(Arc::new(move || {
+        let (section, consumers, client) = (section.clone(), consumers.clone(), client.clone());
+        Box::pin(async move {
+            let read = async {
+                let client = client
+                    .get_or_try_init(|| crate::broker::nats::connect(&section))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let mut out = BTreeMap::new();
+                for (name, topics) in consumers.iter() {
+                    let behind =
+                        crate::broker::nats::messages_behind(client, name, topics, partitions)
+                            .await;
+                    out.insert(name.clone(), behind);
+                }
+                Ok::<_, String>(out)
+            };
+            match tokio::time::timeout(LAG_TIMEOUT * 2, read).await {
+                Ok(Ok(out)) => out,
+                Ok(Err(e)) => consumers
+                    .iter()
+                    .map(|(n, _)| (n.clone(), Err(e.clone())))
+                    .collect(),
+                Err(_) => consumers
+                    .iter()
+                    .map(|(n, _)| (n.clone(), Err("NATS did not answer in time".to_string())))
+                    .collect(),
+            }
+        })
+    }))
+}
+
+/// How many messages wait for each consumer on RabbitMQ, for
+/// `/api/consumers`: the ready messages of its topics' partition queues
+/// (its own unacknowledged prefetch not counted). A connection per read.
+pub(super) fn rabbitmq_lag(config: &Config) -> Option<crate::admin::ConsumerLag> {
+    if config.consumers.is_empty() {
+        return None;
+    }
+    let section = config.transport.rabbitmq.clone();
+    let partitions = config.transport.partitions;
+    let consumers: Arc<Vec<(String, Vec<String>)>> = Arc::new(
+        config
+            .consumers
+            .iter()
+            .map(|c| (c.name.clone(), c.topics.clone()))
+            .collect(),
+    );
+    Some(Arc::new(move || {
+        let (section, consumers) = (section.clone(), consumers.clone());
+        Box::pin(async move {
+            let read = async {
+                let conn = crate::broker::rabbitmq::connect(&section)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let mut out = BTreeMap::new();
+                for (name, topics) in consumers.iter() {
+                    let behind =
+                        crate::broker::rabbitmq::messages_behind(&conn, topics, partitions).await;
+                    out.insert(name.clone(), behind);
+                }
+                let _ = conn.close(200, "lag read".into()).await;
+                Ok::<_, String>(out)
+            };
+            match tokio::time::timeout(LAG_TIMEOUT * 2, read).await {
+                Ok(Ok(out)) => out,
+                Ok(Err(e)) => consumers
+                    .iter()
+                    .map(|(n, _)| (n.clone(), Err(e.clone())))
+                    .collect(),
+                Err(_) => consumers
+                    .iter()
+                    .map(|(n, _)| {
+                        (
+                            n.clone(),
+                            Err("RabbitMQ did not answer in time".to_string()),
+                        )
+                    })
+                    .collect(),
+            }
+        })
+    }))
+}
+
 /// How long one lag read waits for the broker, per call.
 const LAG_TIMEOUT: Duration = Duration::from_secs(2);

@@ -375,7 +375,9 @@ async fn spawn_pipeline(
             probes,
             consumer_lag: match config.transport.kind {
                 TransportKind::Kafka => consumers::kafka_lag(config),
-                TransportKind::Embedded | TransportKind::Nats | TransportKind::Rabbitmq => None,
+                TransportKind::Nats => consumers::nats_lag(config),
+                TransportKind::Rabbitmq => consumers::rabbitmq_lag(config),
+                TransportKind::Embedded => None,
             },
             routes: Arc::new(config.routes.clone()),
             plugins: Arc::new(config.plugins.clone()),

@@ -220,6 +220,13 @@ async fn per_key_order_and_commit_only_after_handling(t: TestDb) {
             .await
             .expect("publish");
     }
+    let client = connect(&section()).await.expect("connect");
+    let topics = [topic.name.clone()];
+    assert_eq!(
+        outboxd::broker::nats::messages_behind(&client, "g", &topics, 4).await,
+        Ok(40),
+        "nothing read yet: the group is 40 behind"
+    );
     let mut c = consumer(&t, &topic, "g", Duration::from_secs(15)).await;
     let batch = fetch_all(&mut c, 40).await;
     assert_eq!(batch.len(), 40);
@@ -255,6 +262,15 @@ async fn per_key_order_and_commit_only_after_handling(t: TestDb) {
             .iter()
             .any(|d| d.partition == first.partition && d.offset <= first.offset)
     );
+    eventually(
+        Duration::from_secs(5),
+        "39 behind after one ack",
+        async || match outboxd::broker::nats::messages_behind(&client, "g", &topics, 4).await {
+            Ok(39) => Ok(()),
+            other => Err(format!("{other:?}")),
+        },
+    )
+    .await;
     c.release().await.expect("release");
 }
 on_both!(per_key_order_and_commit_only_after_handling);

@@ -330,6 +330,13 @@ async fn per_key_order_and_ack_only_after_handling() {
             .await
             .expect("publish");
     }
+    let conn = raw().await;
+    let topics = [topic.name.clone()];
+    assert_eq!(
+        outboxd::broker::rabbitmq::messages_behind(&conn, &topics, PARTITIONS).await,
+        Ok(40),
+        "nothing delivered yet: 40 wait"
+    );
     let mut c = consumer(&topic, "g");
     let batch = fetch_all(&mut c, 40).await;
     assert_eq!(batch.len(), 40);

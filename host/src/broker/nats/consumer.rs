@@ -409,3 +409,43 @@ impl MessageSource for NatsConsumer {
         Ok(())
     }
 }
+
+/// How many messages consumer group `group` has not acknowledged on
+/// `topics`: per partition, what its durable consumer has pending and
+/// unacknowledged, or every message of the partition's subject when no
+/// member has read it yet (for `/api/consumers`).
+pub async fn messages_behind(
+    client: &super::Client,
+    group: &str,
+    topics: &[String],
+    partitions: i32,
+) -> Result<i64, String> {
+    use futures_util::TryStreamExt;
+    let js = client.jetstream();
+    let mut behind: i64 = 0;
+    for topic in topics {
+        let name = stream_name(topic);
+        let stream = js
+            .get_stream(&name)
+            .await
+            .map_err(|e| format!("JetStream stream `{name}` (topic `{topic}`): {e}"))?;
+        let mut unread: std::collections::BTreeMap<String, usize> = stream
+            .info_with_subjects(format!("{topic}.*"))
+            .await
+            .map_err(|e| format!("stream `{name}`: {e}"))?
+            .try_collect()
+            .await
+            .map_err(|e| format!("stream `{name}`: {e}"))?;
+        for partition in 0..partitions.max(1) {
+            let durable = NatsConsumer::durable_name(group, partition);
+            let n = match stream.consumer_info(&durable).await {
+                Ok(info) => info.num_pending + info.num_ack_pending as u64,
+                Err(_) => unread
+                    .remove(&format!("{topic}.{partition}"))
+                    .map_or(0, |n| n as u64),
+            };
+            behind = behind.saturating_add(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+    Ok(behind)
+}

@@ -24,7 +24,7 @@ use crate::message::OutgoingMessage;
 use outboxd_core::config::NatsSection;
 use outboxd_core::config::nats::{stream_name, stream_names};
 
-pub use consumer::{NatsConsumer, NatsConsumerConfig};
+pub use consumer::{NatsConsumer, NatsConsumerConfig, messages_behind};
 
 /// The header that carries a message's key (NATS messages have none).
 pub const KEY_HEADER: &str = "outboxd-key";

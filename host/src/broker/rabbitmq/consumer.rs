@@ -319,3 +319,38 @@ impl MessageSource for RabbitConsumer {
         Ok(())
     }
 }
+
+/// How many messages wait in `topics`' partition queues, not yet delivered
+/// to a member (a member's unacknowledged prefetch is not counted): for
+/// `/api/consumers`.
+pub async fn messages_behind(
+    conn: &Connection,
+    topics: &[String],
+    partitions: i32,
+) -> Result<i64, String> {
+    use lapin::options::QueueDeclareOptions;
+    let mut behind: i64 = 0;
+    for topic in topics {
+        for partition in 0..partitions.max(1) {
+            let queue = queue_name(topic, partition);
+            let ch = conn
+                .create_channel()
+                .await
+                .map_err(|e| format!("RabbitMQ: {e}"))?;
+            let q = ch
+                .queue_declare(
+                    queue.as_str().into(),
+                    QueueDeclareOptions {
+                        passive: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(|e| format!("RabbitMQ queue `{queue}`: {e}"))?;
+            behind = behind.saturating_add(i64::from(q.message_count()));
+            let _ = ch.close(200, "counted".into()).await;
+        }
+    }
+    Ok(behind)
+}

@@ -32,7 +32,7 @@ use crate::message::OutgoingMessage;
 use outboxd_core::config::RabbitSection;
 use outboxd_core::config::rabbitmq::{exchange_name, queue_name, topic_problem};
 
-pub use consumer::{RabbitConsumer, RabbitConsumerConfig};
+pub use consumer::{RabbitConsumer, RabbitConsumerConfig, messages_behind};
 
 /// The header that carries a message's key (AMQP has no key).
 pub const KEY_HEADER: &str = "outboxd-key";
