@@ -79,13 +79,15 @@ pub(super) fn print_ratios(rows: &[RelayBenchRow]) {
             .iter()
             .find(|p| {
                 p.transformer == "none"
+                    && p.sink == r.sink
                     && p.batch == r.batch
                     && p.workers == r.workers
                     && p.pipeline == r.pipeline
             })
             .map_or(r.events_per_second, |p| p.events_per_second);
         println!(
-            "  batch {:>4} workers {} pipeline {:<5} transformer {:<12}: {:>6.1}x baseline{}",
+            "  sink {:<8} batch {:>4} workers {} pipeline {:<5} transformer {:<12}: {:>6.1}x baseline{}",
+            r.sink,
             r.batch,
             r.workers,
             r.pipeline,
