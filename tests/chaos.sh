@@ -42,7 +42,11 @@
 #   namespace's loopback with its own epmd, cookie, Mnesia and quorum-queue
 #   data, guest allowed from the proxy); the kills are SIGKILL of the
 #   Erlang VM and its helpers (a node crash), the restart on the same data
-#   (about 5 s). Real broker restarts, not only connection faults.
+#   (about 5 s on an idle machine, 4-35 s while the soak loads both cores).
+#   Real broker restarts, not only connection faults.
+# A restart runs beside the fault plan (the driver prints when the broker
+# is back and how long it took) and is waited for before the drain, so a
+# slow one can stretch the fault phase (seconds=) past --seconds.
 # Both run with four partitions (a stream with subjects TOPIC.0-3; an
 # exchange with quorum queues TOPIC.0-3) and one consumer group, `ledger`,
 # in both consumer processes: one group per topic, as RabbitMQ requires
@@ -57,6 +61,9 @@
 # cannot make namespaces. The namespaces, the Postgres cluster and the
 # broker (with its storage) are removed at the end, also when the soak
 # fails.
+#
+# CHAOS_OUTBOXD_LOG=FILTER sets the outboxd processes' log filter (default
+# warn) for a post-mortem with --keep, e.g. warn,outboxd::broker=debug.
 #
 # CHAOS_PROFILE=release builds and runs the optimized binaries (the long
 # soak uses it: less CPU per event leaves more of two cores to tansu and

@@ -54,7 +54,12 @@ impl Proc {
             .arg("--config")
             .arg(&self.config)
             .arg("run")
-            .env("OUTBOXD_LOG", "warn")
+            // CHAOS_OUTBOXD_LOG=FILTER raises the processes' logging for a
+            // post-mortem (with --keep), e.g. warn,outboxd::broker=debug.
+            .env(
+                "OUTBOXD_LOG",
+                std::env::var("CHAOS_OUTBOXD_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
