@@ -210,7 +210,9 @@ pub async fn relay(args: &RelayBenchArgs) -> Result<Vec<RelayBenchRow>, BenchErr
     let sink = async |name: &str| -> Result<Sink, BenchError> {
         Ok(match name {
             "null" => Sink::Null,
-            other => Sink::Broker(args.broker.fresh_publisher(other, &db, TOPIC, 8).await?),
+            other => Sink::Broker(Box::new(
+                args.broker.fresh_publisher(other, &db, TOPIC, 8).await?,
+            )),
         })
     };
     let Some(first) = args.sink.first() else {

@@ -15,7 +15,7 @@ use outboxd::message::OutgoingMessage;
 /// Where the benchmark's messages go.
 pub(super) enum Sink {
     Null,
-    Broker(AnyPublisher),
+    Broker(Box<AnyPublisher>),
 }
 
 impl Publisher for Sink {

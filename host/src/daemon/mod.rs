@@ -229,7 +229,7 @@ impl Daemon {
                 return Err(e);
             }
             tracing::warn!(error = %e, retry_in = ?delay, gives_up_in = ?left,
-                "outboxd could not start: the database or the Kafka brokers were briefly unavailable; starting again");
+                "outboxd could not start: the database or the broker was briefly unavailable; starting again");
             backoff(&shutdown, &mut delay).await;
         };
         let result = join_all_workers(set).await;

@@ -90,7 +90,7 @@ async fn rabbitmq_messages_without_a_usable_id_are_dead_lettered(t: TestDb) {
         .await
         .expect("connect");
     let ch = conn.create_channel().await.expect("channel");
-    let mut with_id = |id: &str| {
+    let with_id = |id: &str| {
         let mut h = lapin::types::FieldTable::default();
         h.insert(
             headers::MESSAGE_ID.into(),

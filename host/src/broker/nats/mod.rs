@@ -66,6 +66,10 @@ pub enum NatsSetupError {
     },
     #[error("JetStream stream `{stream}`: {reason}")]
     Stream { stream: String, reason: String },
+    /// The server stopped answering during the start's checks: worth
+    /// another try at start.
+    #[error("JetStream stream `{stream}`: {reason}; the server stopped answering")]
+    Unanswered { stream: String, reason: String },
     #[error("{0}")]
     Config(String),
 }
@@ -161,7 +165,7 @@ impl NatsSetupError {
             NatsSetupError::Connect {
                 transient: true,
                 ..
-            }
+            } | NatsSetupError::Unanswered { .. }
         )
     }
 }
@@ -180,10 +184,10 @@ pub async fn check_streams(
         let subject = format!("{topic}.*");
         match js.get_stream(&name).await {
             Ok(mut s) => {
-                let info = s.info().await.map_err(|e| NatsSetupError::Stream {
-                    stream: name.clone(),
-                    reason: e.to_string(),
-                })?;
+                let info = s
+                    .info()
+                    .await
+                    .map_err(|e| stream_error(&name, e.to_string()))?;
                 let subjects = info.config.subjects.clone();
                 if !subjects
                     .iter()
@@ -212,11 +216,14 @@ pub async fn check_streams(
                     ..Default::default()
                 })
                 .await
-                .map_err(|e| NatsSetupError::Stream {
-                    stream: name.clone(),
-                    reason: format!("cannot create it: {e}"),
-                })?;
+                .map_err(|e| stream_error(&name, format!("cannot create it: {e}")))?;
                 tracing::info!(stream = %name, %topic, "created the JetStream stream");
+            }
+            Err(e) if unanswered(&e.to_string()) => {
+                return Err(NatsSetupError::Unanswered {
+                    stream: name,
+                    reason: e.to_string(),
+                });
             }
             Err(e) => {
                 return Err(NatsSetupError::Stream {
@@ -247,6 +254,38 @@ pub async fn delete_streams(client: &Client, topics: &[String]) -> Result<(), Na
         }
     }
     Ok(())
+}
+
+/// A stream check's failure: [`NatsSetupError::Unanswered`] when the
+/// server did not answer, else [`NatsSetupError::Stream`].
+fn stream_error(stream: &str, reason: String) -> NatsSetupError {
+    if unanswered(&reason) {
+        NatsSetupError::Unanswered {
+            stream: stream.to_string(),
+            reason,
+        }
+    } else {
+        NatsSetupError::Stream {
+            stream: stream.to_string(),
+            reason,
+        }
+    }
+}
+
+/// Whether a JetStream call failed because the server did not answer
+/// (a timeout, a broken connection) rather than refused.
+fn unanswered(text: &str) -> bool {
+    let t = text.to_ascii_lowercase();
+    [
+        "timed out",
+        "timeout",
+        "connection",
+        "broken pipe",
+        "no responders",
+        "disconnected",
+    ]
+    .iter()
+    .any(|w| t.contains(w))
 }
 
 fn is_not_found(text: &str) -> bool {
@@ -348,6 +387,14 @@ mod tests {
             message_id: uuid::Uuid::nil(),
             created_at: chrono::Utc::now(),
         }
+    }
+
+    #[test]
+    fn a_server_that_stops_answering_during_the_checks_is_retried_a_refusal_is_not() {
+        assert!(stream_error("orders", "request timed out".into()).is_transient());
+        assert!(stream_error("orders", "broken pipe: connection reset".into()).is_transient());
+        let refused = stream_error("orders", "insufficient resources".into());
+        assert!(!refused.is_transient(), "{refused}");
     }
 
     #[test]

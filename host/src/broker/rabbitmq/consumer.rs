@@ -61,7 +61,7 @@ struct Part {
 /// What the subscriptions forward: a delivery of a partition, or the end
 /// of one (the channel or connection closed).
 enum Event {
-    Delivery(usize, lapin::message::Delivery),
+    Delivery(usize, Box<lapin::message::Delivery>),
     Closed(usize, String),
 }
 
@@ -131,7 +131,7 @@ impl RabbitConsumer {
             tokio::spawn(async move {
                 while let Some(d) = stream.next().await {
                     let sent = match d {
-                        Ok(d) => tx.send(Event::Delivery(i, d)),
+                        Ok(d) => tx.send(Event::Delivery(i, Box::new(d))),
                         Err(e) => {
                             let _ = tx.send(Event::Closed(i, e.to_string()));
                             return;

@@ -83,6 +83,9 @@ pub enum RabbitSetupError {
         what: &'static str,
         name: String,
         reason: String,
+        /// The connection broke during the check (the node stopped):
+        /// worth another try at start.
+        transient: bool,
     },
     #[error("{0}")]
     Config(String),
@@ -95,6 +98,9 @@ impl RabbitSetupError {
         matches!(
             self,
             RabbitSetupError::Connect {
+                transient: true,
+                ..
+            } | RabbitSetupError::Topology {
                 transient: true,
                 ..
             }
@@ -393,6 +399,13 @@ fn topology(what: &'static str, name: &str, e: &lapin::Error) -> RabbitSetupErro
         what,
         name: name.to_string(),
         reason,
+        transient: e.is_io_error()
+            || matches!(
+                e.kind(),
+                lapin::ErrorKind::InvalidConnectionState(_)
+                    | lapin::ErrorKind::InvalidChannelState(..)
+                    | lapin::ErrorKind::MissingHeartbeatError
+            ),
     }
 }
 
@@ -641,6 +654,19 @@ mod tests {
             created_group_size("inequivalent arg 'x-queue-type' for queue 'o.0'"),
             None
         );
+    }
+
+    #[test]
+    fn a_connection_lost_during_the_checks_is_retried_a_refusal_is_not() {
+        let lost = lapin::Error::from(std::io::Error::other("connection aborted"));
+        assert!(topology("queue", "orders.3", &lost).is_transient());
+        let e = mismatch_or("queue", "orders.3", &lost, "durable");
+        assert!(e.is_transient(), "{e}");
+        let refused = RabbitSetupError::QueueMissing {
+            queue: "orders.3".into(),
+            topic: "orders".into(),
+        };
+        assert!(!refused.is_transient());
     }
 
     #[test]
