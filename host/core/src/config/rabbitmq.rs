@@ -278,6 +278,54 @@ mod tests {
     }
 
     #[test]
+    fn a_config_over_rabbitmq_loads_and_two_groups_on_one_topic_are_refused() {
+        let base = r#"
+[transport]
+kind = "rabbitmq"
+partitions = 4
+[transport.rabbitmq]
+url = "amqp://app@mq.internal:5672/%2f"
+password_env = "MQ_PW"
+[transport.topics]
+create = true
+replication = 3
+[[routes]]
+event_type = "order.*"
+topic = "orders"
+[[consumers]]
+name = "billing"
+topics = ["orders"]
+handler = "builtin:billing"
+"#;
+        let env = [("MQ_PW".to_string(), "pw-secret-9".to_string())];
+        let c = crate::config::Config::from_toml("t.toml", base, env.clone()).expect("loads");
+        assert_eq!(c.transport.kind, crate::config::TransportKind::Rabbitmq);
+        assert_eq!(
+            c.transport.rabbitmq.password,
+            Some(RabbitSecret("pw-secret-9".into()))
+        );
+        let two = format!(
+            "{base}[[consumers]]\nname = \"audit\"\ntopics = [\"orders\"]\nhandler = \"builtin:audit\"\n"
+        );
+        let e = crate::config::Config::from_toml("t.toml", &two, env.clone())
+            .expect_err("two groups on one topic")
+            .to_string();
+        assert!(
+            e.contains("consumers[1].topics")
+                && e.contains("`orders`")
+                && e.contains("second topic"),
+            "{e}"
+        );
+        let bad = base
+            .replace("partitions = 4\n", "partitions = 4\n")
+            .replace("replication = 3", "replication = 3\npartitions = 8");
+        let e = crate::config::Config::from_toml("t.toml", &bad, env)
+            .expect_err("topics.partitions on rabbitmq")
+            .to_string();
+        assert!(e.contains("transport.topics.partitions"), "{e}");
+    }
+
+    #[test]
     fn topics_name_exchanges_and_partition_queues() {
         assert_eq!(exchange_name("orders.created"), "orders.created");
         assert_eq!(queue_name("orders.created", 3), "orders.created.3");
