@@ -85,7 +85,13 @@ async fn run_one(
     };
     pipeline::reset(pool).await?;
     let cfg = PipelineConfig {
-        name: "latency",
+        // Kafka topics cannot be emptied: a topic (and event type) of its
+        // own per run there, so a run never reads an earlier one's events.
+        name: if transport == "kafka" {
+            Box::leak(format!("latency{}", uuid::Uuid::new_v4().simple()).into_boxed_str())
+        } else {
+            "latency"
+        },
         notify: mode == "notify",
         relay_poll: Duration::from_millis(args.poll_ms),
         relay: RelayConfig::default(),
