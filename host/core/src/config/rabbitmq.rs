@@ -316,9 +316,7 @@ handler = "builtin:billing"
                 && e.contains("second topic"),
             "{e}"
         );
-        let bad = base
-            .replace("partitions = 4\n", "partitions = 4\n")
-            .replace("replication = 3", "replication = 3\npartitions = 8");
+        let bad = base.replace("replication = 3", "replication = 3\npartitions = 8");
         let e = crate::config::Config::from_toml("t.toml", &bad, env)
             .expect_err("topics.partitions on rabbitmq")
             .to_string();
