@@ -212,6 +212,21 @@ impl RabbitConsumer {
     }
 }
 
+impl Drop for RabbitConsumer {
+    /// A member dropped without [`MessageSource::release`] closes its
+    /// connection too: an open one would stay the queues' single active
+    /// consumer while nothing reads it.
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take()
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            rt.spawn(async move {
+                let _ = conn.close(200, "outboxd consumer dropped".into()).await;
+            });
+        }
+    }
+}
+
 /// The [`Delivery`] of an AMQP message: the key from [`KEY_HEADER`], the
 /// message id from the `message-id` header or, for a message another
 /// producer sent, the `message_id` property; the other headers as bytes.
