@@ -353,98 +353,88 @@ pub(super) fn kafka_lag(config: &Config) -> Option<crate::admin::ConsumerLag> {
 /// partition, what its durable consumer has pending or unacknowledged. One
 /// connection, made at the first read.
 pub(super) fn nats_lag(config: &Config) -> Option<crate::admin::ConsumerLag> {
-    if config.consumers.is_empty() {
-        return None;
-    }
     let section = config.transport.nats.clone();
     let partitions = config.transport.partitions;
-    let consumers: Arc<Vec<(String, Vec<String>)>> = Arc::new(
-        config
-            .consumers
-            .iter()
-            .map(|c| (c.name.clone(), c.topics.clone()))
-            .collect(),
-    );
     let client = Arc::new(tokio::sync::OnceCell::new());
-    Some(Arc::new(move || {
-        let (section, consumers, client) = (section.clone(), consumers.clone(), client.clone());
+    broker_lag(config, "NATS", move |consumers| {
+        let (section, client) = (section.clone(), client.clone());
         Box::pin(async move {
-            let read = async {
-                let client = client
-                    .get_or_try_init(|| crate::broker::nats::connect(&section))
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let mut out = BTreeMap::new();
-                for (name, topics) in consumers.iter() {
-                    let behind =
-                        crate::broker::nats::messages_behind(client, name, topics, partitions)
-                            .await;
-                    out.insert(name.clone(), behind);
-                }
-                Ok::<_, String>(out)
-            };
-            match tokio::time::timeout(LAG_TIMEOUT * 2, read).await {
-                Ok(Ok(out)) => out,
-                Ok(Err(e)) => consumers
-                    .iter()
-                    .map(|(n, _)| (n.clone(), Err(e.clone())))
-                    .collect(),
-                Err(_) => consumers
-                    .iter()
-                    .map(|(n, _)| (n.clone(), Err("NATS did not answer in time".to_string())))
-                    .collect(),
+            let client = client
+                .get_or_try_init(|| crate::broker::nats::connect(&section))
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut out = BTreeMap::new();
+            for (name, topics) in consumers.iter() {
+                let behind =
+                    crate::broker::nats::messages_behind(client, name, topics, partitions).await;
+                out.insert(name.clone(), behind);
             }
+            Ok(out)
         })
-    }))
+    })
 }
 
 /// How many messages wait for each consumer on RabbitMQ, for
 /// `/api/consumers`: the ready messages of its topics' partition queues
 /// (its own unacknowledged prefetch not counted). A connection per read.
 pub(super) fn rabbitmq_lag(config: &Config) -> Option<crate::admin::ConsumerLag> {
+    let section = config.transport.rabbitmq.clone();
+    let partitions = config.transport.partitions;
+    broker_lag(config, "RabbitMQ", move |consumers| {
+        let section = section.clone();
+        Box::pin(async move {
+            let conn = crate::broker::rabbitmq::connect(&section)
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut out = BTreeMap::new();
+            for (name, topics) in consumers.iter() {
+                let behind =
+                    crate::broker::rabbitmq::messages_behind(&conn, topics, partitions).await;
+                out.insert(name.clone(), behind);
+            }
+            let _ = conn.close(200, "lag read".into()).await;
+            Ok(out)
+        })
+    })
+}
+
+/// Every consumer's name and topics.
+type ConsumerTopics = Arc<Vec<(String, Vec<String>)>>;
+/// One read of every consumer's lag, or why the broker could not be read.
+type LagRead =
+    futures_util::future::BoxFuture<'static, Result<BTreeMap<String, Result<i64, String>>, String>>;
+
+/// A lag reader over `read`, bounded in time; when the broker cannot be
+/// read every consumer shows why. `None` without consumers.
+fn broker_lag(
+    config: &Config,
+    broker: &'static str,
+    read: impl Fn(ConsumerTopics) -> LagRead + Send + Sync + 'static,
+) -> Option<crate::admin::ConsumerLag> {
     if config.consumers.is_empty() {
         return None;
     }
-    let section = config.transport.rabbitmq.clone();
-    let partitions = config.transport.partitions;
-    let consumers: Arc<Vec<(String, Vec<String>)>> = Arc::new(
+    let consumers: ConsumerTopics = Arc::new(
         config
             .consumers
             .iter()
             .map(|c| (c.name.clone(), c.topics.clone()))
             .collect(),
     );
+    let read = Arc::new(read);
     Some(Arc::new(move || {
-        let (section, consumers) = (section.clone(), consumers.clone());
+        let (consumers, read) = (consumers.clone(), read.clone());
         Box::pin(async move {
-            let read = async {
-                let conn = crate::broker::rabbitmq::connect(&section)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let mut out = BTreeMap::new();
-                for (name, topics) in consumers.iter() {
-                    let behind =
-                        crate::broker::rabbitmq::messages_behind(&conn, topics, partitions).await;
-                    out.insert(name.clone(), behind);
-                }
-                let _ = conn.close(200, "lag read".into()).await;
-                Ok::<_, String>(out)
+            let failed = |why: String| {
+                consumers
+                    .iter()
+                    .map(|(n, _)| (n.clone(), Err(why.clone())))
+                    .collect()
             };
-            match tokio::time::timeout(LAG_TIMEOUT * 2, read).await {
+            match tokio::time::timeout(LAG_TIMEOUT * 2, read(consumers.clone())).await {
                 Ok(Ok(out)) => out,
-                Ok(Err(e)) => consumers
-                    .iter()
-                    .map(|(n, _)| (n.clone(), Err(e.clone())))
-                    .collect(),
-                Err(_) => consumers
-                    .iter()
-                    .map(|(n, _)| {
-                        (
-                            n.clone(),
-                            Err("RabbitMQ did not answer in time".to_string()),
-                        )
-                    })
-                    .collect(),
+                Ok(Err(e)) => failed(e),
+                Err(_) => failed(format!("{broker} did not answer in time")),
             }
         })
     }))

@@ -4,8 +4,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 
 use lapin::options::{
-    BasicConsumeOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueDeclareOptions,
-    QueueDeleteOptions,
+    BasicConsumeOptions, ExchangeDeclareOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Connection, ConnectionProperties, ExchangeKind};
@@ -18,6 +17,7 @@ use outboxd::broker::{MessageSource, PublishError, Publisher};
 use outboxd::config::RabbitSection;
 use outboxd::config::rabbitmq::queue_name;
 
+use crate::support::brokers::Cleanup;
 use crate::support::eventually;
 use crate::support::publisher::msg;
 
@@ -54,54 +54,20 @@ async fn raw() -> Connection {
 /// the test ends, passed or failed.
 struct Topic {
     name: String,
+    _cleanup: Cleanup,
 }
 
 impl Topic {
     fn new(prefix: &str) -> Self {
+        let name = format!("t.{prefix}.{}", uuid::Uuid::new_v4().simple());
         Self {
-            name: format!("t.{prefix}.{}", uuid::Uuid::new_v4().simple()),
+            _cleanup: Cleanup::rabbitmq(&rabbit_url(), &name),
+            name,
         }
     }
 
     fn set(&self) -> BTreeSet<String> {
         BTreeSet::from([self.name.clone()])
-    }
-}
-
-impl Drop for Topic {
-    fn drop(&mut self) {
-        let name = self.name.clone();
-        // A thread of its own: the test's runtime may be shutting down.
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            rt.block_on(async {
-                let Ok(c) =
-                    Connection::connect(&rabbit_url(), ConnectionProperties::default()).await
-                else {
-                    return;
-                };
-                for p in 0..PARTITIONS {
-                    if let Ok(ch) = c.create_channel().await {
-                        let _ = ch
-                            .queue_delete(
-                                queue_name(&name, p).into(),
-                                QueueDeleteOptions::default(),
-                            )
-                            .await;
-                    }
-                }
-                if let Ok(ch) = c.create_channel().await {
-                    let _ = ch
-                        .exchange_delete(name.as_str().into(), ExchangeDeleteOptions::default())
-                        .await;
-                }
-                let _ = c.close(200, "done".into()).await;
-            });
-        })
-        .join();
     }
 }
 
