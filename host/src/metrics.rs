@@ -36,6 +36,8 @@ pub struct Metrics {
     pub relay_failures: PublishFailures,
     /// The WAL relay (relay.source = "wal"); zero in polling mode.
     pub wal: WalMetrics,
+    /// Webhook routes' requests and pauses.
+    pub webhooks: crate::broker::webhook::metrics::WebhookMetrics,
     consumers: Consumers,
     plugins: PluginVersions,
     pub retention_deleted: RetentionDeleted,
@@ -49,6 +51,8 @@ impl Default for Metrics {
         relay.register(&mut registry);
         let wal = WalMetrics::default();
         wal.register(&mut registry);
+        let webhooks = crate::broker::webhook::metrics::WebhookMetrics::default();
+        webhooks.register(&mut registry);
         let consumers = Consumers::default();
         consumers.register(&mut registry);
         let plugins = PluginVersions::default();
@@ -62,6 +66,7 @@ impl Default for Metrics {
             relay_failures: relay.failures.clone(),
             relay,
             wal,
+            webhooks,
             consumers,
             plugins,
             retention_deleted,

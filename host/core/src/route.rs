@@ -1,14 +1,25 @@
-//! Routing: which topic an event type goes to, and through which chain of
-//! transformer plugins.
+//! Routing: which topic (or webhook) an event type goes to, and through
+//! which chain of transformer plugins.
 
 use serde::Deserialize;
+
+use crate::config::webhook::WebhookSink;
 
 /// `event_type` is an exact type, `*`, or a prefix pattern such as `order.*`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Route {
     pub event_type: String,
+    /// The topic to publish to; empty on a webhook route.
+    #[serde(default)]
     pub topic: String,
+    /// A webhook route's name (metrics, `outboxd dead`, `outboxd route
+    /// resume`); it is also the destination its messages carry.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Send each message as a signed HTTP POST instead of to a topic.
+    #[serde(default)]
+    pub webhook: Option<WebhookSink>,
     /// Names of `[[plugins]]` to run in order before publishing; empty
     /// publishes the event as it is.
     #[serde(default)]
@@ -29,9 +40,27 @@ impl Route {
         Self {
             event_type: event_type.into(),
             topic: topic.into(),
+            name: None,
+            webhook: None,
             transformers: Vec::new(),
             allowed_topics: Vec::new(),
             plugins_may_set_trace: false,
+        }
+    }
+
+    /// A route named `name` that sends to `sink` instead of a topic.
+    pub fn webhook(event_type: impl Into<String>, name: impl Into<String>, sink: WebhookSink) -> Self {
+        let mut r = Self::new(event_type, "");
+        r.name = Some(name.into());
+        r.webhook = Some(sink);
+        r
+    }
+
+    /// Where the route's messages go: its topic, or a webhook route's name.
+    pub fn destination(&self) -> &str {
+        match (&self.webhook, &self.name) {
+            (Some(_), Some(name)) => name,
+            _ => &self.topic,
         }
     }
 
@@ -74,10 +103,11 @@ impl Router {
             .position(|r| pattern_matches(&r.event_type, event_type))
     }
 
-    /// The first matching route's topic, or the event type itself.
+    /// The first matching route's destination (a topic, or a webhook
+    /// route's name), or the event type itself.
     pub fn topic_for<'a>(&'a self, event_type: &'a str) -> &'a str {
         self.route_index(event_type)
-            .map(|i| self.routes[i].topic.as_str())
+            .map(|i| self.routes[i].destination())
             .unwrap_or(event_type)
     }
 }

@@ -190,6 +190,18 @@ impl super::MessageSource for AnySource {
         }
     }
 
+    async fn commit_all(
+        &mut self,
+        deliveries: Vec<crate::message::Delivery>,
+    ) -> Result<(), super::ConsumeError> {
+        match self {
+            AnySource::Embedded(s) => s.commit_all(deliveries).await,
+            AnySource::Kafka(s) => s.commit_all(deliveries).await,
+            AnySource::Nats(s) => s.commit_all(deliveries).await,
+            AnySource::Rabbitmq(s) => s.commit_all(deliveries).await,
+        }
+    }
+
     fn waits_for_messages(&self) -> bool {
         match self {
             AnySource::Embedded(s) => s.waits_for_messages(),

@@ -187,7 +187,31 @@ impl MessageSource for EmbeddedConsumer {
     }
 
     async fn commit(&mut self, d: &Delivery) -> Result<(), ConsumeError> {
-        self.commit_now(d).await
+        self.commit_all(vec![d.clone()]).await
+    }
+
+    async fn commit_all(&mut self, ds: Vec<Delivery>) -> Result<(), ConsumeError> {
+        let advanced = transport::advance_cursors(&self.db, &self.cfg.group, &ds, &self.owner).await?;
+        let mut lost = Vec::new();
+        for (d, ok) in ds.iter().zip(advanced) {
+            let key = (d.topic.clone(), d.partition);
+            if ok {
+                self.committed.insert(key, d.offset);
+            } else {
+                self.committed.remove(&key);
+                self.renewed_at = None;
+                lost.push(format!("{}/{}", d.topic, d.partition));
+            }
+        }
+        if lost.is_empty() {
+            Ok(())
+        } else {
+            Err(ConsumeError::Transport(format!(
+                "lost the lease on {} for group {}; the new owner resumes from the last committed offset",
+                lost.join(", "),
+                self.cfg.group
+            )))
+        }
     }
 }
 
@@ -196,22 +220,5 @@ impl EmbeddedConsumer {
     async fn fetch_now(&mut self, max: usize) -> Result<Vec<Delivery>, ConsumeError> {
         self.refresh_leases().await?;
         Ok(transport::fetch_after(&self.db, &self.committed, max).await?)
-    }
-
-    async fn commit_now(&mut self, d: &Delivery) -> Result<(), ConsumeError> {
-        let advanced = transport::advance_cursor(&self.db, &self.cfg.group, d, &self.owner).await?;
-        let key = (d.topic.clone(), d.partition);
-        if !advanced {
-            // Lost the lease: another member took the partition and will
-            // redeliver from the last committed offset (at least once).
-            self.committed.remove(&key);
-            self.renewed_at = None;
-            return Err(ConsumeError::Transport(format!(
-                "lost the lease on {}/{} for group {}; the new owner resumes from the last committed offset",
-                d.topic, d.partition, self.cfg.group
-            )));
-        }
-        self.committed.insert(key, d.offset);
-        Ok(())
     }
 }

@@ -5,7 +5,8 @@
 //! order, commit after the inbox transaction. Each broker is one folder that
 //! implements both and is the only module linking its client crate: the
 //! embedded transport, Kafka ([`kafka`], rdkafka), NATS JetStream
-//! ([`nats`], async-nats) and RabbitMQ ([`rabbitmq`], lapin).
+//! ([`nats`], async-nats) and RabbitMQ ([`rabbitmq`], lapin). A webhook
+//! route sends over HTTP instead ([`webhook`]), beside whichever broker.
 
 mod any;
 pub mod embedded;
@@ -13,6 +14,7 @@ mod group_commit;
 pub mod kafka;
 pub mod nats;
 pub mod rabbitmq;
+pub mod webhook;
 
 use crate::message::{Delivery, OutgoingMessage};
 pub use any::{AnyPublisher, AnySource, BrokerSetupError};
@@ -35,11 +37,30 @@ pub enum PublishError {
          (or restart outboxd with [transport.topics] create = true)"
     )]
     TopicMissing { topic: String },
+    /// The destination asked to wait (HTTP 429 or 503 with `Retry-After`):
+    /// an attempt, retried no sooner than `after`.
+    #[error("retryable broker error: {reason} (retry after {after:?})")]
+    Throttled {
+        reason: String,
+        after: std::time::Duration,
+    },
+    /// The destination is stopped (a webhook route its endpoint ended with
+    /// 410 Gone): not an attempt; the event waits until it is resumed.
+    #[error("{reason}")]
+    Paused { reason: String },
 }
 
 impl PublishError {
     pub fn is_permanent(&self) -> bool {
         matches!(self, PublishError::Permanent(_))
+    }
+
+    /// How long the destination asked to be left alone, if it did.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            PublishError::Throttled { after, .. } => Some(*after),
+            _ => None,
+        }
     }
 }
 
@@ -96,6 +117,21 @@ pub trait MessageSource: Send {
         &mut self,
         delivery: &Delivery,
     ) -> impl Future<Output = Result<(), ConsumeError>> + Send;
+    /// [`commit`](Self::commit) for the last handled delivery of several
+    /// partitions (one each). A source may do them together (one database
+    /// commit instead of one per partition); every delivery is committed or
+    /// the error says which was not.
+    fn commit_all(
+        &mut self,
+        deliveries: Vec<Delivery>,
+    ) -> impl Future<Output = Result<(), ConsumeError>> + Send {
+        async move {
+            for d in &deliveries {
+                self.commit(d).await?;
+            }
+            Ok(())
+        }
+    }
     /// True when an empty [`fetch`](Self::fetch) has already waited for new
     /// messages (a bounded long poll), so the consumer fetches again at once
     /// instead of sleeping its poll interval.

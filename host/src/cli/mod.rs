@@ -11,6 +11,7 @@ mod plugin_build;
 mod plugin_new;
 mod plugin_test;
 mod registry;
+mod route;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -126,6 +127,10 @@ enum Command {
     /// Inspect and act on dead events (the relay gave up on them).
     #[command(subcommand)]
     Dead(DeadCommand),
+    /// Webhook routes: which are paused (their endpoint answered 410 Gone)
+    /// and resuming one.
+    #[command(subcommand)]
+    Route(route::RouteCommand),
     /// What consumer plugins did outside the database: their HTTP requests
     /// (`outbound_calls`), by idempotency key.
     #[command(subcommand)]
@@ -473,6 +478,7 @@ async fn dispatch(cli: Cli, daemon: Daemon) -> anyhow::Result<ExitCode> {
         }
         Command::Dead(cmd) => dead::dead_command(&config, cmd).await,
         Command::Outbound(cmd) => outbound::command(&config, cmd).await,
+        Command::Route(cmd) => route::command(&config, cmd).await,
     }
 }
 

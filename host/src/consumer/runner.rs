@@ -200,6 +200,7 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
         };
         let mut done = redriven;
         let mut any_failed = redrive_failed;
+        let mut handled = Vec::new();
         for (last_ok, count, failed) in results {
             done += count;
             any_failed |= failed;
@@ -207,8 +208,13 @@ impl<S: MessageSource, H: Handler> Consumer<S, H> {
                 self.faults
                     .check(FaultPoint::AfterHandleBeforeCommitOffset)
                     .await?;
-                self.source.commit(&d).await?;
+                handled.push(d);
             }
+        }
+        // Every partition's position together: one database commit for
+        // the sources that keep cursors, instead of one per partition.
+        if !handled.is_empty() {
+            self.source.commit_all(handled).await?;
         }
         Ok(ConsumerStep::new(done, any_failed))
     }

@@ -51,10 +51,14 @@ pub enum DaemonError {
     Admin(#[from] crate::admin::AdminError),
     #[error(transparent)]
     Kafka(#[from] KafkaSetupError),
+    /// A broker other than Kafka could not be set up; Kafka's own
+    /// errors stay [`DaemonError::Kafka`] (see the `From` below).
     #[error(transparent)]
-    Broker(#[from] crate::broker::BrokerSetupError),
+    Broker(crate::broker::BrokerSetupError),
     #[error(transparent)]
     Wal(#[from] crate::store::outbox::wal::WalSetupError),
+    #[error(transparent)]
+    Webhook(#[from] crate::broker::webhook::WebhookSetupError),
     #[error("{0}")]
     WalRelay(String),
     #[error("{0}")]
@@ -62,6 +66,15 @@ pub enum DaemonError {
     /// A `builtin:NAME` consumer whose name this binary did not register.
     #[error("{0}")]
     Handler(String),
+}
+
+impl From<crate::broker::BrokerSetupError> for DaemonError {
+    fn from(e: crate::broker::BrokerSetupError) -> Self {
+        match e {
+            crate::broker::BrokerSetupError::Kafka(k) => DaemonError::Kafka(k),
+            other => DaemonError::Broker(other),
+        }
+    }
 }
 
 impl DaemonError {
@@ -287,12 +300,18 @@ pub async fn join_all_workers(mut set: JoinSet<Result<(), String>>) -> Result<()
     }
 }
 
-/// Every topic the routes publish to and the consumers read.
+/// Every topic the routes publish to and the consumers read (a webhook
+/// route's own destination is not a topic; the topics its transformers may
+/// also send to are).
 fn broker_topics(config: &Config) -> std::collections::BTreeSet<String> {
     config
         .routes
         .iter()
-        .flat_map(|r| std::iter::once(&r.topic).chain(&r.allowed_topics))
+        .flat_map(|r| {
+            std::iter::once(&r.topic)
+                .filter(|_| r.webhook.is_none())
+                .chain(&r.allowed_topics)
+        })
         .chain(config.consumers.iter().flat_map(|c| &c.topics))
         .cloned()
         .collect()
@@ -344,11 +363,19 @@ async fn spawn_pipeline(
             }))
         }
     };
+    // Webhook routes go to their endpoints, everything else to the broker.
+    let sinks = crate::broker::webhook::Sinks::start(
+        Arc::new(publisher),
+        &config.routes,
+        db,
+        &metrics.webhooks,
+    )
+    .await?;
     spawn_relays_for(
         set,
         config,
         db,
-        Arc::new(publisher),
+        sinks,
         &faults,
         &chains,
         &metrics,

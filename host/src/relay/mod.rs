@@ -107,8 +107,14 @@ enum EventResult {
         error: String,
         permanent: bool,
         cause: FailureCause,
+        /// At least this long before the next attempt (`Retry-After`).
+        retry_after: Option<Duration>,
     },
 }
+
+/// How soon an event of a paused route looks again whether its route was
+/// resumed (no attempt is counted meanwhile).
+pub const PAUSED_RECHECK: Duration = Duration::from_secs(5);
 
 /// What made an event fail, for the `relay_failures` metric's label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,6 +127,8 @@ enum FailureCause {
     TopicMissing,
     /// A plugin of the event's chain failed, or its task stopped.
     Plugin,
+    /// The destination is paused (not an attempt).
+    Paused,
 }
 
 impl EventResult {
@@ -130,13 +138,19 @@ impl EventResult {
             SendError::Broker(PublishError::TopicMissing { .. }) => {
                 (false, FailureCause::TopicMissing)
             }
+            SendError::Broker(PublishError::Paused { .. }) => (false, FailureCause::Paused),
             SendError::Broker(p) => (p.is_permanent(), FailureCause::Broker),
             SendError::Timeout(_) => (false, FailureCause::BrokerTimeout),
+        };
+        let retry_after = match &e {
+            SendError::Broker(p) => p.retry_after(),
+            SendError::Timeout(_) => None,
         };
         EventResult::Failed {
             error,
             permanent,
             cause,
+            retry_after,
         }
     }
 }
@@ -191,6 +205,7 @@ fn failure_label(permanent: bool, cause: FailureCause) -> &'static str {
         (false, FailureCause::BrokerTimeout) => "timeout",
         (false, FailureCause::TopicMissing) => "topic_missing",
         (false, FailureCause::Plugin) => "plugin",
+        (false, FailureCause::Paused) => "paused",
         (false, FailureCause::Broker) => "retryable",
     }
 }
@@ -280,6 +295,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                                 permanent: e.permanent,
                                 error: e.to_string(),
                                 cause: FailureCause::Plugin,
+                                retry_after: None,
                             },
                             _ => self.handle_event(ev, t, claim).await,
                         }
@@ -337,19 +353,30 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                     report.filtered += 1;
                 }
                 EventResult::Failed {
-                    error, permanent, ..
+                    error,
+                    permanent,
+                    cause,
+                    retry_after,
                 } => {
-                    let attempts = ev.attempts + 1;
-                    let dead = permanent || attempts >= self.config.max_attempts;
                     let error = truncate(&error, MAX_ERROR_CHARS);
-                    tracing::warn!(seq = ev.seq, id = %ev.id, attempts, dead, error = %error, "publish failed");
-                    let delay = self.config.backoff.delay(ev.attempts);
+                    let counts_attempt = cause != FailureCause::Paused;
+                    let (dead, delay) = if counts_attempt {
+                        let attempts = ev.attempts + 1;
+                        let dead = permanent || attempts >= self.config.max_attempts;
+                        tracing::warn!(seq = ev.seq, id = %ev.id, attempts, dead, error = %error, "publish failed");
+                        let backoff = self.config.backoff.delay(ev.attempts);
+                        (dead, retry_after.map_or(backoff, |after| after.max(backoff)))
+                    } else {
+                        tracing::debug!(seq = ev.seq, id = %ev.id, error = %error, "destination paused; the event waits");
+                        (false, PAUSED_RECHECK)
+                    };
                     outcome.failed.push(FailedEvent {
                         seq: ev.seq,
                         error,
                         retry_at: now
                             + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX),
                         dead,
+                        counts_attempt,
                     });
                     if dead {
                         report.dead += 1;

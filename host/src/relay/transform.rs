@@ -187,6 +187,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                     permanent: e.error.is_permanent(),
                     error: e.to_string(),
                     cause: FailureCause::Plugin,
+                    retry_after: None,
                 };
             }
             Err(stopped) => {
@@ -194,6 +195,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                     permanent: false,
                     error: stopped,
                     cause: FailureCause::Plugin,
+                    retry_after: None,
                 };
             }
         };

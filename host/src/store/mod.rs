@@ -80,6 +80,9 @@ pub struct FailedEvent {
     pub retry_at: DateTime<Utc>,
     /// Move the event to the terminal dead state.
     pub dead: bool,
+    /// Whether this counts as an attempt: false when the event was not
+    /// tried (its webhook route is paused), so waiting costs no attempt.
+    pub counts_attempt: bool,
 }
 
 /// What happened to a claimed batch.

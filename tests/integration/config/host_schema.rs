@@ -21,6 +21,7 @@ const HOST_TABLES: &[&str] = &[
     "plugin_shadow_stats",
     "consumer_offsets",
     "outbound_calls",
+    "route_pauses",
 ];
 
 /// How each host table's name resolves: `(schema, relkind)` per table.

@@ -161,6 +161,7 @@ fn failed_all(seqs: &[i64], dead: bool) -> BatchOutcome {
                 error: "stale relay: broker timed out".into(),
                 retry_at: Utc::now(),
                 dead,
+                counts_attempt: true,
             })
             .collect(),
         ..BatchOutcome::default()

@@ -117,6 +117,7 @@ pub(crate) mod keys {
         nats_ack_wait: "transport.nats.ack_wait", "transport.nats.ack_wait";
         nats_fetch_wait: "transport.nats.fetch_wait", "transport.nats.fetch_wait";
         rabbitmq_fetch_wait: "transport.rabbitmq.fetch_wait", "transport.rabbitmq.fetch_wait";
+        webhook_timeout: "routes[].webhook.timeout", "routes[].webhook.timeout";
     }
 
     /// `plugin_runtime.registry_poll`, which may be left out.

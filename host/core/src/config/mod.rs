@@ -19,6 +19,7 @@ mod pool;
 pub mod rabbitmq;
 mod telemetry;
 mod validate;
+pub mod webhook;
 
 pub use consumer::{ConsumerSection, HandlerRef, OnDead, TableGrants, TxnPolicy};
 pub use env::is_secret;
@@ -682,6 +683,11 @@ impl Config {
             TransportKind::Nats => config.transport.nats.resolve_secrets(&env)?,
             TransportKind::Rabbitmq => config.transport.rabbitmq.resolve_secrets(&env)?,
             TransportKind::Embedded => {}
+        }
+        for (i, r) in config.routes.iter_mut().enumerate() {
+            if let Some(sink) = &mut r.webhook {
+                sink.resolve_secret(&format!("routes[{i}].webhook"), &env)?;
+            }
         }
         kafka::resolve_instance_ids(&mut config, &env)?;
         config.validate()?;

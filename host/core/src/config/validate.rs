@@ -119,7 +119,17 @@ impl Config {
             }
         }
         for (i, r) in self.routes.iter().enumerate() {
-            if r.topic.is_empty() || r.event_type.is_empty() {
+            if let Some(sink) = &r.webhook {
+                self.validate_webhook_route(i, r, sink)?;
+            } else if r.name.is_some() {
+                return bad(
+                    &format!("routes[{i}].name"),
+                    "only a webhook route has a name; remove it, or add webhook = { url = …, \
+                     secret_env = … }"
+                        .into(),
+                );
+            }
+            if (r.webhook.is_none() && r.topic.is_empty()) || r.event_type.is_empty() {
                 return bad(
                     &format!("routes[{i}]"),
                     "event_type and topic must not be empty".into(),
@@ -581,4 +591,59 @@ pub(super) fn is_plain_identifier(s: &str) -> bool {
         .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
         && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
         && s.len() <= 63
+}
+
+impl Config {
+    /// A webhook route: a valid name no other route or topic uses, no
+    /// topic, a sink whose URL and limits hold.
+    fn validate_webhook_route(
+        &self,
+        i: usize,
+        r: &crate::route::Route,
+        sink: &super::webhook::WebhookSink,
+    ) -> Result<(), ConfigError> {
+        let bad = |key: String, message: String| Err(ConfigError::Key { key, message });
+        let name = r.name.as_deref().unwrap_or("");
+        if let Some(problem) = super::webhook::route_name_problem(name) {
+            return bad(format!("routes[{i}].name"), problem);
+        }
+        if !r.topic.is_empty() {
+            return bad(
+                format!("routes[{i}].topic"),
+                format!(
+                    "a webhook route has no topic (it sends to its url); remove topic = \"{}\", \
+                     or make a second route for the topic",
+                    r.topic
+                ),
+            );
+        }
+        if let Some(j) = self.routes[..i]
+            .iter()
+            .position(|o| o.webhook.is_some() && o.name.as_deref() == Some(name))
+        {
+            return bad(
+                format!("routes[{i}].name"),
+                format!("`{name}` is also the name of routes[{j}]; give each webhook route its own name"),
+            );
+        }
+        let topics = self
+            .routes
+            .iter()
+            .filter(|o| o.webhook.is_none())
+            .flat_map(|o| std::iter::once(&o.topic).chain(&o.allowed_topics))
+            .chain(self.consumers.iter().flat_map(|c| &c.topics));
+        if topics.into_iter().any(|t| t == name) {
+            return bad(
+                format!("routes[{i}].name"),
+                format!(
+                    "`{name}` is also a topic of this config; a webhook route's name must not be \
+                     a topic name (messages to it would go to the webhook), rename one"
+                ),
+            );
+        }
+        if let Some((key, problem)) = sink.problem() {
+            return bad(format!("routes[{i}].webhook.{key}"), problem);
+        }
+        Ok(())
+    }
 }

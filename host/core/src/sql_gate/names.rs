@@ -103,6 +103,7 @@ pub fn is_host_table(name: &str) -> bool {
     n == "outbox"
         || n == "inbox"
         || n == "outbound_calls"
+        || n == "route_pauses"
         || [
             "outbox_",
             "inbox_",
@@ -135,6 +136,7 @@ pub const HOST_NAMES: &[&str] = &[
     "consumer_offsets",
     "outboxd_migrations",
     "outbound_calls",
+    "route_pauses",
     "pg_shadow",
     "pg_authid",
     "pg_settings",

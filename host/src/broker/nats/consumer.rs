@@ -382,31 +382,44 @@ impl MessageSource for NatsConsumer {
     }
 
     async fn commit(&mut self, d: &Delivery) -> Result<(), ConsumeError> {
-        let key = (d.topic.clone(), d.partition);
+        self.commit_all(vec![d.clone()]).await
+    }
+
+    async fn commit_all(&mut self, ds: Vec<Delivery>) -> Result<(), ConsumeError> {
         let group = Self::lease_group(&self.cfg.group);
-        let advanced = transport::advance_cursor(&self.db, &group, d, &self.owner).await?;
-        if !advanced {
-            self.owned.remove(&key);
-            self.renewed_at = None;
-            return Err(ConsumeError::Transport(format!(
-                "lost the lease on {}/{} for group {}; the new owner resumes from the last committed stream sequence",
-                d.topic, d.partition, self.cfg.group
-            )));
-        }
-        let Some(o) = self.owned.get_mut(&key) else {
-            return Ok(());
-        };
-        o.cursor = d.offset;
-        while o.held.front().is_some_and(|(h, _)| h.offset <= d.offset) {
-            if let Some((_, m)) = o.held.pop_front() {
-                // The cursor is committed: a lost ack only means a
-                // redelivery that is skipped.
-                if let Err(e) = m.ack_with(AckKind::Ack).await {
-                    tracing::debug!(error = %e, "NATS ack failed; the redelivery will be skipped");
+        let advanced = transport::advance_cursors(&self.db, &group, &ds, &self.owner).await?;
+        let mut lost = Vec::new();
+        for (d, ok) in ds.iter().zip(advanced) {
+            let key = (d.topic.clone(), d.partition);
+            if !ok {
+                self.owned.remove(&key);
+                self.renewed_at = None;
+                lost.push(format!("{}/{}", d.topic, d.partition));
+                continue;
+            }
+            let Some(o) = self.owned.get_mut(&key) else {
+                continue;
+            };
+            o.cursor = d.offset;
+            while o.held.front().is_some_and(|(h, _)| h.offset <= d.offset) {
+                if let Some((_, m)) = o.held.pop_front() {
+                    // The cursor is committed: a lost ack only means a
+                    // redelivery that is skipped.
+                    if let Err(e) = m.ack_with(AckKind::Ack).await {
+                        tracing::debug!(error = %e, "NATS ack failed; the redelivery will be skipped");
+                    }
                 }
             }
         }
-        Ok(())
+        if lost.is_empty() {
+            Ok(())
+        } else {
+            Err(ConsumeError::Transport(format!(
+                "lost the lease on {} for group {}; the new owner resumes from the last committed stream sequence",
+                lost.join(", "),
+                self.cfg.group
+            )))
+        }
     }
 }
 

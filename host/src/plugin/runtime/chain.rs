@@ -37,7 +37,7 @@ impl TopicPolicy {
     pub fn for_route(route: &outboxd_core::route::Route, index: usize) -> Self {
         Self {
             route_key: format!("routes[{index}]"),
-            route_topic: route.topic.clone(),
+            route_topic: route.destination().to_string(),
             allowed: route.allowed_topics.clone(),
         }
     }

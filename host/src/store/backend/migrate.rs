@@ -50,6 +50,7 @@ migrations! {
     14, "outbound_calls", "0014_outbound_calls.sql";
     15, "claim_plan", "0015_claim_plan.sql";
     16, "transport_members", "0016_transport_members.sql";
+    17, "route_pauses", "0017_route_pauses.sql";
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

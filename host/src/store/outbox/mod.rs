@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod pg_claim;
 pub mod reconcile;
 pub mod retention;
+pub mod route_pauses;
 pub mod sqlite_claim;
 pub mod wal;
 pub mod wal_status;

@@ -123,12 +123,13 @@ UPDATE outbox o SET published_at = $4, outcome = d.outcome, transformed_by = d.l
 
 const MARK_FAILED: &str = "
 UPDATE outbox o
-   SET attempts = o.attempts + 1,
+   SET attempts = o.attempts + CASE WHEN f.counts THEN 1 ELSE 0 END,
        last_error = f.error,
        next_attempt_at = f.retry_at,
        dead_at = CASE WHEN f.dead THEN $5 ELSE NULL END,
        dead_reason = CASE WHEN f.dead THEN f.error ELSE NULL END
-  FROM unnest($1::bigint[], $2::text[], $3::timestamptz[], $4::bool[]) AS f(seq, error, retry_at, dead)
+  FROM unnest($1::bigint[], $2::text[], $3::timestamptz[], $4::bool[], $6::bool[])
+       AS f(seq, error, retry_at, dead, counts)
  WHERE o.seq = f.seq";
 
 pub struct PgBatch {
@@ -196,12 +197,14 @@ pub(in crate::store) async fn mark_outcome(
         let errors: Vec<&str> = outcome.failed.iter().map(|f| f.error.as_str()).collect();
         let retry: Vec<DateTime<Utc>> = outcome.failed.iter().map(|f| f.retry_at).collect();
         let dead: Vec<bool> = outcome.failed.iter().map(|f| f.dead).collect();
+        let counts: Vec<bool> = outcome.failed.iter().map(|f| f.counts_attempt).collect();
         sqlx::query(MARK_FAILED)
             .bind(&seqs)
             .bind(&errors)
             .bind(&retry)
             .bind(&dead)
             .bind(now)
+            .bind(&counts)
             .execute(&mut **tx)
             .await?;
     }

@@ -81,7 +81,7 @@ UPDATE outbox SET published_at = $2,
 
 const MARK_FAILED: &str = "
 UPDATE outbox
-   SET attempts = attempts + 1,
+   SET attempts = attempts + f.counts,
        last_error = f.error,
        next_attempt_at = f.retry_at,
        dead_at = CASE WHEN f.dead THEN $2 ELSE NULL END,
@@ -91,7 +91,8 @@ UPDATE outbox
   FROM (SELECT json_extract(value, '$.seq') AS seq,
                json_extract(value, '$.error') AS error,
                json_extract(value, '$.retry_at') AS retry_at,
-               json_extract(value, '$.dead') AS dead
+               json_extract(value, '$.dead') AS dead,
+               json_extract(value, '$.counts') AS counts
           FROM json_each($1)) AS f
  WHERE outbox.seq = f.seq
    -- Only the current lease holder records a failure: a holder whose lease
@@ -218,6 +219,7 @@ impl ClaimedBatch for SqliteBatch {
                         "error": f.error,
                         "retry_at": micros(f.retry_at),
                         "dead": f.dead,
+                        "counts": i64::from(f.counts_attempt),
                     })
                 })
                 .collect();

@@ -237,27 +237,36 @@ pub async fn release_leases(db: &Db, owner: &str) -> Result<(), sqlx::Error> {
     Ok(())
 }
 
-/// Moves `group`'s cursor on `topic`/`partition` to `offset` if `owner`
-/// still holds its lease; false when it does not (another member took the
-/// partition).
-pub async fn advance_cursor(
+/// Moves `group`'s cursor on each delivery's topic and partition to its
+/// offset if `owner` still holds that lease, all in one transaction (one
+/// flush to disk, not one per partition). For each delivery, whether the
+/// lease was still held (false: another member took the partition).
+pub async fn advance_cursors(
     db: &Db,
     group: &str,
-    d: &Delivery,
+    ds: &[Delivery],
     owner: &str,
-) -> Result<bool, sqlx::Error> {
+) -> Result<Vec<bool>, sqlx::Error> {
     let sql = "UPDATE transport_cursors SET last_offset = $4
                 WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND lease_owner = $5";
-    let affected = on_pool!(db, |pool| sqlx::query(sql)
-        .bind(group)
-        .bind(&d.topic)
-        .bind(d.partition)
-        .bind(d.offset)
-        .bind(owner)
-        .execute(pool)
-        .await?
-        .rows_affected());
-    Ok(affected > 0)
+    let mut advanced = Vec::with_capacity(ds.len());
+    on_pool!(db, |pool| {
+        let mut tx = pool.begin().await?;
+        for d in ds {
+            let n = sqlx::query(sql)
+                .bind(group)
+                .bind(&d.topic)
+                .bind(d.partition)
+                .bind(d.offset)
+                .bind(owner)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            advanced.push(n > 0);
+        }
+        tx.commit().await?;
+    });
+    Ok(advanced)
 }
 
 /// Up to `max` messages after each partition's offset in `after` (keyed

@@ -18,6 +18,9 @@ pub struct OutboundPolicy {
     pub(crate) hosts: Vec<OutboundHost>,
     pub(crate) limits: HttpLimits,
     pub(crate) header: HeaderName,
+    /// Roots trusted besides Mozilla's webpki roots (a webhook's
+    /// `ca_file`); a plugin's policy has none.
+    pub(crate) extra_roots: Vec<tokio_rustls::rustls::pki_types::CertificateDer<'static>>,
 }
 
 /// Where an allowed request goes: the listed entry it matched.
@@ -52,7 +55,27 @@ impl OutboundPolicy {
             hosts,
             limits: spec.http.clone(),
             header,
+            extra_roots: Vec::new(),
         })
+    }
+
+    /// The policy of a webhook route: its one URL's scheme, host and port,
+    /// with the same address rules as a plugin's (a private or loopback
+    /// address only when the URL names it literally), its timeout and
+    /// response cap, and its extra roots.
+    pub(crate) fn for_webhook(
+        key: String,
+        entry: OutboundHost,
+        limits: HttpLimits,
+        extra_roots: Vec<tokio_rustls::rustls::pki_types::CertificateDer<'static>>,
+    ) -> Self {
+        Self {
+            key,
+            hosts: vec![entry],
+            limits,
+            header: HeaderName::from_static("webhook-id"),
+            extra_roots,
+        }
     }
 
     /// Whether the plugin may call out at all.

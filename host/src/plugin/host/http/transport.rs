@@ -130,7 +130,7 @@ pub(crate) async fn send_live(
     let response = match entry.scheme {
         OutboundScheme::Http => exchange(TokioIo::new(tcp), request, timeout).await?,
         OutboundScheme::Https => {
-            let tls = tls_connect(entry, tcp, timeout).await?;
+            let tls = tls_connect(entry, tcp, timeout, &policy.extra_roots).await?;
             exchange(TokioIo::new(tls), request, timeout).await?
         }
     };
@@ -141,11 +141,17 @@ async fn tls_connect(
     entry: &OutboundHost,
     tcp: TcpStream,
     timeout: Duration,
+    extra_roots: &[tokio_rustls::rustls::pki_types::CertificateDer<'static>],
 ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, SendError> {
     use tokio_rustls::rustls::{ClientConfig, RootCertStore, pki_types::ServerName};
-    let roots = RootCertStore {
+    let mut roots = RootCertStore {
         roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
     };
+    for cert in extra_roots {
+        roots
+            .add(cert.clone())
+            .map_err(|e| SendError::Failed(format!("an extra root certificate: {e}")))?;
+    }
     let config = ClientConfig::builder_with_provider(Arc::new(
         tokio_rustls::rustls::crypto::ring::default_provider(),
     ))
