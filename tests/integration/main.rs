@@ -15,5 +15,6 @@ mod ops;
 mod plugin;
 mod process;
 mod rabbitmq;
+mod redis;
 mod relay;
 mod wal;

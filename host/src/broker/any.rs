@@ -10,6 +10,7 @@ use super::embedded::EmbeddedPublisher;
 use super::kafka::{KafkaPublisher, KafkaSetupError};
 use super::nats::{NatsPublisher, NatsSetupError};
 use super::rabbitmq::{RabbitPublisher, RabbitSetupError};
+use super::redis::{RedisPublisher, RedisSetupError};
 use super::{PublishError, Publisher};
 use crate::config::{Config, TransportKind};
 use crate::message::OutgoingMessage;
@@ -24,6 +25,8 @@ pub enum BrokerSetupError {
     Nats(#[from] NatsSetupError),
     #[error(transparent)]
     Rabbitmq(#[from] RabbitSetupError),
+    #[error(transparent)]
+    Redis(#[from] RedisSetupError),
 }
 
 impl BrokerSetupError {
@@ -33,6 +36,7 @@ impl BrokerSetupError {
             BrokerSetupError::Kafka(e) => e.is_transient(),
             BrokerSetupError::Nats(e) => e.is_transient(),
             BrokerSetupError::Rabbitmq(e) => e.is_transient(),
+            BrokerSetupError::Redis(e) => e.is_transient(),
         }
     }
 }
@@ -44,6 +48,7 @@ pub enum AnyPublisher {
     Kafka(Arc<KafkaPublisher>),
     Nats(NatsPublisher),
     Rabbitmq(Arc<RabbitPublisher>),
+    Redis(RedisPublisher),
 }
 
 /// How long one start attempt waits for a Kafka broker to answer.
@@ -80,12 +85,22 @@ impl AnyPublisher {
                 )
                 .await?,
             )),
+            TransportKind::Redis => AnyPublisher::Redis(
+                RedisPublisher::new(
+                    &super::redis::client(&config.transport.redis)?,
+                    config.transport.partitions,
+                    config.transport.redis.maxlen,
+                    ack_timeout,
+                )
+                .await?,
+            ),
         })
     }
 
     /// What `outboxd run` does before it publishes: checks that the broker
     /// takes the login and has what `topics` need (Kafka topics, NATS
-    /// streams, RabbitMQ exchanges and partition queues), creating what is
+    /// streams, RabbitMQ exchanges and partition queues, Redis partition
+    /// streams), creating what is
     /// missing when `[transport.topics] create = true`, then connects the
     /// publisher. `publish_timeout` bounds one acknowledgement.
     pub async fn start(
@@ -128,6 +143,15 @@ impl AnyPublisher {
                         .await?,
                 ))
             }
+            TransportKind::Redis => {
+                let client =
+                    super::redis::start(&t.redis, topics, t.partitions, t.topics.create).await?;
+                tracing::info!(url = %t.redis.url, "publishing to Redis Streams");
+                AnyPublisher::Redis(
+                    RedisPublisher::new(&client, t.partitions, t.redis.maxlen, publish_timeout)
+                        .await?,
+                )
+            }
             TransportKind::Embedded => Self::connect(config, db, publish_timeout).await?,
         })
     }
@@ -140,6 +164,7 @@ impl AnyPublisher {
             AnyPublisher::Kafka(p) => Some(p.check(Duration::from_secs(3)).await),
             AnyPublisher::Nats(p) => Some(p.check().await),
             AnyPublisher::Rabbitmq(p) => Some(p.check().await),
+            AnyPublisher::Redis(p) => Some(p.check().await),
         }
     }
 }
@@ -151,6 +176,7 @@ impl Publisher for AnyPublisher {
             AnyPublisher::Kafka(p) => p.publish(msg).await,
             AnyPublisher::Nats(p) => p.publish(msg).await,
             AnyPublisher::Rabbitmq(p) => p.publish(msg).await,
+            AnyPublisher::Redis(p) => p.publish(msg).await,
         }
     }
 }
@@ -163,6 +189,7 @@ pub enum AnySource {
     Kafka(super::kafka::KafkaConsumer),
     Nats(super::nats::NatsConsumer),
     Rabbitmq(super::rabbitmq::RabbitConsumer),
+    Redis(super::redis::RedisConsumer),
 }
 
 impl super::MessageSource for AnySource {
@@ -175,6 +202,7 @@ impl super::MessageSource for AnySource {
             AnySource::Kafka(s) => s.fetch(max).await,
             AnySource::Nats(s) => s.fetch(max).await,
             AnySource::Rabbitmq(s) => s.fetch(max).await,
+            AnySource::Redis(s) => s.fetch(max).await,
         }
     }
 
@@ -187,6 +215,7 @@ impl super::MessageSource for AnySource {
             AnySource::Kafka(s) => s.commit(delivery).await,
             AnySource::Nats(s) => s.commit(delivery).await,
             AnySource::Rabbitmq(s) => s.commit(delivery).await,
+            AnySource::Redis(s) => s.commit(delivery).await,
         }
     }
 
@@ -199,6 +228,7 @@ impl super::MessageSource for AnySource {
             AnySource::Kafka(s) => s.commit_all(deliveries).await,
             AnySource::Nats(s) => s.commit_all(deliveries).await,
             AnySource::Rabbitmq(s) => s.commit_all(deliveries).await,
+            AnySource::Redis(s) => s.commit_all(deliveries).await,
         }
     }
 
@@ -208,6 +238,7 @@ impl super::MessageSource for AnySource {
             AnySource::Kafka(s) => s.waits_for_messages(),
             AnySource::Nats(s) => s.waits_for_messages(),
             AnySource::Rabbitmq(s) => s.waits_for_messages(),
+            AnySource::Redis(s) => s.waits_for_messages(),
         }
     }
 
@@ -217,6 +248,7 @@ impl super::MessageSource for AnySource {
             AnySource::Kafka(s) => s.release().await,
             AnySource::Nats(s) => s.release().await,
             AnySource::Rabbitmq(s) => s.release().await,
+            AnySource::Redis(s) => s.release().await,
         }
     }
 }

@@ -5,7 +5,8 @@
 //! order, commit after the inbox transaction. Each broker is one folder that
 //! implements both and is the only module linking its client crate: the
 //! embedded transport, Kafka ([`kafka`], rdkafka), NATS JetStream
-//! ([`nats`], async-nats) and RabbitMQ ([`rabbitmq`], lapin). A webhook
+//! ([`nats`], async-nats), RabbitMQ ([`rabbitmq`], lapin) and Redis Streams
+//! ([`redis`], redis-rs). A webhook
 //! route sends over HTTP instead ([`webhook`]), beside whichever broker.
 
 mod any;
@@ -14,6 +15,7 @@ mod group_commit;
 pub mod kafka;
 pub mod nats;
 pub mod rabbitmq;
+pub mod redis;
 pub mod webhook;
 
 use crate::message::{Delivery, OutgoingMessage};

@@ -1,7 +1,7 @@
 //! The `[[consumers]]` of `outboxd run`: each one's handler (a registered
 //! native handler, a file plugin or a registry plugin's rollout slot) and its
 //! source (the embedded transport, a Kafka consumer group, statically
-//! assigned Kafka partitions, NATS JetStream or RabbitMQ).
+//! assigned Kafka partitions, NATS JetStream, RabbitMQ or Redis Streams).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -165,6 +165,33 @@ pub(super) async fn spawn_consumers(
                             .prefetch
                             .min(u16::try_from(consumer_cfg.fetch_max).unwrap_or(u16::MAX)),
                         fetch_wait: rabbit.fetch_wait,
+                    },
+                );
+                let consumer = Consumer::new(db.clone(), source, handler, consumer_cfg)
+                    .with_faults(faults.clone())
+                    .with_metrics(consumer_metrics);
+                run_consumer(
+                    set,
+                    handles,
+                    sources.daemon.on_handled.as_ref(),
+                    &c.name,
+                    consumer,
+                    shutdown,
+                );
+            }
+            TransportKind::Redis => {
+                let redis = &config.transport.redis;
+                let source = crate::broker::redis::RedisConsumer::new(
+                    db.clone(),
+                    crate::broker::redis::client(redis)
+                        .map_err(crate::broker::BrokerSetupError::from)?,
+                    crate::broker::redis::RedisConsumerConfig {
+                        group: c.name.clone(),
+                        topics: c.topics.clone(),
+                        partitions: config.transport.partitions,
+                        lease: config.transport.consumer_lease,
+                        fetch_wait: redis.fetch_wait,
+                        batch: redis.batch,
                     },
                 );
                 let consumer = Consumer::new(db.clone(), source, handler, consumer_cfg)
@@ -393,6 +420,37 @@ pub(super) fn rabbitmq_lag(config: &Config) -> Option<crate::admin::ConsumerLag>
                 out.insert(name.clone(), behind);
             }
             let _ = conn.close(200, "lag read".into()).await;
+            Ok(out)
+        })
+    })
+}
+
+/// How far each consumer is behind on Redis, for `/api/consumers`: per
+/// partition's stream, its group's lag plus its pending entries. One
+/// connection, made at the first read.
+pub(super) fn redis_lag(config: &Config) -> Option<crate::admin::ConsumerLag> {
+    let section = config.transport.redis.clone();
+    let partitions = config.transport.partitions;
+    let conn = Arc::new(tokio::sync::OnceCell::new());
+    broker_lag(config, "Redis", move |consumers| {
+        let (section, conn) = (section.clone(), conn.clone());
+        Box::pin(async move {
+            let mut conn = conn
+                .get_or_try_init(|| async {
+                    crate::broker::redis::client(&section)?
+                        .connect(LAG_TIMEOUT)
+                        .await
+                })
+                .await
+                .map_err(|e| e.to_string())?
+                .clone();
+            let mut out = BTreeMap::new();
+            for (name, topics) in consumers.iter() {
+                let behind =
+                    crate::broker::redis::messages_behind(&mut conn, name, topics, partitions)
+                        .await;
+                out.insert(name.clone(), behind);
+            }
             Ok(out)
         })
     })

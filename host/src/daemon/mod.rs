@@ -404,6 +404,7 @@ async fn spawn_pipeline(
                 TransportKind::Kafka => consumers::kafka_lag(config),
                 TransportKind::Nats => consumers::nats_lag(config),
                 TransportKind::Rabbitmq => consumers::rabbitmq_lag(config),
+                TransportKind::Redis => consumers::redis_lag(config),
                 TransportKind::Embedded => None,
             },
             routes: Arc::new(config.routes.clone()),

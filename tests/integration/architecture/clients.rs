@@ -10,6 +10,7 @@ const CLIENTS: &[(&str, &str)] = &[
     ("rdkafka", "broker/kafka/"),
     ("async_nats", "broker/nats/"),
     ("lapin", "broker/rabbitmq/"),
+    ("redis", "broker/redis/"),
 ];
 
 fn rust_files(dir: &Path, into: &mut Vec<PathBuf>) {
@@ -24,7 +25,10 @@ fn rust_files(dir: &Path, into: &mut Vec<PathBuf>) {
 }
 
 /// Every place outside its folder where a client crate is named in code
-/// (comment lines aside), as `file:line: crate`.
+/// (comment lines aside), as `file:line: crate`. A name that continues a
+/// path (`broker::redis::connect`, `config::redis::stream_key`) is
+/// outboxd's own module of that name, not the crate; `::redis::` at the
+/// start of a path is the crate.
 fn outside_their_folder(src: &Path, files: &[(String, String)]) -> Vec<String> {
     let _ = src;
     let mut found = Vec::new();
@@ -38,7 +42,13 @@ fn outside_their_folder(src: &Path, files: &[(String, String)]) -> Vec<String> {
                 let named = code.match_indices(krate).any(|(i, _)| {
                     let before = code[..i].chars().next_back();
                     let after = &code[i + krate.len()..];
+                    let in_path = code[..i].strip_suffix("::").is_some_and(|p| {
+                        p.chars()
+                            .next_back()
+                            .is_some_and(|c| c.is_alphanumeric() || c == '_')
+                    });
                     !before.is_some_and(|c| c.is_alphanumeric() || c == '_')
+                        && !in_path
                         && after.starts_with("::")
                 });
                 if named && !rel.starts_with(folder) {
@@ -90,12 +100,17 @@ fn a_client_crate_outside_its_folder_is_found() {
             "relay/mod.rs".to_string(),
             "use rdkafka::producer::FutureProducer;\nlet my_rdkafka::x;\n".to_string(),
         ),
+        (
+            "daemon/consumers.rs".to_string(),
+            "crate::broker::redis::client(s);\nlet c = ::redis::Client::open(u);\n".to_string(),
+        ),
     ];
     assert_eq!(
         outside_their_folder(Path::new("."), &files),
         vec![
             "daemon/mod.rs:1: async_nats".to_string(),
-            "relay/mod.rs:1: rdkafka".to_string()
+            "relay/mod.rs:1: rdkafka".to_string(),
+            "daemon/consumers.rs:2: redis".to_string()
         ]
     );
 }

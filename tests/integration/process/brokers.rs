@@ -1,4 +1,4 @@
-//! The whole pipeline over NATS JetStream and RabbitMQ with real
+//! The whole pipeline over NATS JetStream, RabbitMQ and Redis Streams with real
 //! processes, on both databases: a relay SIGKILLed between publish and
 //! mark, a consumer SIGKILLed after its effect and before its ack, then a
 //! relay and two consumer processes of one group. Every message has
@@ -173,5 +173,21 @@ mod rabbitmq_survives_a_relay_and_a_consumer_killed {
     async fn sqlite() {
         let t = TestDb::sqlite().await;
         survives_a_relay_and_a_consumer_killed(t, Way::rabbitmq("order.confirmed", "billing")).await
+    }
+}
+
+mod redis_survives_a_relay_and_a_consumer_killed {
+    use super::{TestDb, Way, survives_a_relay_and_a_consumer_killed};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres() {
+        let t = TestDb::postgres().await;
+        survives_a_relay_and_a_consumer_killed(t, Way::redis("order.confirmed", "billing")).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlite() {
+        let t = TestDb::sqlite().await;
+        survives_a_relay_and_a_consumer_killed(t, Way::redis("order.confirmed", "billing")).await
     }
 }

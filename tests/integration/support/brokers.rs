@@ -1,9 +1,10 @@
-//! The machine's NATS and RabbitMQ servers, and deleting what a test
-//! created on them.
+//! The machine's NATS, RabbitMQ and Redis servers, and deleting what a
+//! test created on them.
 
 use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
 use outboxd::config::nats::stream_name;
 use outboxd::config::rabbitmq::queue_name;
+use outboxd::config::redis::stream_key;
 
 /// The nats-server tests use (OUTBOXD_TEST_NATS).
 pub fn nats_url() -> String {
@@ -16,14 +17,21 @@ pub fn rabbitmq_url() -> String {
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
 }
 
-/// The partitions tests configure on NATS and RabbitMQ (queues to delete).
+/// The Redis tests use (OUTBOXD_TEST_REDIS).
+pub fn redis_url() -> String {
+    std::env::var("OUTBOXD_TEST_REDIS").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+/// The partitions tests configure on NATS, RabbitMQ and Redis (queues and
+/// streams to delete).
 const PARTITIONS: i32 = 4;
 
-/// Deletes a topic's stream (NATS) or exchange and partition queues
-/// (RabbitMQ) when dropped, passed or failed.
+/// Deletes a topic's stream (NATS), exchange and partition queues
+/// (RabbitMQ) or partition streams (Redis) when dropped, passed or failed.
 pub enum Cleanup {
     Nats { url: String, topic: String },
     Rabbitmq { url: String, topic: String },
+    Redis { url: String, topic: String },
 }
 
 impl Cleanup {
@@ -36,6 +44,13 @@ impl Cleanup {
 
     pub fn rabbitmq(url: &str, topic: &str) -> Self {
         Cleanup::Rabbitmq {
+            url: url.into(),
+            topic: topic.into(),
+        }
+    }
+
+    pub fn redis(url: &str, topic: &str) -> Self {
+        Cleanup::Redis {
             url: url.into(),
             topic: topic.into(),
         }
@@ -72,6 +87,18 @@ impl Cleanup {
                         .await;
                 }
                 let _ = c.close(200, "done".into()).await;
+            }
+            Cleanup::Redis { url, topic } => {
+                let Ok(client) = ::redis::Client::open(url.as_str()) else {
+                    return;
+                };
+                if let Ok(mut c) = client.get_multiplexed_async_connection().await {
+                    let keys: Vec<String> = (0..PARTITIONS).map(|p| stream_key(topic, p)).collect();
+                    let _ = ::redis::cmd("DEL")
+                        .arg(&keys)
+                        .query_async::<i64>(&mut c)
+                        .await;
+                }
             }
         }
     }

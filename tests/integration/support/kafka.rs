@@ -427,6 +427,8 @@ pub enum Broker {
     Nats(String),
     /// The server's URL.
     Rabbitmq(String),
+    /// The server's URL.
+    Redis(String),
 }
 
 impl Way {
@@ -476,6 +478,20 @@ impl Way {
         }
     }
 
+    /// The machine's Redis (OUTBOXD_TEST_REDIS).
+    pub fn redis(topic: &str, consumer: &str) -> Self {
+        let url = super::brokers::redis_url();
+        let topic = unique(topic);
+        Self {
+            _cleanup: Some(std::sync::Arc::new(super::brokers::Cleanup::redis(
+                &url, &topic,
+            ))),
+            broker: Broker::Redis(url),
+            topic,
+            consumer: unique(consumer),
+        }
+    }
+
     /// `cmd` (an `outboxd` process) on this transport: on Kafka, the
     /// cluster, and a session timeout that moves a killed member's
     /// partitions on after 6 s, not 45; on NATS and RabbitMQ the server,
@@ -497,6 +513,12 @@ impl Way {
             Broker::Rabbitmq(url) => {
                 cmd.env("OUTBOXD__TRANSPORT__KIND", "rabbitmq")
                     .env("OUTBOXD__TRANSPORT__RABBITMQ__URL", url)
+                    .env("OUTBOXD__TRANSPORT__PARTITIONS", "4")
+                    .env("OUTBOXD__TRANSPORT__TOPICS__CREATE", "true");
+            }
+            Broker::Redis(url) => {
+                cmd.env("OUTBOXD__TRANSPORT__KIND", "redis")
+                    .env("OUTBOXD__TRANSPORT__REDIS__URL", url)
                     .env("OUTBOXD__TRANSPORT__PARTITIONS", "4")
                     .env("OUTBOXD__TRANSPORT__TOPICS__CREATE", "true");
             }

@@ -62,8 +62,8 @@ impl TopicsSection {
         if *self != TopicsSection::default() && kind == TransportKind::Embedded {
             return Err(ConfigError::Key {
                 key: "transport.topics".into(),
-                message: "applies to transport.kind = \"kafka\", \"nats\" or \"rabbitmq\" only; \
-                          remove it"
+                message: "applies to transport.kind = \"kafka\", \"nats\", \"rabbitmq\" or \
+                          \"redis\" only; remove it"
                     .into(),
             });
         }
@@ -87,6 +87,27 @@ impl TopicsSection {
                         "{r} is out of range; a quorum queue has 1 or more members (up to the \
                          cluster's nodes)"
                     ),
+                );
+            }
+            return Ok(());
+        }
+        if kind == TransportKind::Redis {
+            // Each topic has one stream per transport.partitions; Redis
+            // replicates a whole server, not a stream.
+            if self.partitions.is_some() {
+                return bad(
+                    "partitions",
+                    "on Redis every topic has one stream per transport.partitions; remove \
+                     this key"
+                        .into(),
+                );
+            }
+            if self.replication.is_some() {
+                return bad(
+                    "replication",
+                    "Redis streams have no replication of their own (replicas copy the whole \
+                     server); remove this key"
+                        .into(),
                 );
             }
             return Ok(());

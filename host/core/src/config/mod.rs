@@ -17,6 +17,7 @@ mod outbound;
 mod plugins;
 mod pool;
 pub mod rabbitmq;
+pub mod redis;
 mod telemetry;
 mod validate;
 pub mod webhook;
@@ -33,6 +34,7 @@ pub use outbound::{
 pub use plugins::{Limits, PluginSource, PluginSpec};
 pub use pool::PoolBudget;
 pub use rabbitmq::{RabbitSecret, RabbitSection, RabbitUrl};
+pub use redis::{RedisSecret, RedisSection, RedisUrl};
 pub use telemetry::{TelemetryConfig, endpoint_problem};
 
 use crate::backoff::Backoff;
@@ -191,6 +193,8 @@ pub enum TransportKind {
     Nats,
     /// RabbitMQ ([`RabbitSection`]).
     Rabbitmq,
+    /// Redis Streams ([`RedisSection`]).
+    Redis,
 }
 
 #[derive(Clone, Deserialize)]
@@ -219,9 +223,9 @@ pub struct TransportConfig {
     /// `ssl.key.password`); loading replaces those keys with the property.
     #[serde(default, deserialize_with = "kafka_properties")]
     pub kafka: std::collections::BTreeMap<String, String>,
-    /// Kafka, NATS and RabbitMQ: whether `outboxd run` creates the topics
-    /// (NATS: the streams; RabbitMQ: the exchanges and partition queues) it
-    /// needs.
+    /// Kafka, NATS, RabbitMQ and Redis: whether `outboxd run` creates the
+    /// topics (NATS: the streams; RabbitMQ: the exchanges and partition
+    /// queues; Redis: the partition streams) it needs.
     #[serde(default)]
     pub topics: TopicsSection,
     /// NATS JetStream: the server, credentials, TLS and ack settings.
@@ -230,6 +234,9 @@ pub struct TransportConfig {
     /// RabbitMQ: the server, credentials, TLS and prefetch.
     #[serde(default)]
     pub rabbitmq: RabbitSection,
+    /// Redis Streams: the server, password, TLS, stream length and reads.
+    #[serde(default)]
+    pub redis: RedisSection,
 }
 
 impl std::fmt::Debug for TransportConfig {
@@ -248,6 +255,7 @@ impl std::fmt::Debug for TransportConfig {
             .field("topics", &self.topics)
             .field("nats", &self.nats)
             .field("rabbitmq", &self.rabbitmq)
+            .field("redis", &self.redis)
             .finish()
     }
 }
@@ -289,6 +297,7 @@ impl Default for TransportConfig {
             topics: TopicsSection::default(),
             nats: NatsSection::default(),
             rabbitmq: RabbitSection::default(),
+            redis: RedisSection::default(),
         }
     }
 }
@@ -682,6 +691,7 @@ impl Config {
             TransportKind::Kafka => kafka::resolve_secrets(&mut config.transport.kafka, &env)?,
             TransportKind::Nats => config.transport.nats.resolve_secrets(&env)?,
             TransportKind::Rabbitmq => config.transport.rabbitmq.resolve_secrets(&env)?,
+            TransportKind::Redis => config.transport.redis.resolve_secrets(&env)?,
             TransportKind::Embedded => {}
         }
         for (i, r) in config.routes.iter_mut().enumerate() {

@@ -108,7 +108,7 @@ pub fn redact(url: &str) -> String {
 }
 
 /// Whether `url`'s user info carries a password.
-fn has_password(url: &str) -> bool {
+pub(super) fn has_password(url: &str) -> bool {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
     let end = rest.find(['/', '?']).unwrap_or(rest.len());
     rest[..end]
