@@ -1,5 +1,5 @@
 //! The external brokers the benchmarks compare: where each one is
-//! (`--kafka`, `--nats`, `--rabbitmq`), a publisher to a topic emptied
+//! (`--kafka`, `--nats`, `--rabbitmq`, `--redis`), a publisher to a topic emptied
 //! first, and a consumer group member reading it.
 
 use std::collections::BTreeSet;
@@ -10,8 +10,9 @@ use outboxd::broker::embedded::{EmbeddedConsumer, EmbeddedConsumerConfig, Embedd
 use outboxd::broker::kafka::{KafkaConsumer, KafkaConsumerConfig, KafkaPublisher};
 use outboxd::broker::nats::{NatsConsumer, NatsConsumerConfig, NatsPublisher};
 use outboxd::broker::rabbitmq::{RabbitConsumer, RabbitConsumerConfig, RabbitPublisher};
+use outboxd::broker::redis::{RedisConsumer, RedisConsumerConfig, RedisPublisher};
 use outboxd::broker::{AnyPublisher, AnySource};
-use outboxd::config::{NatsSection, RabbitSection, RabbitUrl};
+use outboxd::config::{NatsSection, RabbitSection, RabbitUrl, RedisSection, RedisUrl};
 use outboxd::store::Db;
 
 /// Where the external brokers are.
@@ -26,6 +27,9 @@ pub struct BrokerArgs {
     /// RabbitMQ (`rabbitmq`).
     #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
     pub rabbitmq: String,
+    /// Redis (`redis`).
+    #[arg(long, default_value = "redis://127.0.0.1:6379")]
+    pub redis: String,
 }
 
 /// How long one publish may wait for its acknowledgement.
@@ -57,9 +61,17 @@ impl BrokerArgs {
         }
     }
 
+    fn redis(&self) -> RedisSection {
+        RedisSection {
+            url: RedisUrl(self.redis.clone()),
+            fetch_wait: Duration::from_millis(100),
+            ..RedisSection::default()
+        }
+    }
+
     /// A publisher of `transport` to `topic` with `partitions`, the topic
-    /// holding nothing: NATS and RabbitMQ topics are deleted and created
-    /// again; Kafka topics cannot be emptied, so callers give Kafka a
+    /// holding nothing: NATS, RabbitMQ and Redis topics are deleted and
+    /// created again; Kafka topics cannot be emptied, so callers give Kafka a
     /// topic of its own per run.
     pub async fn fresh_publisher(
         &self,
@@ -115,9 +127,29 @@ impl BrokerArgs {
                         .map_err(|e| refused(e.to_string()))?,
                 ))
             }
+            "redis" => {
+                let section = self.redis();
+                let client =
+                    outboxd::broker::redis::client(&section).map_err(|e| refused(e.to_string()))?;
+                let mut conn = client
+                    .connect(ACK_TIMEOUT)
+                    .await
+                    .map_err(|e| refused(e.to_string()))?;
+                outboxd::broker::redis::delete_streams(&mut conn, &[topic.to_string()], partitions)
+                    .await
+                    .map_err(|e| refused(e.to_string()))?;
+                outboxd::broker::redis::check_streams(&mut conn, &topics, partitions, true)
+                    .await
+                    .map_err(|e| refused(e.to_string()))?;
+                AnyPublisher::Redis(
+                    RedisPublisher::new(&client, partitions, section.maxlen, ACK_TIMEOUT)
+                        .await
+                        .map_err(|e| refused(e.to_string()))?,
+                )
+            }
             other => {
                 return Err(BenchError::Refused(format!(
-                    "unknown transport `{other}`; use embedded, kafka, nats or rabbitmq"
+                    "unknown transport `{other}`; use embedded, kafka, nats, rabbitmq or redis"
                 )));
             }
         })
@@ -184,9 +216,24 @@ impl BrokerArgs {
                     },
                 ))
             }
+            "redis" => {
+                let section = self.redis();
+                AnySource::Redis(RedisConsumer::new(
+                    db.clone(),
+                    outboxd::broker::redis::client(&section).map_err(|e| refused(e.to_string()))?,
+                    RedisConsumerConfig {
+                        group: group.into(),
+                        topics: vec![topic.into()],
+                        partitions,
+                        lease: Duration::from_secs(30),
+                        fetch_wait: section.fetch_wait,
+                        batch: usize::from(prefetch),
+                    },
+                ))
+            }
             other => {
                 return Err(BenchError::Refused(format!(
-                    "unknown transport `{other}`; use embedded, kafka, nats or rabbitmq"
+                    "unknown transport `{other}`; use embedded, kafka, nats, rabbitmq or redis"
                 )));
             }
         })

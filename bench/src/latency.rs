@@ -48,7 +48,7 @@ pub struct LatencyBenchArgs {
     #[arg(long, default_value_t = 20)]
     pub consumer_batch: usize,
     /// Where the relay publishes and the consumer reads, one or several
-    /// comma-separated: `embedded`, `kafka`, `nats`, `rabbitmq`.
+    /// comma-separated: `embedded`, `kafka`, `nats`, `rabbitmq`, `redis`.
     #[arg(long, value_delimiter = ',', default_value = "embedded")]
     pub transports: Vec<String>,
     #[command(flatten)]

@@ -46,8 +46,9 @@ pub struct RelayBenchArgs {
     /// runs on each, interleaved, in one run): `null` (acknowledged in
     /// memory, the relay's own cost), `embedded` (the durable SQL transport
     /// in the same database), `kafka` (the idempotent `acks=all` producer,
-    /// to `--brokers`), `nats` (JetStream, each PubAck awaited, to `--nats`)
-    /// or `rabbitmq` (publisher confirms on quorum queues, to `--rabbitmq`).
+    /// to `--brokers`), `nats` (JetStream, each PubAck awaited, to `--nats`),
+    /// `rabbitmq` (publisher confirms on quorum queues, to `--rabbitmq`) or
+    /// `redis` (each XADD's reply awaited, to `--redis`).
     #[arg(long, value_delimiter = ',', default_value = "null")]
     pub sink: Vec<String>,
     #[command(flatten)]

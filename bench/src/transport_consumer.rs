@@ -25,7 +25,7 @@ pub struct TransportConsumerArgs {
     #[arg(long)]
     pub url: String,
     /// The transports, comma-separated: `embedded`, `kafka`, `nats`,
-    /// `rabbitmq`.
+    /// `rabbitmq`, `redis`.
     #[arg(
         long,
         value_delimiter = ',',

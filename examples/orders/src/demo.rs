@@ -44,17 +44,22 @@ pub struct DemoArgs {
     pub timeout_secs: u64,
     /// Publish to this Kafka (bootstrap servers) instead of the embedded
     /// transport; the demo creates its own topic there.
-    #[arg(long, value_name = "BOOTSTRAP", conflicts_with_all = ["nats", "rabbitmq"])]
+    #[arg(long, value_name = "BOOTSTRAP", conflicts_with_all = ["nats", "rabbitmq", "redis"])]
     pub kafka: Option<String>,
     /// Publish to and consume from this NATS JetStream server instead
     /// (nats://host:4222); the demo creates its own stream there.
-    #[arg(long, value_name = "URL", conflicts_with = "rabbitmq")]
+    #[arg(long, value_name = "URL", conflicts_with_all = ["rabbitmq", "redis"])]
     pub nats: Option<String>,
     /// Publish to and consume from this RabbitMQ instead
     /// (amqp://user:password@host:5672/%2f); the demo declares its own
     /// exchange and quorum queues there.
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", conflicts_with = "redis")]
     pub rabbitmq: Option<String>,
+    /// Publish to and consume from this Redis instead
+    /// (redis://host:6379, rediss:// for TLS); the demo creates its own
+    /// partition streams there.
+    #[arg(long, value_name = "URL")]
+    pub redis: Option<String>,
     /// The transformer component the relay runs on every event (a
     /// CloudEvents envelope by default, embedded in this binary).
     #[arg(long, value_name = "WASM")]
@@ -140,6 +145,8 @@ pub async fn run(args: DemoArgs, log: DemoLog) -> anyhow::Result<ExitCode> {
         format!("NATS JetStream at {u}")
     } else if let Some(u) = &args.rabbitmq {
         format!("RabbitMQ at {}", outboxd::config::rabbitmq::redact(u))
+    } else if let Some(u) = &args.redis {
+        format!("Redis Streams at {}", outboxd::config::RedisUrl(u.clone()))
     } else {
         "embedded transport, no services".to_string()
     };
@@ -213,9 +220,10 @@ pub async fn run(args: DemoArgs, log: DemoLog) -> anyhow::Result<ExitCode> {
         .await
         .map_err(|e| anyhow::anyhow!("--kafka {bootstrap}: {e}"))?;
     }
-    if args.nats.is_some() || args.rabbitmq.is_some() {
+    if args.nats.is_some() || args.rabbitmq.is_some() || args.redis.is_some() {
         // A topic and group of their own, as on Kafka; outboxd creates the
-        // stream (NATS) or the exchange and queues (RabbitMQ) at start.
+        // stream (NATS), the exchange and queues (RabbitMQ) or the partition
+        // streams (Redis) at start.
         let run = &uuid::Uuid::new_v4().simple().to_string()[..8];
         topic = format!("outboxd-demo-{run}");
         consumer = format!("billing-{run}");
@@ -226,6 +234,10 @@ pub async fn run(args: DemoArgs, log: DemoLog) -> anyhow::Result<ExitCode> {
         if let Some(url) = &args.rabbitmq {
             config.transport.kind = outboxd::config::TransportKind::Rabbitmq;
             config.transport.rabbitmq.url = outboxd::config::RabbitUrl(url.clone());
+        }
+        if let Some(url) = &args.redis {
+            config.transport.kind = outboxd::config::TransportKind::Redis;
+            config.transport.redis.url = outboxd::config::RedisUrl(url.clone());
         }
         config.transport.partitions = 4;
         config.transport.topics.create = true;
