@@ -23,6 +23,17 @@ fn section() -> RedisSection {
     }
 }
 
+/// An entry's fields as XRANGE returns them.
+type Fields = Vec<(Vec<u8>, Vec<u8>)>;
+/// XPENDING's summary: the count, the lowest and highest ids, and the
+/// count per consumer.
+type PendingSummary = (
+    i64,
+    Option<String>,
+    Option<String>,
+    Option<Vec<(String, String)>>,
+);
+
 /// A topic of this test's own; its partition streams are deleted when the
 /// test ends, passed or failed.
 fn own_topic(prefix: &str) -> (String, Cleanup) {
@@ -67,7 +78,7 @@ async fn publish_appends_to_the_keys_partition_stream_with_its_fields_and_a_capp
     let mut total = 0;
     for partition in 0..4 {
         let stream = stream_key(&topic, partition);
-        let entries: Vec<(String, Vec<(Vec<u8>, Vec<u8>)>)> =
+        let entries: Vec<(String, Fields)> =
             raw(::redis::cmd("XRANGE").arg(&stream).arg("-").arg("+")).await;
         total += entries.len();
         for (_, fields) in entries {
@@ -406,12 +417,7 @@ async fn a_dead_members_pending_entries_go_to_the_next_owner_in_order(t: TestDb)
     }
     drop(a);
     let pending = |stream: String| async move {
-        let summary: (
-            i64,
-            Option<String>,
-            Option<String>,
-            Option<Vec<(String, String)>>,
-        ) = raw(::redis::cmd("XPENDING").arg(stream).arg("g")).await;
+        let summary: PendingSummary = raw(::redis::cmd("XPENDING").arg(stream).arg("g")).await;
         summary.0
     };
     let mut dead_pending = 0;

@@ -545,9 +545,12 @@ mod tests {
         };
         let packed = String::from_utf8_lossy(&xadd_of(&m, "orders:3", 5000).get_packed_command())
             .into_owned();
-        let args: Vec<&str> = packed
-            .split("\r\n")
-            .filter(|l| !l.starts_with(['*', '$']) && !l.is_empty())
+        // RESP: `*N`, then `$LEN` and the argument for each argument.
+        let lines: Vec<&str> = packed.split("\r\n").collect();
+        let args: Vec<&str> = lines
+            .windows(2)
+            .filter(|w| w[0].starts_with('$'))
+            .map(|w| w[1])
             .collect();
         assert_eq!(
             &args[..7],
