@@ -1,6 +1,7 @@
 //! Against a redis-server of the test's own on a free port: a restart
 //! with AOF (`appendfsync always`) loses no acknowledged entry, a group or
-//! a pending entry, and a wrong password is refused with the fix.
+//! a pending entry, a wrong password is refused with the fix, and
+//! `rediss://` verifies the server against `ca_file`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -11,6 +12,7 @@ use outboxd::config::{RedisSecret, RedisSection, RedisUrl};
 use outboxd::message::Delivery;
 
 use crate::support::publisher::msg;
+use crate::support::tls::TestCa;
 use crate::support::{TestDb, eventually, on_both};
 
 /// A redis-server of this test's own, persisting to an append-only file in
@@ -53,7 +55,8 @@ impl OwnRedis {
             ])
             .arg("--dir")
             .arg(dir)
-            .args(extra)
+            // `{port}` in an argument is the server's port (a TLS port).
+            .args(extra.iter().map(|a| a.replace("{port}", &port.to_string())))
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -244,4 +247,51 @@ async fn a_wrong_password_is_refused_with_the_fix_and_shows_no_secret() {
     };
     let c = start(&in_url, &topics, 4, false).await.expect("connects");
     assert!(!format!("{c:?}").contains("right-secret-1"), "{c:?}");
+}
+
+#[tokio::test]
+async fn rediss_verifies_the_server_against_the_ca_file_and_carries_messages() {
+    let ca = TestCa::new();
+    let dir = ca.dir.path();
+    let (cert, key, ca_pem) = (
+        dir.join("server.pem").display().to_string(),
+        dir.join("server.key").display().to_string(),
+        ca.ca_file().display().to_string(),
+    );
+    let server = OwnRedis::start(&[
+        "--port",
+        "0",
+        "--tls-port",
+        "{port}",
+        "--tls-cert-file",
+        &cert,
+        "--tls-key-file",
+        &key,
+        "--tls-ca-cert-file",
+        &ca_pem,
+        "--tls-auth-clients",
+        "no",
+    ])
+    .await;
+    let topics = BTreeSet::from(["orders".to_string()]);
+    let mut s = RedisSection {
+        url: RedisUrl(format!("rediss://127.0.0.1:{}", server.port)),
+        ..RedisSection::default()
+    };
+    // Mozilla's roots do not know the test's CA: refused, not retried.
+    let e = start(&s, &topics, 4, true)
+        .await
+        .expect_err("an unknown CA");
+    assert!(
+        !e.is_transient() && e.to_string().contains("transport.redis.ca_file"),
+        "{e}"
+    );
+    s.ca_file = Some(ca_pem.clone());
+    let c = start(&s, &topics, 4, true).await.expect("verified");
+    let p = RedisPublisher::new(&c, 4, 1000, Duration::from_secs(5))
+        .await
+        .expect("publisher");
+    p.publish(msg("orders", "k", 1))
+        .await
+        .expect("acknowledged");
 }
