@@ -18,3 +18,4 @@ mod rabbitmq;
 mod redis;
 mod relay;
 mod wal;
+mod webhook;

@@ -49,7 +49,11 @@ impl Route {
     }
 
     /// A route named `name` that sends to `sink` instead of a topic.
-    pub fn webhook(event_type: impl Into<String>, name: impl Into<String>, sink: WebhookSink) -> Self {
+    pub fn webhook(
+        event_type: impl Into<String>,
+        name: impl Into<String>,
+        sink: WebhookSink,
+    ) -> Self {
         let mut r = Self::new(event_type, "");
         r.name = Some(name.into());
         r.webhook = Some(sink);

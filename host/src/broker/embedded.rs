@@ -191,7 +191,8 @@ impl MessageSource for EmbeddedConsumer {
     }
 
     async fn commit_all(&mut self, ds: Vec<Delivery>) -> Result<(), ConsumeError> {
-        let advanced = transport::advance_cursors(&self.db, &self.cfg.group, &ds, &self.owner).await?;
+        let advanced =
+            transport::advance_cursors(&self.db, &self.cfg.group, &ds, &self.owner).await?;
         let mut lost = Vec::new();
         for (d, ok) in ds.iter().zip(advanced) {
             let key = (d.topic.clone(), d.partition);

@@ -24,7 +24,9 @@ pub(super) enum RouteCommand {
 pub(super) async fn command(config: &Config, cmd: RouteCommand) -> anyhow::Result<ExitCode> {
     let db = connect(config).await?;
     let paused = route_pauses::paused(&db).await.map_err(|e| {
-        anyhow::anyhow!("cannot read route_pauses: {e}; run `outboxd migrate` if the database predates it")
+        anyhow::anyhow!(
+            "cannot read route_pauses: {e}; run `outboxd migrate` if the database predates it"
+        )
     })?;
     let webhooks: Vec<&str> = config
         .routes
@@ -44,11 +46,11 @@ pub(super) async fn command(config: &Config, cmd: RouteCommand) -> anyhow::Resul
                     None => println!("{name}\tdelivering"),
                 }
             }
-            for p in paused.iter().filter(|p| !webhooks.contains(&p.route.as_str())) {
-                println!(
-                    "{}\tpaused, not in this config\t{}",
-                    p.route, p.reason
-                );
+            for p in paused
+                .iter()
+                .filter(|p| !webhooks.contains(&p.route.as_str()))
+            {
+                println!("{}\tpaused, not in this config\t{}", p.route, p.reason);
             }
             Ok(ExitCode::SUCCESS)
         }

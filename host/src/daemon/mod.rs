@@ -372,14 +372,7 @@ async fn spawn_pipeline(
     )
     .await?;
     spawn_relays_for(
-        set,
-        config,
-        db,
-        sinks,
-        &faults,
-        &chains,
-        &metrics,
-        &shutdown,
+        set, config, db, sinks, &faults, &chains, &metrics, &shutdown,
     )
     .await?;
     spawn_jobs(set, config, db, metrics.clone(), shutdown.clone());

@@ -365,7 +365,10 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                         let dead = permanent || attempts >= self.config.max_attempts;
                         tracing::warn!(seq = ev.seq, id = %ev.id, attempts, dead, error = %error, "publish failed");
                         let backoff = self.config.backoff.delay(ev.attempts);
-                        (dead, retry_after.map_or(backoff, |after| after.max(backoff)))
+                        (
+                            dead,
+                            retry_after.map_or(backoff, |after| after.max(backoff)),
+                        )
                     } else {
                         tracing::debug!(seq = ev.seq, id = %ev.id, error = %error, "destination paused; the event waits");
                         (false, PAUSED_RECHECK)

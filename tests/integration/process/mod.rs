@@ -8,3 +8,4 @@ mod crashes;
 mod outbound_crash;
 mod plugin_swap;
 mod start_retry;
+mod webhook;

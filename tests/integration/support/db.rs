@@ -196,7 +196,7 @@ impl TestDb {
     }
 
     /// Runs a query returning one value of type `T`.
-    async fn one<T>(&self, sql: &str) -> T
+    pub async fn one<T>(&self, sql: &str) -> T
     where
         T: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
         T: for<'r> sqlx::Decode<'r, sqlx::Sqlite> + sqlx::Type<sqlx::Sqlite>,

@@ -21,6 +21,7 @@ pub mod publisher;
 pub mod swap;
 pub mod tls;
 pub mod wal;
+pub mod webhook_receiver;
 
 pub use db::{TestDb, WalTestDb, pg_admin_url};
 pub use eventually::eventually;

@@ -623,7 +623,9 @@ impl Config {
         {
             return bad(
                 format!("routes[{i}].name"),
-                format!("`{name}` is also the name of routes[{j}]; give each webhook route its own name"),
+                format!(
+                    "`{name}` is also the name of routes[{j}]; give each webhook route its own name"
+                ),
             );
         }
         let topics = self

@@ -98,7 +98,9 @@ impl WebhookSink {
                     "secret_file is set as well; give the secret one way only".into(),
                 ));
             }
-            (Some(name), None) => read_env(name, "secret", env).map_err(|m| bad("secret_env", m))?,
+            (Some(name), None) => {
+                read_env(name, "secret", env).map_err(|m| bad("secret_env", m))?
+            }
             (None, Some(path)) => read_file(path, "secret").map_err(|m| bad("secret_file", m))?,
             (None, None) => {
                 return Err(bad(

@@ -294,7 +294,9 @@ impl WebhookSender {
         }
         let request = request
             .body(Full::new(Bytes::from(msg.payload.clone())))
-            .map_err(|e| PublishError::Permanent(format!("{}: cannot build the request: {e}", me.key)))?;
+            .map_err(|e| {
+                PublishError::Permanent(format!("{}: cannot build the request: {e}", me.key))
+            })?;
         let answer = match resolve(&me.policy, &me.entry).await {
             Ok(addr) => send_live(&me.policy, &me.entry, addr, request).await,
             Err(e) => Err(e),
@@ -421,7 +423,11 @@ fn status_class(status: StatusCode) -> &'static str {
 
 /// `Retry-After` as seconds or an HTTP date, at most [`MAX_RETRY_AFTER`].
 fn retry_after(headers: &http::HeaderMap) -> Option<Duration> {
-    let v = headers.get(http::header::RETRY_AFTER)?.to_str().ok()?.trim();
+    let v = headers
+        .get(http::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim();
     let after = match v.parse::<u64>() {
         Ok(secs) => Duration::from_secs(secs),
         Err(_) => {
@@ -456,8 +462,9 @@ fn read_roots(
 ) -> Result<Vec<tokio_rustls::rustls::pki_types::CertificateDer<'static>>, String> {
     use tokio_rustls::rustls::pki_types::CertificateDer;
     use tokio_rustls::rustls::pki_types::pem::PemObject;
-    let pem = std::fs::read(path)
-        .map_err(|e| format!("cannot read {path}: {e}; point it at a PEM file of CA certificates"))?;
+    let pem = std::fs::read(path).map_err(|e| {
+        format!("cannot read {path}: {e}; point it at a PEM file of CA certificates")
+    })?;
     let certs = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format!("{path} is not PEM: {e}; give the CA certificates in PEM"))?;
@@ -469,7 +476,10 @@ fn read_roots(
     let mut store = tokio_rustls::rustls::RootCertStore::empty();
     for (i, cert) in certs.iter().enumerate() {
         store.add(cert.clone()).map_err(|e| {
-            format!("certificate {} in {path} cannot be a trust anchor: {e}", i + 1)
+            format!(
+                "certificate {} in {path} cannot be a trust anchor: {e}",
+                i + 1
+            )
         })?;
     }
     Ok(certs)
@@ -489,7 +499,10 @@ mod tests {
         let soon = (chrono::Utc::now() + chrono::Duration::seconds(30)).to_rfc2822();
         h.insert(http::header::RETRY_AFTER, soon.parse().expect("value"));
         let d = retry_after(&h).expect("a date");
-        assert!(d > Duration::from_secs(25) && d <= Duration::from_secs(30), "{d:?}");
+        assert!(
+            d > Duration::from_secs(25) && d <= Duration::from_secs(30),
+            "{d:?}"
+        );
         h.insert(http::header::RETRY_AFTER, "soon".parse().expect("value"));
         assert_eq!(retry_after(&h), None);
     }
@@ -498,7 +511,10 @@ mod tests {
     fn an_excerpt_is_one_bounded_line() {
         let long = Bytes::from(format!("bad\r\nrequest {}", "x".repeat(500)));
         let e = excerpt(&long);
-        assert!(e.starts_with("bad  request") && e.ends_with('…') && e.len() < 220, "{e}");
+        assert!(
+            e.starts_with("bad  request") && e.ends_with('…') && e.len() < 220,
+            "{e}"
+        );
         assert_eq!(excerpt(&Bytes::new()), "(empty body)");
     }
 }

@@ -36,7 +36,9 @@ impl SigningKeys {
                 ));
             };
             let key = STANDARD.decode(b64).map_err(|_| {
-                format!("secret {n} is not `{PREFIX}` followed by base64 (standard alphabet, padded)")
+                format!(
+                    "secret {n} is not `{PREFIX}` followed by base64 (standard alphabet, padded)"
+                )
             })?;
             if !(24..=64).contains(&key.len()) {
                 return Err(format!(
@@ -64,7 +66,8 @@ impl SigningKeys {
 
 /// One `v1,<base64>` signature.
 pub fn signature(key: &[u8], id: &str, timestamp: i64, body: &[u8]) -> String {
-    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(key).expect("HMAC takes a key of any length");
+    let mut mac =
+        <Hmac<Sha256> as Mac>::new_from_slice(key).expect("HMAC takes a key of any length");
     mac.update(id.as_bytes());
     mac.update(b".");
     mac.update(timestamp.to_string().as_bytes());
@@ -81,9 +84,11 @@ pub fn verify(keys: &SigningKeys, header: &str, id: &str, timestamp: i64, body: 
         .iter()
         .map(|k| signature(k, id, timestamp, body))
         .collect();
-    header
-        .split_whitespace()
-        .any(|sig| expected.iter().any(|e| constant_time_eq(e.as_bytes(), sig.as_bytes())))
+    header.split_whitespace().any(|sig| {
+        expected
+            .iter()
+            .any(|e| constant_time_eq(e.as_bytes(), sig.as_bytes()))
+    })
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -126,7 +131,10 @@ mod tests {
     fn bad_secrets_are_refused_without_quoting_them() {
         for (text, says) in [
             ("", "holds no secret"),
-            ("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "does not start with `whsec_`"),
+            (
+                "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+                "does not start with `whsec_`",
+            ),
             ("whsec_!!!notbase64", "not `whsec_` followed by base64"),
             ("whsec_AAAA", "decodes to 3 bytes"),
         ] {
