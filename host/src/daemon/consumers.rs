@@ -13,13 +13,14 @@ use tokio::task::JoinSet;
 use super::{DaemonError, PipelineHandles};
 use crate::broker::embedded::{EmbeddedConsumer, EmbeddedConsumerConfig};
 use crate::broker::kafka::{GroupLag, KafkaConsumer, KafkaConsumerConfig, KafkaPublisher};
-use crate::broker::{MessageSource, Publisher};
+use crate::broker::{AnySource, MessageSource, Publisher};
 use crate::config::{Config, ConsumerSection, TransportKind};
 use crate::consumer::Consumer;
 use crate::consumer::ConsumerConfig;
 use crate::consumer::ConsumerHandler;
 use crate::consumer::NativeHandlers;
 use crate::consumer::PluginHandler;
+use crate::consumer::dead_letter::DeadLetterTopic;
 use crate::consumer::runner::OnHandled;
 use crate::fault::Faults;
 use crate::metrics::Metrics;
@@ -90,7 +91,8 @@ pub(super) async fn spawn_consumers(
             ..ConsumerConfig::default()
         };
         let consumer_metrics = handles.metrics.consumer(&c.name);
-        match config.transport.kind {
+        // Each broker gives its source; one consumer loop runs any of them.
+        let (source, dlq) = match config.transport.kind {
             TransportKind::Embedded => {
                 let mut source = EmbeddedConsumer::new(
                     db.clone(),
@@ -111,17 +113,7 @@ pub(super) async fn spawn_consumers(
                         tracing::warn!(consumer = %c.name, error = %e, "cannot LISTEN for published messages; polling instead")
                     }
                 }
-                let consumer = Consumer::new(db.clone(), source, handler, consumer_cfg)
-                    .with_faults(faults.clone())
-                    .with_metrics(consumer_metrics);
-                run_consumer(
-                    set,
-                    handles,
-                    sources.daemon.on_handled.as_ref(),
-                    &c.name,
-                    consumer,
-                    shutdown,
-                );
+                (AnySource::Embedded(source), None)
             }
             TransportKind::Nats => {
                 let client = crate::broker::nats::connect(&config.transport.nats)
@@ -140,17 +132,7 @@ pub(super) async fn spawn_consumers(
                         batch: consumer_cfg.fetch_max,
                     },
                 );
-                let consumer = Consumer::new(db.clone(), source, handler, consumer_cfg)
-                    .with_faults(faults.clone())
-                    .with_metrics(consumer_metrics);
-                run_consumer(
-                    set,
-                    handles,
-                    sources.daemon.on_handled.as_ref(),
-                    &c.name,
-                    consumer,
-                    shutdown,
-                );
+                (AnySource::Nats(source), None)
             }
             TransportKind::Rabbitmq => {
                 let rabbit = &config.transport.rabbitmq;
@@ -167,17 +149,7 @@ pub(super) async fn spawn_consumers(
                         fetch_wait: rabbit.fetch_wait,
                     },
                 );
-                let consumer = Consumer::new(db.clone(), source, handler, consumer_cfg)
-                    .with_faults(faults.clone())
-                    .with_metrics(consumer_metrics);
-                run_consumer(
-                    set,
-                    handles,
-                    sources.daemon.on_handled.as_ref(),
-                    &c.name,
-                    consumer,
-                    shutdown,
-                );
+                (AnySource::Rabbitmq(source), None)
             }
             TransportKind::Redis => {
                 let redis = &config.transport.redis;
@@ -194,17 +166,7 @@ pub(super) async fn spawn_consumers(
                         batch: redis.batch,
                     },
                 );
-                let consumer = Consumer::new(db.clone(), source, handler, consumer_cfg)
-                    .with_faults(faults.clone())
-                    .with_metrics(consumer_metrics);
-                run_consumer(
-                    set,
-                    handles,
-                    sources.daemon.on_handled.as_ref(),
-                    &c.name,
-                    consumer,
-                    shutdown,
-                );
+                (AnySource::Redis(source), None)
             }
             TransportKind::Kafka => {
                 // The consumer group is the consumer's name, as in the inbox.
@@ -225,23 +187,27 @@ pub(super) async fn spawn_consumers(
                     &config.transport.kafka,
                     Duration::from_secs(10),
                 )?);
-                let consumer = Consumer::new(db.clone(), source, handler, consumer_cfg)
-                    .with_faults(faults.clone())
-                    .with_metrics(consumer_metrics)
-                    .with_dead_letter_topic(Arc::new(move |m| {
-                        let dlq = dlq.clone();
-                        Box::pin(async move { dlq.publish(m).await })
-                    }));
-                run_consumer(
-                    set,
-                    handles,
-                    sources.daemon.on_handled.as_ref(),
-                    &c.name,
-                    consumer,
-                    shutdown,
-                );
+                let to_dlq: DeadLetterTopic = Arc::new(move |m| {
+                    let dlq = dlq.clone();
+                    Box::pin(async move { dlq.publish(m).await })
+                });
+                (AnySource::Kafka(source), Some(to_dlq))
             }
+        };
+        let mut consumer = Consumer::new(db.clone(), source, handler, consumer_cfg)
+            .with_faults(faults.clone())
+            .with_metrics(consumer_metrics);
+        if let Some(dlq) = dlq {
+            consumer = consumer.with_dead_letter_topic(dlq);
         }
+        run_consumer(
+            set,
+            handles,
+            sources.daemon.on_handled.as_ref(),
+            &c.name,
+            consumer,
+            shutdown,
+        );
     }
     Ok(())
 }
