@@ -204,15 +204,7 @@ impl MessageSource for EmbeddedConsumer {
                 lost.push(format!("{}/{}", d.topic, d.partition));
             }
         }
-        if lost.is_empty() {
-            Ok(())
-        } else {
-            Err(ConsumeError::Transport(format!(
-                "lost the lease on {} for group {}; the new owner resumes from the last committed offset",
-                lost.join(", "),
-                self.cfg.group
-            )))
-        }
+        ConsumeError::unless_leases_lost(&lost, &self.cfg.group, "offset")
     }
 }
 

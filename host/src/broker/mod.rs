@@ -106,6 +106,26 @@ pub enum ConsumeError {
     Database(#[from] sqlx::Error),
 }
 
+impl ConsumeError {
+    /// The outcome of a commit after which `lost` partitions (`TOPIC/N`)
+    /// turned out to be another member's: `Ok` when none was; otherwise
+    /// an error saying that the new owner resumes from `position` (the
+    /// last committed offset, stream sequence or entry).
+    pub(crate) fn unless_leases_lost(
+        lost: &[String],
+        group: &str,
+        position: &str,
+    ) -> Result<(), ConsumeError> {
+        if lost.is_empty() {
+            return Ok(());
+        }
+        Err(ConsumeError::Transport(format!(
+            "lost the lease on {} for group {group}; the new owner resumes from the last committed {position}",
+            lost.join(", ")
+        )))
+    }
+}
+
 /// What consumers read from: a consumer group's view of its assigned
 /// partitions. Offsets are committed only after handling is complete.
 pub trait MessageSource: Send {

@@ -411,15 +411,7 @@ impl MessageSource for NatsConsumer {
                 }
             }
         }
-        if lost.is_empty() {
-            Ok(())
-        } else {
-            Err(ConsumeError::Transport(format!(
-                "lost the lease on {} for group {}; the new owner resumes from the last committed stream sequence",
-                lost.join(", "),
-                self.cfg.group
-            )))
-        }
+        ConsumeError::unless_leases_lost(&lost, &self.cfg.group, "stream sequence")
     }
 }
 

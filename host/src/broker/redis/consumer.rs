@@ -622,15 +622,7 @@ impl MessageSource for RedisConsumer {
         if !acks.is_empty() {
             self.ack(acks).await;
         }
-        if lost.is_empty() {
-            Ok(())
-        } else {
-            Err(ConsumeError::Transport(format!(
-                "lost the lease on {} for group {}; the new owner resumes from the last committed entry",
-                lost.join(", "),
-                self.cfg.group
-            )))
-        }
+        ConsumeError::unless_leases_lost(&lost, &self.cfg.group, "entry")
     }
 }
 
